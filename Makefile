@@ -1,0 +1,41 @@
+# kvscope — `make run` serves the dashboard and API, `make test` runs every test.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip
+HOST    ?= 127.0.0.1
+PORT    ?= 8000
+# A CPU build of torch installs from a local wheel here; on a GPU host pick the build you need.
+TORCH   ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-py test-js bench lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+run: install
+	$(VENV)/bin/kvscope serve --host $(HOST) --port $(PORT)
+
+test: install test-py test-js
+
+test-py:
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-js:
+	@if command -v node >/dev/null 2>&1; then node --test static/js/tests/; \
+	else echo "node not found: JS unit tests need Node.js >= 18" >&2; exit 1; fi
+
+bench: install
+	$(PY) -m bench
+
+lint: install
+	$(VENV)/bin/ruff check allocator app workloads tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,82 @@
+"""Typed errors of the allocator core.
+
+Every failure is an exception carrying plain values, never a sentinel return. The server maps
+them to HTTP statuses in one place (app/errors.py): NotFound -> 404, Conflict -> 409,
+InvalidRequest -> 422, TooLarge -> 413, OutOfMemory -> 507.
+"""
+
+from __future__ import annotations
+
+
+class KVScopeError(Exception):
+    """Base class: `code` is a stable machine-readable name, `details()` plain JSON values."""
+
+    code = "error"
+
+    def details(self) -> dict:
+        return {}
+
+
+class InvalidRequest(KVScopeError, ValueError):
+    """The caller asked for something malformed (zero size, bad name, unknown policy...)."""
+
+    code = "invalid_request"
+
+
+class TooLarge(InvalidRequest):
+    """A request exceeds a configured cap (pool size, batch length, body size)."""
+
+    code = "too_large"
+
+
+class NotFound(KVScopeError, KeyError):
+    """An allocation id, cache key or pool name that does not exist."""
+
+    code = "not_found"
+
+    def __init__(self, kind: str, ident: object) -> None:
+        super().__init__(f"{kind} {ident!r} not found")
+        self.kind = kind
+        self.ident = ident
+
+    def __str__(self) -> str:  # KeyError would add quotes around the message
+        return self.args[0]
+
+    def details(self) -> dict:
+        return {"kind": self.kind, "id": self.ident}
+
+
+class Conflict(KVScopeError):
+    """The request clashes with current state (name taken, entry pinned, pool busy...)."""
+
+    code = "conflict"
+
+
+class OutOfMemory(KVScopeError):
+    """Not enough memory for a request.
+
+    `cause` is "capacity" when the free total is below the request, "fragmentation" when the
+    free total would suffice but no free extent is large enough (contiguous pools only).
+    All sizes are bytes.
+    """
+
+    code = "out_of_memory"
+
+    def __init__(self, requested: int, free: int, largest_free: int, cause: str) -> None:
+        assert cause in ("capacity", "fragmentation"), cause
+        super().__init__(
+            f"out of memory ({cause}): requested {requested} bytes, {free} bytes free, "
+            f"largest free extent {largest_free} bytes"
+        )
+        self.requested = requested
+        self.free = free
+        self.largest_free = largest_free
+        self.cause = cause
+
+    def details(self) -> dict:
+        return {
+            "requested_bytes": self.requested,
+            "free_bytes": self.free,
+            "largest_free_bytes": self.largest_free,
+            "cause": self.cause,
+        }

@@ -1,0 +1,72 @@
+"""EventLog: a bounded ring of what happened in one pool, read by sequence number."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+# Field names of each event kind, after the common (seq, ts, type). Events are stored as plain
+# tuples on the hot path and turned into dicts only when someone reads them.
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "allocate": ("id", "requested_bytes", "allocated_bytes", "blocks"),
+    "extend": ("id", "requested_bytes", "allocated_bytes", "moved"),
+    "free": ("id", "blocks"),
+    "oom": ("requested_bytes", "free_bytes", "largest_free_bytes", "cause"),
+    "defragment": ("moved_blocks", "moved_bytes", "seconds", "before", "after"),
+    "reset": ("freed",),
+    "put": ("key", "id", "bytes", "blocks"),
+    "hit": ("key",),
+    "miss": ("key",),
+    "remove": ("key", "bytes"),
+    "evict": ("key", "bytes", "blocks", "reason", "policy", "age_s", "idle_s"),
+    "policy": ("policy",),
+    "workload": ("name", "state", "done", "total"),
+}
+
+
+class EventLog:
+    """Bounded ring of typed events with a monotonically increasing `seq`.
+
+    Invariant: `seq` of the newest event == `last_seq`; events older than the ring's capacity are
+    dropped (readers see a gap in seq, never a reordering). `counts` keeps totals per type even
+    for dropped events.
+    """
+
+    __slots__ = ("_ring", "last_seq", "counts", "enabled")
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self._ring: deque[tuple] = deque(maxlen=capacity)
+        self.last_seq = 0
+        self.counts: dict[str, int] = dict.fromkeys(EVENT_FIELDS, 0)
+        self.enabled = True
+
+    def record(self, kind: str, *values: object) -> int:
+        self.last_seq += 1
+        self.counts[kind] += 1
+        if self.enabled:
+            self._ring.append((self.last_seq, time.time(), kind, values))
+        return self.last_seq
+
+    def after(self, seq: int = 0, limit: int = 1000, kinds: set[str] | None = None) -> list[dict]:
+        """Events with seq > `seq`, oldest first, at most `limit`."""
+        out: list[dict] = []
+        ring = self._ring
+        if not ring or ring[-1][0] <= seq:
+            return out
+        start = max(0, len(ring) - (ring[-1][0] - seq))
+        for i in range(start, len(ring)):
+            s, ts, kind, values = ring[i]
+            if kinds is not None and kind not in kinds:
+                continue
+            event = {"seq": s, "ts": ts, "type": kind}
+            event.update(zip(EVENT_FIELDS[kind], values))
+            out.append(event)
+            if len(out) >= limit:
+                break
+        return out
+
+    def __len__(self) -> int:
+        return len(self._ring)
+
+    def clear(self) -> None:
+        self._ring.clear()

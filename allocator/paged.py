@@ -1,0 +1,149 @@
+"""PagedPool: fixed-size blocks handed out from a free stack, vLLM style."""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+from .blockmap import CHUNK_SHIFT, NO_OWNER, USED
+from .pool import Pool
+
+
+class PagedPool(Pool):
+    """Fixed-size blocks; an allocation holds any blocks, in any order.
+
+    `_free` is an array('i') stack of free block ids, highest first, so pops hand out the lowest
+    ids and a fresh pool fills from block 0. n blocks are taken as one slice. A record is
+    `[requested_bytes, blocks]` with `blocks` an array('i') in data order.
+
+    NOTE: there is no external fragmentation to fail on: any n free blocks serve an n-block
+    request. `external_fragmentation` is still reported, since the map shows the scatter.
+    """
+
+    strategy = "paged"
+
+    def __init__(self, num_blocks: int, block_bytes: int, **kw) -> None:
+        super().__init__(num_blocks, block_bytes, **kw)
+        self._allocs: dict[int, list] = {}
+        self._reset_free_structure()
+
+    def _reset_free_structure(self) -> None:
+        self._free = array("i", np.arange(self.num_blocks - 1, -1, -1, dtype=np.int32).tobytes())
+
+    def _take(self, n: int) -> array:
+        free = self._free
+        blocks = free[-n:]
+        del free[-n:]
+        blocks.reverse()
+        return blocks
+
+    def _allocate(self, aid: int, nbytes: int, state: int) -> None:
+        bb = self.block_bytes
+        n = -(-nbytes // bb)
+        if n > len(self._free):
+            free_bytes = len(self._free) * bb
+            raise self._oom(nbytes, free_bytes, free_bytes, "capacity")
+        blocks = self._take(n)
+        bm = self.blockmap
+        bm.version = v = bm.version + 1
+        own, st, cv = bm.owner, bm.state, bm.chunk_version
+        for b in blocks:
+            own[b] = aid
+            st[b] = state
+            cv[b >> CHUNK_SHIFT] = v
+        self._allocs[aid] = [nbytes, blocks]
+        self.requested_total += nbytes
+        self.allocated_total += n * bb
+        self.used_blocks += n
+        self.counters["allocations"] += 1
+        self.events.record("allocate", aid, nbytes, n * bb, n)
+
+    def _extend(self, aid: int, nbytes: int) -> bool:
+        rec = self._allocs[aid]
+        bb = self.block_bytes
+        blocks = rec[1]
+        need = -(-(rec[0] + nbytes) // bb) - len(blocks)
+        if need > len(self._free):
+            free_bytes = len(self._free) * bb
+            raise self._oom(need * bb, free_bytes, free_bytes, "capacity")
+        if need:
+            new = self._take(need)
+            self.blockmap.assign(new, aid, self.blockmap.state[blocks[0]])
+            blocks.extend(new)
+            self.allocated_total += need * bb
+            self.used_blocks += need
+        rec[0] += nbytes
+        self.requested_total += nbytes
+        self.counters["extends"] += 1
+        self.events.record("extend", aid, rec[0], len(blocks) * bb, False)
+        return False
+
+    def free(self, aid: int) -> None:
+        """Return every block of `aid` to the pool. Raises NotFound (also on double free)."""
+        try:
+            requested, blocks = self._allocs.pop(aid)
+        except (KeyError, TypeError):
+            self._record(aid)  # raises NotFound
+            raise
+        bm = self.blockmap
+        bm.version = v = bm.version + 1
+        own, st, cv = bm.owner, bm.state, bm.chunk_version
+        for b in blocks:
+            own[b] = NO_OWNER
+            st[b] = 0
+            cv[b >> CHUNK_SHIFT] = v
+        blocks.reverse()
+        self._free.extend(blocks)
+        n = len(blocks)
+        self.requested_total -= requested
+        self.allocated_total -= n * self.block_bytes
+        self.used_blocks -= n
+        self.counters["frees"] += 1
+        self.events.record("free", aid, n)
+
+    def _block_ids(self, aid: int):
+        return self._allocs[aid][1]
+
+    def _compact(self) -> tuple[list[int], list[int]]:
+        """Renumber live blocks 0..used-1 in (first block, data) order; returns the moves."""
+        order = sorted(self._allocs.items(), key=lambda kv: kv[1][1][0] if len(kv[1][1]) else 0)
+        src: list[int] = []
+        dst: list[int] = []
+        bm = self.blockmap
+        states = {aid: bm.state[rec[1][0]] for aid, rec in order}
+        bm.clear()
+        cursor = 0
+        for aid, rec in order:
+            blocks = rec[1]
+            n = len(blocks)
+            for i, b in enumerate(blocks):
+                if b != cursor + i:
+                    src.append(b)
+                    dst.append(cursor + i)
+            rec[1] = array("i", range(cursor, cursor + n))
+            bm.assign_range(cursor, n, aid, states[aid])
+            cursor += n
+        self._free = array("i", np.arange(self.num_blocks - 1, cursor - 1, -1, dtype=np.int32).tobytes())
+        self.counters["moves"] += len(src)
+        return src, dst
+
+    def _free_lengths(self) -> np.ndarray:
+        return self.blockmap.free_runs()[1]
+
+    def _free_problems(self, expected_free: np.ndarray) -> list[str]:
+        free = np.frombuffer(self._free, dtype=np.int32)
+        problems = []
+        if np.unique(free).size != free.size:
+            problems.append("a block appears twice in the free stack")
+        in_stack = np.zeros(self.num_blocks, dtype=bool)
+        in_stack[free] = True
+        diff = np.flatnonzero(in_stack != expected_free)
+        if diff.size:
+            b = int(diff[0])
+            what = "is in the free stack but owned" if in_stack[b] else "is neither free nor owned"
+            problems.append(f"block {b} {what}")
+        return problems
+
+
+__all__ = ["PagedPool", "USED"]

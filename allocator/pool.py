@@ -1,0 +1,360 @@
+"""Pool: what every allocation strategy shares (storage, block map, events, counters, checks)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .blockmap import CACHED, FREE, NO_OWNER, PINNED, STATE_NAMES, USED, BlockMap
+from .errors import InvalidRequest, NotFound, OutOfMemory
+from .events import EventLog
+from .geometry import ModelGeometry, size_in_bytes
+from .metrics import fragmentation_stats
+from .storage import BlockStorage
+
+STATE_CODES = {name: code for code, name in STATE_NAMES.items()}
+
+
+@dataclass(slots=True)
+class Allocation:
+    """A plain view of one allocation. `blocks` are [start, count] runs in data order."""
+
+    id: int
+    requested_bytes: int
+    allocated_bytes: int
+    blocks: list[list[int]]
+    state: str = "used"
+    tier: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class DefragReport:
+    moved_blocks: int
+    moved_bytes: int
+    seconds: float
+    before: dict = field(default_factory=dict)
+    after: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def runs_of(block_ids) -> list[list[int]]:
+    """[start, count] runs of consecutive ascending block ids, in the given order."""
+    runs: list[list[int]] = []
+    for b in block_ids:
+        if runs and runs[-1][0] + runs[-1][1] == b:
+            runs[-1][1] += 1
+        else:
+            runs.append([b, 1])
+    return runs
+
+
+class Pool:
+    """Base of the strategies: one tensor (`storage`), its `blockmap`, `events` and counters.
+
+    Subclasses keep their own free structure and per-allocation records and implement
+    `_allocate`, `_extend`, `_release`, `_block_ids`, `_compact`, `_free_lengths` and
+    `_free_problems`. Allocation ids are positive ints, never reused within a pool's life.
+
+    Invariants (see `check`): the blocks of live allocations and the free structure partition
+    the pool; the block map's owner of each block is the allocation holding it (or -1);
+    `requested_total` / `allocated_total` / `used_blocks` equal the sums over allocations.
+    """
+
+    strategy = "base"
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_bytes: int,
+        *,
+        name: str = "pool",
+        device: str = "auto",
+        model: ModelGeometry | None = None,
+        tokens_per_block: int | None = None,
+        event_capacity: int = 10_000,
+    ) -> None:
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0:
+            raise InvalidRequest(f"num_blocks must be a positive integer, got {num_blocks!r}")
+        if isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes <= 0:
+            raise InvalidRequest(f"block_bytes must be a positive integer, got {block_bytes!r}")
+        self.name = name
+        self.num_blocks = num_blocks
+        self.block_bytes = block_bytes
+        self.model = model
+        self.tokens_per_block = tokens_per_block
+        self.storage = BlockStorage(num_blocks, block_bytes, device)
+        self.blockmap = BlockMap(num_blocks)
+        self.events = EventLog(event_capacity)
+        self.cache = None  # set by KVCache when one is attached
+        self._next_id = 1
+        self.requested_total = 0
+        self.allocated_total = 0
+        self.used_blocks = 0
+        self.counters = {
+            "allocations": 0,
+            "frees": 0,
+            "extends": 0,
+            "moves": 0,
+            "moved_blocks": 0,
+            "defragmentations": 0,
+            "ooms_capacity": 0,
+            "ooms_fragmentation": 0,
+        }
+
+    # -- sizes -------------------------------------------------------------------------
+    @property
+    def bytes_per_token(self) -> int | None:
+        return self.model.bytes_per_token if self.model else None
+
+    def to_bytes(self, nbytes: int | None = None, tokens: int | None = None) -> int:
+        """Resolve bytes-or-tokens to bytes. Raises InvalidRequest."""
+        return size_in_bytes(nbytes, tokens, self.bytes_per_token)
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.num_blocks * self.block_bytes
+
+    # -- public API ----------------------------------------------------------------------
+    def allocate(self, nbytes: int, state: int = USED) -> int:
+        """Allocate `nbytes` and return the new allocation id.
+
+        Raises InvalidRequest (size not a positive int), OutOfMemory (cause capacity or
+        fragmentation; nothing changes).
+        """
+        if nbytes.__class__ is not int or nbytes <= 0:
+            self._bad_size(nbytes)
+        aid = self._next_id
+        self._allocate(aid, nbytes, state)
+        self._next_id = aid + 1
+        return aid
+
+    def extend(self, aid: int, nbytes: int) -> bool:
+        """Grow allocation `aid` by `nbytes`; returns True when its data had to move.
+
+        Raises NotFound, InvalidRequest, OutOfMemory (the allocation is then unchanged).
+        """
+        if nbytes.__class__ is not int or nbytes <= 0:
+            self._bad_size(nbytes)
+        self._record(aid)
+        return self._extend(aid, nbytes)
+
+    def free(self, aid: int) -> None:
+        """Return every block of `aid` to the pool. Raises NotFound (also on double free)."""
+        self._record(aid)
+        self._release(aid)
+
+    def allocation(self, aid: int) -> Allocation:
+        rec = self._record(aid)
+        blocks = self._block_ids(aid)
+        return Allocation(
+            id=aid,
+            requested_bytes=rec[0],
+            allocated_bytes=len(blocks) * self.block_bytes,
+            blocks=runs_of(blocks),
+            state=STATE_NAMES[self.blockmap.state[blocks[0]]] if blocks else "used",
+            tier=self._tier_name(aid),
+        )
+
+    def __contains__(self, aid: int) -> bool:
+        return aid in self._allocs
+
+    def ids(self) -> list[int]:
+        return list(self._allocs)
+
+    def __len__(self) -> int:
+        return len(self._allocs)
+
+    def block_ids(self, aid: int) -> list[int]:
+        """Storage rows of `aid` in data order. Raises NotFound."""
+        self._record(aid)
+        return list(self._block_ids(aid))
+
+    def write(self, aid: int, payload: bytes) -> None:
+        """Store `payload` in the allocation's device memory (from its first byte)."""
+        self._record(aid)
+        self.storage.write(self._block_ids(aid), payload)
+
+    def read(self, aid: int, nbytes: int | None = None) -> bytes:
+        rec = self._record(aid)
+        return self.storage.read(self._block_ids(aid), rec[0] if nbytes is None else nbytes)
+
+    def set_state(self, aid: int, state: int) -> None:
+        """Mark the blocks of `aid` USED, CACHED or PINNED (the cache does this)."""
+        self._record(aid)
+        self.blockmap.set_state(self._block_ids(aid), state)
+
+    def state_of(self, aid: int) -> int:
+        blocks = self._block_ids(aid)
+        return self.blockmap.state[blocks[0]] if blocks else USED
+
+    def defragment(self) -> DefragReport:
+        """Compact live blocks to the low end with batched tensor copies, keeping every byte."""
+        t0 = time.perf_counter()
+        before = self._frag_summary()
+        src, dst = self._compact()
+        self.storage.move(src, dst)
+        self.storage.synchronize()
+        seconds = time.perf_counter() - t0
+        after = self._frag_summary()
+        self.blockmap.touch_all()
+        moved = len(src)
+        self.counters["defragmentations"] += 1
+        self.counters["moved_blocks"] += moved
+        report = DefragReport(moved, moved * self.block_bytes, seconds, before, after)
+        self.events.record("defragment", moved, moved * self.block_bytes, seconds, before, after)
+        return report
+
+    def reset(self) -> int:
+        """Free everything, keep the configuration. Returns how many allocations were freed."""
+        freed = len(self._allocs)
+        self._reset_free_structure()
+        self._allocs.clear()
+        self.blockmap.clear()
+        self.requested_total = self.allocated_total = self.used_blocks = 0
+        if self.cache is not None:
+            self.cache._forget_all()
+        self.events.record("reset", freed)
+        return freed
+
+    # -- stats ---------------------------------------------------------------------------
+    def _frag_summary(self) -> dict:
+        s = fragmentation_stats(
+            self._free_lengths(), self._free_unit_bytes(), self.requested_total, self.allocated_total
+        )
+        return {
+            "external_fragmentation": s["external_fragmentation"],
+            "largest_free_bytes": s["largest_free_bytes"],
+            "free_extent_count": s["free_extent_count"],
+        }
+
+    def stats(self) -> dict:
+        """The metrics of DESIGN.md section 2, as plain values."""
+        frag = fragmentation_stats(
+            self._free_lengths(), self._free_unit_bytes(), self.requested_total, self.allocated_total
+        )
+        counts = self.blockmap.counts()
+        out = {
+            "strategy": self.strategy,
+            "total_blocks": self.num_blocks,
+            "used_blocks": self.used_blocks,
+            "free_blocks": self.num_blocks - self.used_blocks,
+            "blocks_by_state": counts,
+            "block_bytes": self.block_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "utilization": self.used_blocks / self.num_blocks,
+            "requested_bytes": self.requested_total,
+            "allocated_bytes": self.allocated_total,
+            "allocation_count": len(self._allocs),
+            **frag,
+            "counters": dict(self.counters),
+            "ooms": {
+                "capacity": self.counters["ooms_capacity"],
+                "fragmentation": self.counters["ooms_fragmentation"],
+            },
+            "last_event_seq": self.events.last_seq,
+        }
+        out.update(self._extra_stats())
+        if self.cache is not None:
+            out["cache"] = self.cache.stats()
+        return out
+
+    def config(self) -> dict:
+        return {
+            "name": self.name,
+            "strategy": self.strategy,
+            "num_blocks": self.num_blocks,
+            "block_bytes": self.block_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "device": str(self.storage.device),
+            "model": self.model.to_dict() if self.model else None,
+            "tokens_per_block": self.tokens_per_block,
+            **self._extra_config(),
+        }
+
+    # -- invariants ------------------------------------------------------------------------
+    def check(self) -> list[str]:
+        """Verify every invariant; returns the problems found (empty = ok). Not for hot paths."""
+        problems: list[str] = []
+        expected = np.full(self.num_blocks, NO_OWNER, dtype=np.int64)
+        requested = allocated = used = 0
+        for aid, rec in self._allocs.items():
+            blocks = np.asarray(list(self._block_ids(aid)), dtype=np.int64)
+            if blocks.size == 0:
+                problems.append(f"allocation {aid} holds no blocks")
+                continue
+            if rec[0] > blocks.size * self.block_bytes or rec[0] <= 0:
+                problems.append(f"allocation {aid}: requested {rec[0]} bytes but holds {blocks.size} blocks")
+            if (blocks < 0).any() or (blocks >= self.num_blocks).any():
+                problems.append(f"allocation {aid} holds a block outside the pool")
+                continue
+            clash = blocks[expected[blocks] != NO_OWNER]
+            if clash.size or np.unique(blocks).size != blocks.size:
+                b = int(clash[0]) if clash.size else int(blocks[0])
+                problems.append(f"block {b} is owned twice (allocation {aid} and {int(expected[b])})")
+            expected[blocks] = aid
+            requested += rec[0]
+            allocated += blocks.size * self.block_bytes
+            used += blocks.size
+        owners = self.blockmap.owners_np().astype(np.int64)
+        diff = np.flatnonzero(owners != expected)
+        if diff.size:
+            b = int(diff[0])
+            problems.append(
+                f"block map owner of block {b} is {int(owners[b])}, expected {int(expected[b])} "
+                f"({diff.size} blocks differ)"
+            )
+        states = self.blockmap.states_np()
+        bad = np.flatnonzero((states == FREE) != (owners == NO_OWNER))
+        if bad.size:
+            b = int(bad[0])
+            problems.append(f"block {b} has state {STATE_NAMES.get(int(states[b]), states[b])} but owner {int(owners[b])}")
+        if (states > PINNED).any():
+            problems.append(f"block {int(np.flatnonzero(states > PINNED)[0])} has an unknown state code")
+        problems += self._free_problems(expected == NO_OWNER)
+        for what, have, want in (
+            ("requested_total", self.requested_total, requested),
+            ("allocated_total", self.allocated_total, allocated),
+            ("used_blocks", self.used_blocks, used),
+        ):
+            if have != want:
+                problems.append(f"counter {what} is {have}, allocations add up to {want}")
+        return problems
+
+    # -- helpers for subclasses ----------------------------------------------------------
+    def _record(self, aid):
+        try:
+            return self._allocs[aid]
+        except (KeyError, TypeError):
+            raise NotFound("allocation", aid) from None
+
+    def _bad_size(self, nbytes: object) -> None:
+        if isinstance(nbytes, int) and not isinstance(nbytes, bool):
+            raise InvalidRequest(f"size must be positive, got {nbytes} bytes")
+        raise InvalidRequest(f"size must be an integer number of bytes, got {nbytes!r}")
+
+    def _oom(self, requested: int, free_bytes: int, largest_free: int, cause: str) -> OutOfMemory:
+        self.counters["ooms_" + cause] += 1
+        self.events.record("oom", requested, free_bytes, largest_free, cause)
+        return OutOfMemory(requested, free_bytes, largest_free, cause)
+
+    def _free_unit_bytes(self) -> int:
+        return self.block_bytes
+
+    def _tier_name(self, aid: int) -> str | None:
+        return None
+
+    def _extra_stats(self) -> dict:
+        return {}
+
+    def _extra_config(self) -> dict:
+        return {}
+
+
+__all__ = ["Allocation", "DefragReport", "Pool", "runs_of", "FREE", "USED", "CACHED", "PINNED", "STATE_CODES"]
