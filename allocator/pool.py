@@ -162,6 +162,19 @@ class Pool:
             tier=self._tier_name(aid),
         )
 
+    def footprint(self, nbytes: int) -> int:
+        """Bytes of pool memory a fresh allocation of `nbytes` would hold."""
+        return -(-nbytes // self.block_bytes) * self.block_bytes
+
+    def held_bytes(self, aid: int) -> int:
+        """Bytes of pool memory allocation `aid` holds. Raises NotFound."""
+        self._record(aid)
+        return len(self._block_ids(aid)) * self.block_bytes
+
+    def largest_free_bytes(self) -> int:
+        lengths = self._free_lengths()
+        return int(lengths.max()) * self._free_unit_bytes() if lengths.size else 0
+
     def __contains__(self, aid: int) -> bool:
         return aid in self._allocs
 

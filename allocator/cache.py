@@ -1,0 +1,525 @@
+"""KVCache: keyed KV entries on a pool, with a byte capacity and eviction."""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .blockmap import CACHED, PINNED
+from .errors import InvalidRequest, NotFound, OutOfMemory
+from .policies import POLICIES
+from .pool import Pool, runs_of
+
+MAX_KEY_LENGTH = 256
+EVICTION_REASONS = ("capacity", "oom", "ttl", "manual")
+
+
+@dataclass(slots=True)
+class Entry:
+    """One cached key: the pool allocation `id` holding `nbytes` requested bytes."""
+
+    key: str
+    id: int
+    nbytes: int
+    allocated_bytes: int
+    priority: int = 0
+    pinned: bool = False
+    ttl_s: float | None = None
+    expires_at: float | None = None
+    created_at: float = 0.0
+    last_access: float = 0.0
+    hits: int = 0
+
+    def to_dict(self, now: float, pool: Pool | None = None) -> dict:
+        out = {
+            "key": self.key,
+            "id": self.id,
+            "bytes": self.nbytes,
+            "allocated_bytes": self.allocated_bytes,
+            "priority": self.priority,
+            "pinned": self.pinned,
+            "ttl_s": self.ttl_s,
+            "expires_in_s": None if self.expires_at is None else max(0.0, self.expires_at - now),
+            "age_s": now - self.created_at,
+            "idle_s": now - self.last_access,
+            "hits": self.hits,
+        }
+        if pool is not None:
+            out["blocks"] = runs_of(pool._block_ids(self.id))
+        return out
+
+
+@dataclass(slots=True)
+class PutResult:
+    entry: Entry
+    created: bool
+    evicted: list[str] = field(default_factory=list)
+
+
+class KVCache:
+    """Entries by string key on `pool`, using at most `capacity_bytes` of its memory.
+
+    Victim order: expired (TTL) entries first, then lowest priority first, then the policy
+    within a priority. Pinned entries are never evicted and sit in no policy structure.
+    One policy object per priority level, created on demand (`_by_priority`).
+
+    Invariants (see `check`): `used_bytes` == sum of entries' allocated bytes <= capacity; each
+    entry's allocation exists in the pool with that size; the policy structures hold exactly
+    the unpinned keys, each under its own priority; `_key_of` maps allocation id -> key.
+
+    NOTE: a put that cannot fit even after evicting every unpinned entry is refused before any
+    eviction when the shortfall is visible up front (pinned bytes, or free + evictable memory
+    in the pool); on a contiguous pool fragmentation can still defeat it after evictions,
+    which are then recorded as events like any other.
+    """
+
+    def __init__(
+        self,
+        pool: Pool,
+        capacity_bytes: int | None = None,
+        policy: str = "lru",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if capacity_bytes is None:
+            capacity_bytes = pool.capacity_bytes
+        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
+            raise InvalidRequest(f"capacity_bytes must be a positive integer, got {capacity_bytes!r}")
+        if capacity_bytes > pool.capacity_bytes:
+            raise InvalidRequest(
+                f"capacity_bytes {capacity_bytes} exceeds the pool's {pool.capacity_bytes} bytes"
+            )
+        self._check_policy(policy)
+        self.pool = pool
+        self.capacity_bytes = capacity_bytes
+        self.clock = clock
+        self._policy = policy
+        self._entries: dict[str, Entry] = {}
+        self._key_of: dict[int, str] = {}
+        self._by_priority: dict[int, object] = {}
+        self._ttl_heap: list[tuple[float, str, int]] = []
+        self.used_bytes = 0
+        self.pinned_bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = dict.fromkeys(EVICTION_REASONS, 0)
+        pool.cache = self
+
+    # -- policy ---------------------------------------------------------------------------
+    @staticmethod
+    def _check_policy(policy: str) -> None:
+        if policy not in POLICIES:
+            raise InvalidRequest(f"unknown policy {policy!r}; choose one of {sorted(POLICIES)}")
+
+    @property
+    def policy(self) -> str:
+        return self._policy
+
+    @policy.setter
+    def policy(self, name: str) -> None:
+        """Switch policy at runtime; entries are re-inserted oldest access first."""
+        self._check_policy(name)
+        self._policy = name
+        self._by_priority = {}
+        for e in sorted(self._entries.values(), key=lambda e: e.last_access):
+            if not e.pinned:
+                self._struct(e.priority).insert(e.key)
+                if name == "lfu" and e.hits:
+                    s = self._by_priority[e.priority]
+                    s.remove(e.key)
+                    s.insert(e.key, freq=e.hits + 1)
+        self.pool.events.record("policy", name)
+
+    def _struct(self, priority: int):
+        s = self._by_priority.get(priority)
+        if s is None:
+            s = self._by_priority[priority] = POLICIES[self._policy]()
+        return s
+
+    # -- public API -----------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._entries
+
+    def footprint(self, nbytes: int) -> int:
+        """Bytes of pool memory an entry of `nbytes` would hold."""
+        return self.pool.footprint(nbytes)
+
+    def put(
+        self,
+        key: str,
+        nbytes: int,
+        priority: int = 0,
+        ttl_s: float | None = None,
+        pinned: bool = False,
+    ) -> PutResult:
+        """Insert or refresh `key` with `nbytes`; evict others until it fits.
+
+        An existing key is touched, its priority/ttl/pin updated, and resized if `nbytes`
+        differs. Raises InvalidRequest (bad key/size/ttl, or a size above the capacity) and
+        OutOfMemory (nothing evictable is left); on either, existing entries are unchanged
+        unless evictions were needed first (see the class NOTE).
+        """
+        self._validate(key, nbytes, priority, ttl_s)
+        need = self.pool.footprint(nbytes)
+        if need > self.capacity_bytes:
+            raise InvalidRequest(
+                f"entry of {nbytes} bytes ({need} allocated) exceeds the cache capacity of "
+                f"{self.capacity_bytes} bytes"
+            )
+        now = self.clock()
+        entry = self._entries.get(key)
+        if entry is not None:
+            return self._refresh(entry, nbytes, priority, ttl_s, pinned, now)
+        evicted: list[str] = []
+        self._make_room(need, exclude=None, evicted=evicted)
+        aid = self._allocate(nbytes, PINNED if pinned else CACHED, None, evicted)
+        held = self.pool.held_bytes(aid)
+        entry = Entry(key, aid, nbytes, held, priority, pinned, ttl_s,
+                      None if ttl_s is None else now + ttl_s, now, now)
+        self._entries[key] = entry
+        self._key_of[aid] = key
+        self.used_bytes += held
+        if pinned:
+            self.pinned_bytes += held
+        else:
+            self._struct(priority).insert(key)
+        if ttl_s is not None:
+            heapq.heappush(self._ttl_heap, (entry.expires_at, key, aid))
+        if held > need:  # a tiered pool fell back to a larger tier than estimated
+            self._shed_excess(key, evicted)
+        self.pool.events.record("put", key, aid, nbytes, held // self.pool.block_bytes)
+        return PutResult(entry, True, evicted)
+
+    def _shed_excess(self, key: str, evicted: list[str]) -> None:
+        while self.used_bytes > self.capacity_bytes:
+            victim = self._next_victim(key)
+            if victim is None:
+                break
+            self._evict(victim, "capacity")
+            evicted.append(victim)
+
+    def get(self, key: str) -> Entry | None:
+        """The entry (a hit, which touches it), or None (a miss; expired entries miss)."""
+        entry = self._entries.get(key)
+        if entry is not None and entry.expires_at is not None and entry.expires_at <= self.clock():
+            self._evict(key, "ttl")
+            entry = None
+        if entry is None:
+            self.misses += 1
+            self.pool.events.record("miss", key)
+            return None
+        self.hits += 1
+        entry.hits += 1
+        entry.last_access = self.clock()
+        if not entry.pinned:
+            self._by_priority[entry.priority].touch(key)
+        self.pool.events.record("hit", key)
+        return entry
+
+    def peek(self, key: str) -> Entry:
+        """The entry without touching it. Raises NotFound."""
+        try:
+            return self._entries[key]
+        except (KeyError, TypeError):
+            raise NotFound("entry", key) from None
+
+    def remove(self, key: str) -> None:
+        """Drop `key` and free its memory. Raises NotFound."""
+        entry = self.peek(key)
+        self._drop(entry, evicted=False)
+        self.pool.events.record("remove", key, entry.nbytes)
+
+    def evict(self, key: str) -> None:
+        """Evict `key` now (reason "manual"). Raises NotFound."""
+        self.peek(key)
+        self._evict(key, "manual")
+
+    def pin(self, key: str, pinned: bool = True) -> Entry:
+        entry = self.peek(key)
+        if entry.pinned != pinned:
+            if pinned:
+                self._by_priority[entry.priority].remove(key)
+                self.pinned_bytes += entry.allocated_bytes
+            else:
+                self._struct(entry.priority).insert(key)
+                self.pinned_bytes -= entry.allocated_bytes
+            entry.pinned = pinned
+            self.pool.set_state(entry.id, PINNED if pinned else CACHED)
+        return entry
+
+    def expire(self) -> list[str]:
+        """Evict every entry whose TTL has passed (reason "ttl")."""
+        out: list[str] = []
+        now = self.clock()
+        heap = self._ttl_heap
+        while heap and heap[0][0] <= now:
+            expires_at, key, aid = heapq.heappop(heap)
+            e = self._entries.get(key)
+            if e is not None and e.id == aid and e.expires_at == expires_at:
+                self._evict(key, "ttl")
+                out.append(key)
+        return out
+
+    def entries(self, limit: int | None = None) -> list[Entry]:
+        """Entries in eviction order, next victim first; pinned entries last."""
+        now = self.clock()
+        expired = sorted(
+            (e for e in self._entries.values()
+             if e.expires_at is not None and e.expires_at <= now and not e.pinned),
+            key=lambda e: e.expires_at,
+        )
+        seen = {e.key for e in expired}
+        out = list(expired)
+        for prio in sorted(self._by_priority):
+            out.extend(self._entries[k] for k in self._by_priority[prio].order() if k not in seen)
+            if limit is not None and len(out) >= limit:
+                break
+        if limit is None or len(out) < limit:
+            out.extend(e for e in self._entries.values() if e.pinned)
+        return out if limit is None else out[:limit]
+
+    def key_of(self, aid: int) -> str | None:
+        return self._key_of.get(aid)
+
+    def write(self, key: str, payload: bytes) -> None:
+        entry = self.peek(key)
+        if len(payload) > entry.nbytes:
+            raise InvalidRequest(f"{len(payload)} bytes do not fit in entry {key!r} of {entry.nbytes} bytes")
+        self.pool.write(entry.id, payload)
+
+    def read(self, key: str) -> bytes:
+        entry = self.peek(key)
+        return self.pool.read(entry.id, entry.nbytes)
+
+    def clear(self) -> int:
+        keys = list(self._entries)
+        for k in keys:
+            self._drop(self._entries[k], evicted=False)
+        return len(keys)
+
+    def stats(self) -> dict:
+        lookups = self.hits + self.misses
+        return {
+            "policy": self._policy,
+            "capacity_bytes": self.capacity_bytes,
+            "used_bytes": self.used_bytes,
+            "pinned_bytes": self.pinned_bytes,
+            "entries": len(self._entries),
+            "hits": self.hits,
+            "misses": self.misses,
+            "hit_rate": self.hits / lookups if lookups else 0.0,
+            "evictions": dict(self.evictions),
+        }
+
+    def check(self) -> list[str]:
+        """Every cache invariant; returns the problems found (empty = ok)."""
+        problems: list[str] = []
+        total = pinned = 0
+        for key, e in self._entries.items():
+            if e.key != key:
+                problems.append(f"entry stored under {key!r} names itself {e.key!r}")
+            if e.id not in self.pool:
+                problems.append(f"entry {key!r}: allocation {e.id} is not in the pool")
+                continue
+            held = len(self.pool._block_ids(e.id)) * self.pool.block_bytes
+            if held != e.allocated_bytes:
+                problems.append(f"entry {key!r} records {e.allocated_bytes} bytes, its allocation holds {held}")
+            if self._key_of.get(e.id) != key:
+                problems.append(f"id map sends allocation {e.id} to {self._key_of.get(e.id)!r}, not {key!r}")
+            want = PINNED if e.pinned else CACHED
+            if self.pool.state_of(e.id) != want:
+                problems.append(f"entry {key!r}: blocks are in state {self.pool.state_of(e.id)}, expected {want}")
+            total += e.allocated_bytes
+            pinned += e.allocated_bytes if e.pinned else 0
+        if total != self.used_bytes:
+            problems.append(f"used_bytes is {self.used_bytes}, entries add up to {total}")
+        if pinned != self.pinned_bytes:
+            problems.append(f"pinned_bytes is {self.pinned_bytes}, pinned entries add up to {pinned}")
+        if self.used_bytes > self.capacity_bytes:
+            problems.append(f"used_bytes {self.used_bytes} exceeds capacity {self.capacity_bytes}")
+        if len(self._key_of) != len(self._entries):
+            problems.append(f"id map has {len(self._key_of)} ids for {len(self._entries)} entries")
+        held: set[str] = set()
+        for prio, s in self._by_priority.items():
+            keys = s.keys()
+            if len(keys) != len(s):
+                problems.append(f"policy structure at priority {prio} holds duplicates")
+            for k in keys:
+                e = self._entries.get(k)
+                if e is None:
+                    problems.append(f"policy holds {k!r}, which is not cached")
+                elif e.pinned:
+                    problems.append(f"pinned entry {k!r} is in the policy structure")
+                elif e.priority != prio:
+                    problems.append(f"entry {k!r} of priority {e.priority} is filed under {prio}")
+            if held & keys:
+                problems.append(f"keys filed under two priorities: {sorted(held & keys)[:3]}")
+            held |= keys
+        unpinned = {k for k, e in self._entries.items() if not e.pinned}
+        if unpinned - held:
+            problems.append(f"entries missing from the policy: {sorted(unpinned - held)[:3]}")
+        return problems
+
+    # -- internals --------------------------------------------------------------------------
+    def _validate(self, key: object, nbytes: object, priority: object, ttl_s: object) -> None:
+        if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+            raise InvalidRequest(f"key must be a non-empty string of at most {MAX_KEY_LENGTH} characters")
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
+            raise InvalidRequest(f"size must be a positive integer number of bytes, got {nbytes!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidRequest(f"priority must be an integer, got {priority!r}")
+        if ttl_s is not None and (
+            isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not ttl_s > 0
+            or ttl_s == float("inf")
+        ):
+            raise InvalidRequest(f"ttl_s must be a positive finite number of seconds, got {ttl_s!r}")
+
+    def _next_victim(self, exclude: str | None) -> str | None:
+        heap, now = self._ttl_heap, self.clock()
+        while heap and heap[0][0] <= now:
+            expires_at, key, aid = heap[0]
+            e = self._entries.get(key)
+            if e is not None and e.id == aid and e.expires_at == expires_at and key != exclude and not e.pinned:
+                return key
+            heapq.heappop(heap)
+        for prio in sorted(self._by_priority):
+            s = self._by_priority[prio]
+            if len(s) == 0:
+                continue
+            key = s.victim()
+            if key == exclude:  # the entry being resized is never its own victim
+                order = s.order(2)
+                key = order[1] if len(order) > 1 else None
+                if key is None:
+                    continue
+            return key
+        return None
+
+    def _evictable_bytes(self, exclude: str | None) -> int:
+        spare = self.used_bytes - self.pinned_bytes
+        if exclude is not None and exclude in self._entries and not self._entries[exclude].pinned:
+            spare -= self._entries[exclude].allocated_bytes
+        return spare
+
+    def _make_room(self, need: int, exclude: str | None, evicted: list[str]) -> None:
+        """Evict (reason capacity) until `need` more bytes fit under the capacity."""
+        if self.used_bytes + need - self._evictable_bytes(exclude) > self.capacity_bytes:
+            raise self._refuse(need, "capacity")
+        pool = self.pool
+        free_now = (pool.num_blocks - pool.used_blocks) * pool.block_bytes
+        if free_now + self._evictable_bytes(exclude) < need:
+            raise self._refuse(need, "capacity")
+        while self.used_bytes + need > self.capacity_bytes:
+            key = self._next_victim(exclude)
+            self._evict(key, "capacity" if not self._is_expired(key) else "ttl")
+            evicted.append(key)
+
+    def _refuse(self, need: int, cause: str) -> OutOfMemory:
+        pool = self.pool
+        free = (pool.num_blocks - pool.used_blocks) * pool.block_bytes
+        return pool._oom(need, free, pool.largest_free_bytes(), cause)
+
+    def _allocate(self, nbytes: int, state: int, exclude: str | None, evicted: list[str]) -> int:
+        """Allocate, evicting (reason oom) while the pool says out of memory."""
+        while True:
+            try:
+                return self.pool.allocate(nbytes, state)
+            except OutOfMemory:
+                key = self._next_victim(exclude)
+                if key is None:
+                    raise
+                self._evict(key, "oom")
+                evicted.append(key)
+
+    def _is_expired(self, key: str) -> bool:
+        e = self._entries[key]
+        return e.expires_at is not None and e.expires_at <= self.clock()
+
+    def _refresh(self, entry: Entry, nbytes: int, priority: int, ttl_s: float | None,
+                 pinned: bool, now: float) -> PutResult:
+        key = entry.key
+        evicted: list[str] = []
+        if nbytes != entry.nbytes:
+            self._resize(entry, nbytes, evicted)
+        if priority != entry.priority and not entry.pinned:
+            self._by_priority[entry.priority].remove(key)
+            entry.priority = priority
+            self._struct(priority).insert(key)
+        entry.priority = priority
+        if pinned != entry.pinned:
+            self.pin(key, pinned)
+        elif not entry.pinned:
+            self._by_priority[entry.priority].touch(key)
+        entry.last_access = now
+        if ttl_s is not None:
+            entry.ttl_s, entry.expires_at = ttl_s, now + ttl_s
+            heapq.heappush(self._ttl_heap, (entry.expires_at, key, entry.id))
+        self.pool.events.record("put", key, entry.id, entry.nbytes, entry.allocated_bytes // self.pool.block_bytes)
+        return PutResult(entry, False, evicted)
+
+    def _resize(self, entry: Entry, nbytes: int, evicted: list[str]) -> None:
+        """Grow in place with the pool's `extend`; shrink by reallocating. Data prefix kept."""
+        need = self.pool.footprint(nbytes)
+        if need > entry.allocated_bytes:
+            self._make_room(need - entry.allocated_bytes, entry.key, evicted)
+        if nbytes > entry.nbytes:
+            while True:
+                try:
+                    self.pool.extend(entry.id, nbytes - entry.nbytes)
+                    break
+                except OutOfMemory:
+                    victim = self._next_victim(entry.key)
+                    if victim is None:
+                        raise
+                    self._evict(victim, "oom")
+                    evicted.append(victim)
+        else:
+            state = PINNED if entry.pinned else CACHED
+            data = self.pool.read(entry.id, nbytes)
+            new_id = self._allocate(nbytes, state, entry.key, evicted)
+            self.pool.write(new_id, data)
+            self.pool.free(entry.id)
+            del self._key_of[entry.id]
+            self._key_of[new_id] = entry.key
+            entry.id = new_id
+            if entry.expires_at is not None:
+                heapq.heappush(self._ttl_heap, (entry.expires_at, entry.key, new_id))
+        held = self.pool.held_bytes(entry.id)
+        self.used_bytes += held - entry.allocated_bytes
+        if entry.pinned:
+            self.pinned_bytes += held - entry.allocated_bytes
+        entry.allocated_bytes = held
+        entry.nbytes = nbytes
+        self._shed_excess(entry.key, evicted)
+
+    def _evict(self, key: str, reason: str) -> None:
+        entry = self._entries[key]
+        now = self.clock()
+        self._drop(entry, evicted=True)
+        self.evictions[reason] += 1
+        self.pool.events.record(
+            "evict", key, entry.nbytes, entry.allocated_bytes // self.pool.block_bytes, reason,
+            self._policy, now - entry.created_at, now - entry.last_access,
+        )
+
+    def _drop(self, entry: Entry, evicted: bool) -> None:
+        del self._entries[entry.key]
+        del self._key_of[entry.id]
+        if entry.pinned:
+            self.pinned_bytes -= entry.allocated_bytes
+        else:
+            self._by_priority[entry.priority].remove(entry.key, evicted)
+        self.used_bytes -= entry.allocated_bytes
+        self.pool.free(entry.id)
+
+    def _forget_all(self) -> None:
+        """The pool was reset under us: every entry's memory is already gone."""
+        self._entries.clear()
+        self._key_of.clear()
+        self._by_priority.clear()
+        self._ttl_heap.clear()
+        self.used_bytes = self.pinned_bytes = 0

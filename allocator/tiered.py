@@ -1,0 +1,245 @@
+"""TieredPool: the seed article's small / medium / large block pools, with its bugs fixed."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InvalidRequest
+from .pool import Pool
+
+# Block size of each tier in units (the pool's block_bytes) and its share of the units. The
+# article used 64 MiB / 256 MiB / 1 GiB blocks: ratios 1 : 4 : 16.
+DEFAULT_TIERS = (
+    {"name": "small", "units": 1, "share": 0.25},
+    {"name": "medium", "units": 4, "share": 0.25},
+    {"name": "large", "units": 16, "share": 0.5},
+)
+
+
+@dataclass(slots=True)
+class Tier:
+    """One block pool: `count` blocks of `units` units each, from unit `start`.
+
+    `free` is an array('i') stack of tier-local block indices, highest first.
+    """
+
+    name: str
+    units: int
+    start: int
+    count: int
+    free: array
+
+    def unit_rows(self, blocks) -> list[int]:
+        u, s = self.units, self.start
+        if u == 1:
+            return [s + b for b in blocks]
+        return [s + b * u + i for b in blocks for i in range(u)]
+
+
+class TieredPool(Pool):
+    """Several block pools of different block sizes in one tensor, addressed in units.
+
+    A request goes to the smallest tier whose block holds it, else takes several blocks of the
+    largest tier. With `fallback` (default on) an exhausted tier hands the request to the next
+    larger one. Each allocation remembers its tier, so `free` returns blocks to the pool they
+    came from (the article returned every block to the small pool). The block map has one cell
+    per unit: a medium block covers `units` cells. A record is
+    `[requested_bytes, tier_index, blocks]` with tier-local block indices in data order.
+
+    NOTE: a request that fails while enough memory is free in other tiers counts as an OOM of
+    cause "fragmentation": memory is free but in the wrong shape, the tiered form of it.
+    """
+
+    strategy = "tiered"
+
+    def __init__(self, num_blocks: int, block_bytes: int, tiers=None, fallback: bool = True, **kw):
+        super().__init__(num_blocks, block_bytes, **kw)
+        self.fallback = fallback
+        self.tiers = self._layout(tiers or DEFAULT_TIERS)
+        self._allocs: dict[int, list] = {}
+
+    def _layout(self, spec) -> list[Tier]:
+        if not isinstance(spec, (list, tuple)) or not spec:
+            raise InvalidRequest("tiers must be a non-empty list of {name, units, share}")
+        try:
+            rows = sorted(
+                ((str(t["name"]), int(t["units"]), float(t["share"])) for t in spec), key=lambda r: r[1]
+            )
+        except (KeyError, TypeError, ValueError):
+            raise InvalidRequest("each tier needs 'name', 'units' (int >= 1) and 'share' (0..1)") from None
+        if any(u < 1 for _, u, _ in rows) or any(not 0 < s <= 1 for _, _, s in rows):
+            raise InvalidRequest("tier units must be >= 1 and shares in (0, 1]")
+        if len({u for _, u, _ in rows}) != len(rows) or len({n for n, _, _ in rows}) != len(rows):
+            raise InvalidRequest("tier names and block sizes must be distinct")
+        total = sum(s for _, _, s in rows)
+        counts = [int(self.num_blocks * s / total) // u for _, u, s in rows]
+        # Units left over by rounding go to the smallest tier, so the pool has no dead units.
+        used = sum(c * u for c, (_, u, _) in zip(counts, rows))
+        counts[0] += (self.num_blocks - used) // rows[0][1]
+        tiers, start = [], 0
+        for (name, units, _), count in zip(rows, counts):
+            if count <= 0:
+                raise InvalidRequest(f"tier {name!r} gets no blocks in a pool of {self.num_blocks} units")
+            free = array("i", np.arange(count - 1, -1, -1, dtype=np.int32).tobytes())
+            tiers.append(Tier(name, units, start, count, free))
+            start += count * units
+        if start < self.num_blocks:
+            raise InvalidRequest("tier layout leaves units unused; adjust shares")
+        return tiers
+
+    def _reset_free_structure(self) -> None:
+        for t in self.tiers:
+            t.free = array("i", np.arange(t.count - 1, -1, -1, dtype=np.int32).tobytes())
+
+    # -- placement ------------------------------------------------------------------------
+    def _first_tier(self, nbytes: int) -> int:
+        for i, t in enumerate(self.tiers):
+            if t.units * self.block_bytes >= nbytes:
+                return i
+        return len(self.tiers) - 1
+
+    def _blocks_needed(self, tier: Tier, nbytes: int) -> int:
+        return -(-nbytes // (tier.units * self.block_bytes))
+
+    def footprint(self, nbytes: int) -> int:
+        tier = self.tiers[self._first_tier(nbytes)]
+        return self._blocks_needed(tier, nbytes) * tier.units * self.block_bytes
+
+    def _allocate(self, aid: int, nbytes: int, state: int) -> None:
+        first = self._first_tier(nbytes)
+        candidates = range(first, len(self.tiers)) if self.fallback else (first,)
+        for i in candidates:
+            tier = self.tiers[i]
+            n = self._blocks_needed(tier, nbytes)
+            if n <= len(tier.free):
+                blocks = tier.free[-n:]
+                del tier.free[-n:]
+                blocks.reverse()
+                break
+        else:
+            raise self._tier_oom(nbytes)
+        self.blockmap.assign(tier.unit_rows(blocks), aid, state)
+        self._allocs[aid] = [nbytes, i, blocks]
+        held = n * tier.units
+        self.requested_total += nbytes
+        self.allocated_total += held * self.block_bytes
+        self.used_blocks += held
+        self.counters["allocations"] += 1
+        self.events.record("allocate", aid, nbytes, held * self.block_bytes, held)
+
+    def _tier_oom(self, nbytes: int):
+        free_units = self.num_blocks - self.used_blocks
+        free = free_units * self.block_bytes
+        largest = max(len(t.free) * t.units for t in self.tiers) * self.block_bytes
+        return self._oom(nbytes, free, largest, "fragmentation" if free >= nbytes else "capacity")
+
+    def _extend(self, aid: int, nbytes: int) -> bool:
+        rec = self._allocs[aid]
+        tier = self.tiers[rec[1]]
+        blocks = rec[2]
+        need = self._blocks_needed(tier, rec[0] + nbytes) - len(blocks)
+        if need > len(tier.free):
+            raise self._tier_oom(need * tier.units * self.block_bytes)
+        if need > 0:
+            new = tier.free[-need:]
+            del tier.free[-need:]
+            new.reverse()
+            state = self.blockmap.state[tier.unit_rows(blocks[:1])[0]]
+            self.blockmap.assign(tier.unit_rows(new), aid, state)
+            blocks.extend(new)
+            self.allocated_total += need * tier.units * self.block_bytes
+            self.used_blocks += need * tier.units
+        rec[0] += nbytes
+        self.requested_total += nbytes
+        self.counters["extends"] += 1
+        self.events.record("extend", aid, rec[0], len(blocks) * tier.units * self.block_bytes, False)
+        return False
+
+    def _release(self, aid: int) -> None:
+        requested, i, blocks = self._allocs.pop(aid)
+        tier = self.tiers[i]
+        self.blockmap.assign(tier.unit_rows(blocks), -1, 0)
+        blocks.reverse()
+        tier.free.extend(blocks)
+        held = len(blocks) * tier.units
+        self.requested_total -= requested
+        self.allocated_total -= held * self.block_bytes
+        self.used_blocks -= held
+        self.counters["frees"] += 1
+        self.events.record("free", aid, held)
+
+    def _block_ids(self, aid: int):
+        _, i, blocks = self._allocs[aid]
+        return self.tiers[i].unit_rows(blocks)
+
+    def _tier_name(self, aid: int) -> str | None:
+        return self.tiers[self._allocs[aid][1]].name
+
+    def _compact(self) -> tuple[list[int], list[int]]:
+        """Within each tier, renumber live blocks 0..k-1; returns the unit moves."""
+        src: list[int] = []
+        dst: list[int] = []
+        bm = self.blockmap
+        states = {aid: bm.state[self._block_ids(aid)[0]] for aid in self._allocs}
+        moved = 0
+        for i, tier in enumerate(self.tiers):
+            cursor = 0
+            live = sorted((aid for aid, r in self._allocs.items() if r[1] == i),
+                          key=lambda a: self._allocs[a][2][0])
+            for aid in live:
+                rec = self._allocs[aid]
+                old = rec[2]
+                new = array("i", range(cursor, cursor + len(old)))
+                if old != new:
+                    src.extend(tier.unit_rows(old))
+                    dst.extend(tier.unit_rows(new))
+                    moved += 1
+                rec[2] = new
+                cursor += len(old)
+            tier.free = array("i", np.arange(tier.count - 1, cursor - 1, -1, dtype=np.int32).tobytes())
+        bm.clear()
+        for aid in self._allocs:
+            bm.assign(self._block_ids(aid), aid, states[aid])
+        self.counters["moves"] += moved
+        return src, dst
+
+    def _free_lengths(self) -> np.ndarray:
+        return self.blockmap.free_runs()[1]
+
+    def _free_problems(self, expected_free: np.ndarray) -> list[str]:
+        problems = []
+        in_free = np.zeros(self.num_blocks, dtype=bool)
+        for t in self.tiers:
+            free = np.frombuffer(t.free, dtype=np.int32)
+            if np.unique(free).size != free.size:
+                problems.append(f"tier {t.name}: a block appears twice in its free stack")
+            if free.size and (free.min() < 0 or free.max() >= t.count):
+                problems.append(f"tier {t.name}: free stack holds a block outside the tier")
+                continue
+            rows = (t.start + free[:, None] * t.units + np.arange(t.units)[None, :]).ravel()
+            in_free[rows] = True
+        diff = np.flatnonzero(in_free != expected_free)
+        if diff.size:
+            b = int(diff[0])
+            what = "is in a tier's free stack but owned" if in_free[b] else "is neither free nor owned"
+            problems.append(f"unit {b} {what}")
+        for aid, (_, i, blocks) in self._allocs.items():
+            if any(b >= self.tiers[i].count for b in blocks):
+                problems.append(f"allocation {aid} holds a block outside tier {self.tiers[i].name}")
+        return problems
+
+    def _tier_stats(self) -> list[dict]:
+        return [
+            {"name": t.name, "block_bytes": t.units * self.block_bytes, "units": t.units,
+             "start": t.start, "blocks": t.count, "free_blocks": len(t.free)}
+            for t in self.tiers
+        ]
+
+    def _extra_stats(self) -> dict:
+        return {"tiers": self._tier_stats()}
+
+    def _extra_config(self) -> dict:
+        return {"tiers": self._tier_stats(), "fallback": self.fallback}
