@@ -1,0 +1,80 @@
+// REST client (DESIGN.md section 3). Adds the bearer token kept in this tab's sessionStorage and
+// turns `{"error": {code, message, details}}` bodies into ApiError.
+
+export const TOKEN_KEY = "kvscope.token";
+
+export class ApiError extends Error {
+  /** @param {number} status @param {string} code @param {string} message @param {Object} [details] */
+  constructor(status, code, message, details) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.details = details || {};
+  }
+}
+
+export function getToken() {
+  try {
+    return window.sessionStorage.getItem(TOKEN_KEY);
+  } catch {
+    return null;
+  }
+}
+
+/** @param {string|null} token */
+export function setToken(token) {
+  if (token) window.sessionStorage.setItem(TOKEN_KEY, token);
+  else window.sessionStorage.removeItem(TOKEN_KEY);
+}
+
+/** Called on 401/403; resolves to true when a new token was entered and the call should retry. */
+let onAuthRequired = async () => false;
+
+/** @param {() => Promise<boolean>} fn */
+export function setAuthHandler(fn) {
+  onAuthRequired = fn;
+}
+
+/**
+ * @param {string} method
+ * @param {string} path  starting with /api/
+ * @param {Object} [body]
+ * @returns {Promise<any>} parsed JSON, or null for 204
+ * @throws {ApiError}
+ */
+export async function api(method, path, body, retried = false) {
+  /** @type {Record<string,string>} */
+  const headers = {};
+  const token = getToken();
+  if (token) headers.Authorization = `Bearer ${token}`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  if ((res.status === 401 || res.status === 403) && !retried) {
+    if (await onAuthRequired()) return api(method, path, body, true);
+  }
+  if (res.status === 204) return null;
+  const text = await res.text();
+  let data = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = null;
+  }
+  if (!res.ok) {
+    const err = data && data.error;
+    if (err) throw new ApiError(res.status, err.code, err.message, err.details);
+    const detail = data && data.detail ? JSON.stringify(data.detail) : text.slice(0, 200);
+    throw new ApiError(res.status, String(res.status), detail || res.statusText);
+  }
+  return data;
+}
+
+/** @param {string} pool */
+export const poolPath = (pool) => `/api/pools/${encodeURIComponent(pool)}`;
+
+/** Pool names from GET /api/pools, whatever shape the list comes in. */
+export async function listPools() {
+  const data = await api("GET", "/api/pools");
+  const items = Array.isArray(data) ? data : (data && (data.pools || data.items)) || [];
+  return items.map((p) => (typeof p === "string" ? p : p.name || (p.config && p.config.name))).filter(Boolean);
+}

@@ -1,0 +1,124 @@
+// Time-series charts (vendored uPlot) over the model's stats history.
+
+import uPlot from "../vendor/uplot/uPlot.esm.js";
+
+/** Charts redraw at most this often; stats arrive ~4/s and uPlot's setData redraws everything. */
+export const CHART_REFRESH_MS = 500;
+const CHART_HEIGHT = 130;
+
+const AXIS = { stroke: "#8b95a7", grid: { stroke: "#1f2632", width: 1 }, ticks: { stroke: "#1f2632" }, font: "11px system-ui, sans-serif" };
+const pctAxis = { ...AXIS, size: 44, values: (_u, ticks) => ticks.map((v) => `${Math.round(v * 100)}%`) };
+
+/** Chart definitions: which history columns (see model.HISTORY_SERIES) each one shows. */
+const CHARTS = [
+  {
+    id: "memory",
+    title: "Memory",
+    cols: [1, 2, 3],
+    series: [
+      { label: "utilization", stroke: "#4fc3f7", fill: "rgba(79,195,247,0.10)", width: 1.5 },
+      { label: "internal frag", stroke: "#ffb74d", width: 1.5 },
+      { label: "external frag", stroke: "#ef5350", width: 1.5 },
+    ],
+    range: [0, 1],
+    axis: pctAxis,
+  },
+  {
+    id: "cache",
+    title: "Cache",
+    cols: [5, 4],
+    series: [
+      { label: "hit rate", stroke: "#66bb6a", width: 1.5, scale: "pct" },
+      { label: "evictions/s", stroke: "#ba68c8", width: 1.5, scale: "rate" },
+    ],
+    dual: true,
+  },
+  {
+    id: "ooms",
+    title: "OOMs (total)",
+    cols: [6, 7],
+    series: [
+      { label: "capacity", stroke: "#90a4ae", width: 1.5, paths: uPlot.paths.stepped({ align: 1 }) },
+      { label: "fragmentation", stroke: "#ef5350", width: 1.5, paths: uPlot.paths.stepped({ align: 1 }) },
+    ],
+  },
+];
+
+/**
+ * @param {HTMLElement} root
+ * @param {import("./model.js").PoolModel} model
+ */
+export function createCharts(root, model) {
+  root.classList.add("charts");
+  const plots = CHARTS.map((def) => {
+    const box = document.createElement("div");
+    box.className = "chart";
+    box.dataset.chart = def.id;
+    box.innerHTML = `<div class="chart-title">${def.title}</div>`;
+    root.appendChild(box);
+    const scales = { x: { time: true } };
+    let axes;
+    if (def.dual) {
+      scales.pct = { range: [0, 1] };
+      scales.rate = { range: (_u, _min, max) => [0, Math.max(1, max * 1.1)] };
+      axes = [AXIS, { ...pctAxis, scale: "pct" }, { ...AXIS, scale: "rate", side: 1, size: 40, grid: { show: false } }];
+    } else if (def.range) {
+      scales.y = { range: def.range };
+      axes = [AXIS, def.axis];
+    } else {
+      scales.y = { range: (_u, _min, max) => [0, Math.max(1, max * 1.15)] };
+      axes = [AXIS, { ...AXIS, size: 40 }];
+    }
+    const opts = {
+      width: 300,
+      height: CHART_HEIGHT,
+      scales,
+      axes,
+      legend: { show: true, live: false },
+      cursor: { show: true, points: { show: false }, drag: { x: false, y: false } },
+      series: [{}, ...def.series.map((s) => ({ ...s, points: { show: false }, spanGaps: false }))],
+    };
+    const plot = new uPlot(opts, [[], ...def.series.map(() => [])], box);
+    return { def, plot, box };
+  });
+
+  let lastDraw = 0;
+  let pending = 0;
+
+  function draw() {
+    pending = 0;
+    lastDraw = performance.now();
+    const cols = model.history.toArrays();
+    for (const { def, plot } of plots) plot.setData([cols[0], ...def.cols.map((c) => cols[c])]);
+  }
+
+  /** Redraw soon, throttled to CHART_REFRESH_MS. */
+  function update() {
+    if (pending) return;
+    const wait = Math.max(0, CHART_REFRESH_MS - (performance.now() - lastDraw));
+    pending = window.setTimeout(() => window.requestAnimationFrame(draw), wait);
+  }
+
+  function resize() {
+    for (const { plot, box } of plots) {
+      const w = Math.max(200, box.clientWidth - 4);
+      if (Math.abs(plot.width - w) > 2) plot.setSize({ width: w, height: CHART_HEIGHT });
+    }
+  }
+  const ro = new ResizeObserver(resize);
+  ro.observe(root);
+  resize();
+
+  return {
+    update,
+    clear() {
+      model.history.clear();
+      draw();
+    },
+    destroy() {
+      ro.disconnect();
+      for (const { plot } of plots) plot.destroy();
+      root.innerHTML = "";
+    },
+  };
+}

@@ -1,0 +1,182 @@
+// Compare view: the same scenario on two or three pools of equal size, side by side, so that
+// external fragmentation visibly forms on the contiguous arena and not on the paged pool.
+
+import { ApiError, api, getToken, poolPath } from "./api.js";
+import { createHeatmap } from "./heatmap.js";
+import { PoolModel, formatBytes, parseSize, pct } from "./model.js";
+import { renderAlerts } from "./panels.js";
+import { createPoolSocket } from "./socket.js";
+
+const PANEL_REFRESH_MS = 300;
+
+/** @param {string} strategy */
+const poolNameFor = (strategy) => `cmp-${strategy}`;
+
+/**
+ * @param {HTMLElement} grid
+ * @param {{status: (msg: string, kind?: string) => void}} env
+ */
+export function createCompare(grid, env) {
+  /** @type {{name:string, strategy:string, model:PoolModel, socket:any, heatmap:any, numbers:HTMLElement, alerts:HTMLElement, conn:HTMLElement}[]} */
+  let panes = [];
+  let visible = false;
+  let timer = 0;
+  const form = /** @type {HTMLFormElement} */ (document.getElementById("f-compare"));
+
+  function teardown() {
+    for (const p of panes) {
+      p.socket.close();
+      p.heatmap.destroy();
+    }
+    panes = [];
+    grid.innerHTML = "";
+  }
+
+  function render() {
+    timer = 0;
+    for (const p of panes) {
+      const s = p.model.stats;
+      const w = p.model.workload;
+      const o = (s && s.ooms) || { capacity: 0, fragmentation: 0 };
+      p.numbers.innerHTML = s
+        ? `<span><label>util</label><b>${pct(s.utilization)}</b></span>
+           <span><label>ext frag</label><b class="${s.external_fragmentation >= 0.5 ? "hot" : ""}">${pct(s.external_fragmentation)}</b></span>
+           <span><label>int frag</label><b>${pct(s.internal_fragmentation)}</b></span>
+           <span><label>largest free</label><b>${formatBytes(s.largest_free_bytes)}</b></span>
+           <span><label>OOM cap / frag</label><b class="${o.fragmentation ? "hot" : ""}">${o.capacity} / ${o.fragmentation}</b></span>
+           <span><label>workload</label><b>${w ? `${w.state} ${w.done}/${w.total}` : "—"}</b></span>`
+        : `<span class="muted">waiting for stats…</span>`;
+      renderAlerts(p.alerts, p.model.alerts().filter((a) => a.code === "oom-fragmentation"));
+    }
+  }
+
+  function scheduleRender() {
+    if (!timer) timer = window.setTimeout(render, PANEL_REFRESH_MS);
+  }
+
+  /** @param {string} strategy */
+  function openPane(strategy) {
+    const name = poolNameFor(strategy);
+    const box = document.createElement("section");
+    box.className = "panel compare-pane";
+    box.dataset.pool = name;
+    box.innerHTML = `<div class="panel-head"><h2>${name}</h2><span class="conn small" data-state="connecting"><i></i><span></span></span></div>
+      <div class="cmp-alerts"></div><div class="cmp-numbers"></div><div class="cmp-map"></div>`;
+    grid.appendChild(box);
+    const model = new PoolModel();
+    const heatmap = createHeatmap(/** @type {HTMLElement} */ (box.querySelector(".cmp-map")), model, {
+      compact: true,
+      fetchAllocation: (id) => api("GET", `${poolPath(name)}/allocations/${id}`),
+    });
+    const conn = /** @type {HTMLElement} */ (box.querySelector(".conn"));
+    const socket = createPoolSocket(
+      name,
+      {
+        onJson: (msg) => {
+          if (msg.type === "hello") {
+            model.applyHello(msg);
+            heatmap.relayout();
+          } else if (msg.type === "stats") model.applyStats(msg.stats);
+          else if (msg.type === "events") model.applyEvents(msg.events || []);
+          else if (msg.type === "progress") model.applyProgress(msg.workload);
+          else if (msg.type === "order") model.applyOrder(msg);
+          scheduleRender();
+        },
+        onFrame: (f) => {
+          model.applyFrame(f);
+          heatmap.schedule();
+        },
+        onState: (st) => {
+          conn.dataset.state = st;
+        },
+      },
+      { token: getToken },
+    );
+    panes.push({
+      name,
+      strategy,
+      model,
+      socket,
+      heatmap,
+      numbers: /** @type {HTMLElement} */ (box.querySelector(".cmp-numbers")),
+      alerts: /** @type {HTMLElement} */ (box.querySelector(".cmp-alerts")),
+      conn,
+    });
+  }
+
+  async function setupAndRun() {
+    const f = /** @type {any} */ (form);
+    const strategies = ["paged", "contiguous", ...(f.tiered.checked ? ["tiered"] : [])];
+    const size = parseSize(f.block_bytes.value);
+    if (!size || !("bytes" in size)) throw new Error(`not a block size: ${f.block_bytes.value}`);
+    teardown();
+    for (const s of strategies) {
+      const name = poolNameFor(s);
+      try {
+        await api("DELETE", poolPath(name));
+      } catch (err) {
+        if (!(err instanceof ApiError && err.status === 404)) throw err;
+      }
+      const body = { name, strategy: s, num_blocks: Number(f.num_blocks.value), block_bytes: size.bytes };
+      if (s === "contiguous") body.fit = "first";
+      await api("POST", "/api/pools", body);
+      openPane(s);
+    }
+    const workload = { kind: "scenario", name: f.name.value, speed: Number(f.speed.value), seed: Number(f.seed.value) };
+    await Promise.all(strategies.map((s) => api("POST", `${poolPath(poolNameFor(s))}/workload`, workload)));
+    return `running ${workload.name} (seed ${workload.seed}) on ${strategies.map(poolNameFor).join(", ")}`;
+  }
+
+  async function each(label, fn) {
+    try {
+      await Promise.all(panes.map((p) => fn(p)));
+      env.status(`${label}: done`, "ok");
+    } catch (err) {
+      env.status(`${label}: ${/** @type {Error} */ (err).message}`, "err");
+    }
+  }
+
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    env.status("setting up…");
+    try {
+      env.status(await setupAndRun(), "ok");
+    } catch (err) {
+      env.status(`compare: ${/** @type {Error} */ (err).message}`, "err");
+    }
+  });
+  document.getElementById("b-compare-defrag")?.addEventListener("click", () =>
+    each("defragment", (p) => api("POST", `${poolPath(p.name)}/defragment`)),
+  );
+  document.getElementById("b-compare-stop")?.addEventListener("click", () =>
+    each("stop", (p) => api("DELETE", `${poolPath(p.name)}/workload`).catch((e) => (e instanceof ApiError && e.status === 404 ? null : Promise.reject(e)))),
+  );
+
+  return {
+    show() {
+      visible = true;
+      for (const p of panes) p.heatmap.relayout();
+    },
+    hide() {
+      visible = false;
+    },
+    reconnect() {
+      for (const p of panes) p.socket.reconnect();
+    },
+    get visible() {
+      return visible;
+    },
+    /** Read-only summary for tests: per pool, the latest stats numbers and painted cells. */
+    summary() {
+      return panes.map((p) => ({
+        pool: p.name,
+        strategy: p.strategy,
+        connection: p.socket.state,
+        stats: p.model.stats,
+        workload: p.model.workload,
+        painted: p.heatmap.paintedCounts(),
+        alerts: p.model.alerts().map((a) => a.code),
+      }));
+    },
+  };
+}

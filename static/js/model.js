@@ -1,0 +1,415 @@
+// Pure state of one pool as the page sees it: block map, dirty regions, stats history, events,
+// alerts. No DOM, no network: main.js feeds it stream messages, heatmap/charts read it.
+
+export const FREE = 0;
+export const USED = 1;
+export const CACHED = 2;
+export const PINNED = 3;
+
+/** Stats samples kept for the charts: 4 samples/s (server rate) x 5 minutes. */
+export const HISTORY_CAPACITY = 1200;
+/** Events kept for the log; older ones fall off (the server keeps its own ring). */
+export const EVENT_CAPACITY = 500;
+/** Past this many separate dirty ranges, repainting their union is cheaper than tracking them. */
+export const MAX_DIRTY_RANGES = 256;
+
+export const DEFAULT_THRESHOLDS = Object.freeze({
+  utilizationWarn: 0.9,
+  utilizationCritical: 0.98,
+  externalFragmentationWarn: 0.5,
+});
+
+/**
+ * @typedef {Object} PoolConfig  GET /api/pools/{pool} "config"
+ * @property {string} name
+ * @property {"paged"|"tiered"|"contiguous"} strategy
+ * @property {number} num_blocks
+ * @property {number} block_bytes
+ * @property {number} capacity_bytes
+ * @property {string} device
+ * @property {string} [fit]
+ * @property {{capacity_bytes:number, policy:string}|null} [cache]
+ */
+
+/**
+ * @typedef {Object} PoolStats  GET /api/pools/{pool}/stats
+ * @property {number} total_blocks
+ * @property {number} used_blocks
+ * @property {number} free_blocks
+ * @property {number} utilization
+ * @property {number} internal_fragmentation
+ * @property {number} external_fragmentation
+ * @property {number} largest_free_bytes
+ * @property {number} [free_bytes]
+ * @property {{capacity:number, fragmentation:number}} ooms
+ * @property {Object<string, number>} [counters]
+ * @property {{hits?:number, misses?:number, hit_rate?:number, evictions?:number|Object<string,number>, policy?:string, used_bytes?:number, capacity_bytes?:number, entries?:number}} [cache]
+ */
+
+/**
+ * @typedef {Object} PoolEvent  one entry of an `events` message (allocator/events.py EVENT_FIELDS)
+ * @property {number} seq
+ * @property {number} ts       unix seconds
+ * @property {string} type     allocate|extend|free|oom|defragment|reset|put|hit|miss|remove|evict|policy|workload
+ * @property {string} [key]
+ * @property {number} [id]
+ * @property {number} [bytes]
+ * @property {number} [blocks]
+ * @property {string} [reason]
+ * @property {string} [policy]
+ * @property {string} [cause]
+ * @property {number} [requested_bytes]
+ * @property {number} [free_bytes]
+ * @property {number} [largest_free_bytes]
+ */
+
+/** @typedef {{type:"hello", protocol:number, pool:PoolConfig, states:Object<string,string>, last_event_seq:number}} HelloMessage */
+/** @typedef {{type:"events", events:PoolEvent[]}} EventsMessage */
+/** @typedef {{type:"stats", stats:PoolStats}} StatsMessage */
+/** @typedef {{type:"order", ids:number[], keys:string[], truncated:boolean}} OrderMessage */
+/** @typedef {{name:string, state:string, done:number, total:number}} WorkloadProgress */
+/** @typedef {{type:"progress", workload:WorkloadProgress}} ProgressMessage */
+/** @typedef {{type:"closed", reason:string}} ClosedMessage */
+
+/** @typedef {{code:string, level:"warn"|"critical", message:string}} Alert */
+
+/** Sum a counter that the server may report as a number or as {reason: count}. */
+export function counterTotal(value) {
+  if (typeof value === "number") return value;
+  if (value && typeof value === "object") return Object.values(value).reduce((a, b) => a + (Number(b) || 0), 0);
+  return 0;
+}
+
+/** Hit rate from cache stats, or null when the pool has no cache or no lookups yet. */
+export function hitRateOf(stats) {
+  const c = stats && stats.cache;
+  if (!c) return null;
+  if (typeof c.hit_rate === "number") return c.hit_rate;
+  const hits = Number(c.hits) || 0;
+  const misses = Number(c.misses) || 0;
+  return hits + misses > 0 ? hits / (hits + misses) : null;
+}
+
+/** Fixed-capacity ring of stats samples, read oldest-first as column arrays for uPlot. */
+export class HistoryRing {
+  /** @param {number} capacity @param {string[]} series */
+  constructor(capacity, series) {
+    this.capacity = capacity;
+    this.series = series;
+    this.columns = series.map(() => new Float64Array(capacity));
+    this.length = 0;
+    this.head = 0; // next write position
+  }
+
+  /** @param {number[]} values one per series, NaN for "no value" */
+  push(values) {
+    for (let s = 0; s < this.columns.length; s++) this.columns[s][this.head] = values[s];
+    this.head = (this.head + 1) % this.capacity;
+    if (this.length < this.capacity) this.length++;
+  }
+
+  /** Oldest-first plain arrays (uPlot wants arrays; nulls for gaps). */
+  toArrays() {
+    const start = (this.head - this.length + this.capacity) % this.capacity;
+    return this.columns.map((col) => {
+      const out = new Array(this.length);
+      for (let i = 0; i < this.length; i++) {
+        const v = col[(start + i) % this.capacity];
+        out[i] = Number.isNaN(v) ? null : v;
+      }
+      return out;
+    });
+  }
+
+  clear() {
+    this.length = 0;
+    this.head = 0;
+  }
+}
+
+export const HISTORY_SERIES = ["t", "utilization", "internal", "external", "evictionsPerSec", "hitRate", "oomCapacity", "oomFragmentation"];
+
+/**
+ * Keep only events whose type is in `types` (all when `types` is empty or null).
+ * @param {PoolEvent[]} events @param {Set<string>|string[]|null} types
+ */
+export function filterEvents(events, types) {
+  if (!types) return events.slice();
+  const set = types instanceof Set ? types : new Set(types);
+  if (set.size === 0) return events.slice();
+  return events.filter((e) => set.has(e.type));
+}
+
+/**
+ * Alerts for the banner, from the latest stats and the "OOM with memory free" latch.
+ * @param {PoolStats|null} stats
+ * @param {PoolEvent|null} fragmentationOom the latest oom event with cause fragmentation since the last defragment/reset
+ * @param {typeof DEFAULT_THRESHOLDS} [thresholds]
+ * @returns {Alert[]}
+ */
+export function computeAlerts(stats, fragmentationOom, thresholds = DEFAULT_THRESHOLDS) {
+  /** @type {Alert[]} */
+  const alerts = [];
+  if (fragmentationOom) {
+    const e = fragmentationOom;
+    alerts.push({
+      code: "oom-fragmentation",
+      level: "critical",
+      message: `OOM with memory free: a ${formatBytes(e.requested_bytes)} request failed while ${formatBytes(e.free_bytes)} was free (largest free extent ${formatBytes(e.largest_free_bytes)}). Defragment to recover.`,
+    });
+  }
+  if (!stats) return alerts;
+  const u = stats.utilization;
+  if (u >= thresholds.utilizationCritical) {
+    alerts.push({ code: "utilization", level: "critical", message: `Utilization ${pct(u)}: the pool is full.` });
+  } else if (u >= thresholds.utilizationWarn) {
+    alerts.push({ code: "utilization", level: "warn", message: `Utilization ${pct(u)}: close to full.` });
+  }
+  const ext = stats.external_fragmentation;
+  if (stats.strategy !== "paged" && ext >= thresholds.externalFragmentationWarn && stats.free_blocks > 0) {
+    alerts.push({ code: "fragmentation", level: "warn", message: `External fragmentation ${pct(ext)}: free memory is scattered.` });
+  }
+  return alerts;
+}
+
+/** @param {number} x */
+export function pct(x) {
+  return `${(100 * (x || 0)).toFixed(1)}%`;
+}
+
+/** @param {number|undefined|null} n */
+export function formatBytes(n) {
+  if (n == null || Number.isNaN(n)) return "?";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let v = Number(n);
+  let u = 0;
+  while (Math.abs(v) >= 1024 && u < units.length - 1) {
+    v /= 1024;
+    u++;
+  }
+  return `${u === 0 ? v : v.toFixed(v >= 100 ? 0 : 1)} ${units[u]}`;
+}
+
+/**
+ * The page's copy of one pool. Invariants: `owner.length === state.length === blocks`;
+ * `dirty` holds disjoint-or-overlapping [start, end) block ranges changed since the last
+ * `takeDirty()`, or `allDirty` is set; `events` is newest first and at most EVENT_CAPACITY long.
+ */
+export class PoolModel {
+  constructor() {
+    /** @type {PoolConfig|null} */
+    this.config = null;
+    this.blocks = 0;
+    this.owner = new Int32Array(0);
+    this.state = new Uint8Array(0);
+    this.lastFrame = -1;
+    /** @type {[number, number][]} */
+    this.dirty = [];
+    this.allDirty = false;
+    /** @type {PoolStats|null} */
+    this.stats = null;
+    this.history = new HistoryRing(HISTORY_CAPACITY, HISTORY_SERIES);
+    /** @type {PoolEvent[]} newest first */
+    this.events = [];
+    this.evictionCount = 0;
+    this.lastSample = null;
+    /** @type {PoolEvent|null} */
+    this.fragmentationOom = null;
+    this.lastFragOomCounter = null;
+    /** @type {Map<number, number>} allocation id -> rank in eviction order (0 = next victim) */
+    this.orderRank = new Map();
+    this.orderLength = 0;
+    this.orderVersion = 0;
+    /** @type {Map<number, string>} allocation id -> cache key, learnt from put events and order */
+    this.keyById = new Map();
+    /** @type {WorkloadProgress|null} */
+    this.workload = null;
+    this.thresholds = { ...DEFAULT_THRESHOLDS };
+  }
+
+  /** @param {HelloMessage} hello */
+  applyHello(hello) {
+    this.config = hello.pool;
+    this.resize(hello.pool.num_blocks);
+    this.lastFrame = -1;
+  }
+
+  /** @param {number} blocks */
+  resize(blocks) {
+    if (blocks !== this.blocks) {
+      this.blocks = blocks;
+      this.owner = new Int32Array(blocks).fill(-1);
+      this.state = new Uint8Array(blocks);
+    }
+    this.markAllDirty();
+  }
+
+  /**
+   * Apply a decoded binary frame. A snapshot replaces the whole map; a delta patches its runs.
+   * @param {import("./frames.js").Frame} frame
+   */
+  applyFrame(frame) {
+    if (frame.kind === 1 || frame.blocks !== this.blocks) this.resize(frame.blocks);
+    for (const run of frame.runs) {
+      this.owner.set(run.owner, run.start);
+      this.state.set(run.state, run.start);
+      if (frame.kind !== 1) this.markDirty(run.start, run.start + run.count);
+    }
+    this.lastFrame = frame.frame;
+  }
+
+  markAllDirty() {
+    this.allDirty = true;
+    this.dirty.length = 0;
+  }
+
+  /** @param {number} start @param {number} end */
+  markDirty(start, end) {
+    if (this.allDirty) return;
+    if (this.dirty.length >= MAX_DIRTY_RANGES) {
+      let lo = start;
+      let hi = end;
+      for (const [s, e] of this.dirty) {
+        if (s < lo) lo = s;
+        if (e > hi) hi = e;
+      }
+      this.dirty = [[lo, hi]];
+      return;
+    }
+    this.dirty.push([start, end]);
+  }
+
+  /** Return and clear what changed: null when nothing, "all", or sorted merged ranges. */
+  takeDirty() {
+    if (this.allDirty) {
+      this.allDirty = false;
+      this.dirty.length = 0;
+      return "all";
+    }
+    if (this.dirty.length === 0) return null;
+    const ranges = this.dirty.sort((a, b) => a[0] - b[0]);
+    /** @type {[number, number][]} */
+    const merged = [];
+    for (const [s, e] of ranges) {
+      const last = merged[merged.length - 1];
+      if (last && s <= last[1]) last[1] = Math.max(last[1], e);
+      else merged.push([s, e]);
+    }
+    this.dirty = [];
+    return merged;
+  }
+
+  /** Counts by state code, from the map itself (what the heatmap should show). */
+  countStates() {
+    const counts = [0, 0, 0, 0];
+    const st = this.state;
+    for (let i = 0; i < st.length; i++) counts[st[i] & 3]++;
+    return counts;
+  }
+
+  /** @param {PoolStats} stats @param {number} [now] seconds */
+  applyStats(stats, now = Date.now() / 1000) {
+    this.stats = stats;
+    const frag = stats.ooms ? stats.ooms.fragmentation : 0;
+    if (this.lastFragOomCounter != null && frag > this.lastFragOomCounter && !this.fragmentationOom) {
+      // The event itself may have fallen out of a dropped batch; the counter is authoritative.
+      this.fragmentationOom = { seq: 0, ts: now, type: "oom", cause: "fragmentation", requested_bytes: undefined, free_bytes: stats.free_bytes, largest_free_bytes: stats.largest_free_bytes };
+    }
+    this.lastFragOomCounter = frag;
+    let evictionsPerSec = NaN;
+    const evictTotal = stats.cache ? counterTotal(stats.cache.evictions) || this.evictionCount : this.evictionCount;
+    if (this.lastSample) {
+      const dt = now - this.lastSample.t;
+      if (dt > 0) evictionsPerSec = Math.max(0, evictTotal - this.lastSample.evictions) / dt;
+    }
+    this.lastSample = { t: now, evictions: evictTotal };
+    const hr = hitRateOf(stats);
+    this.history.push([
+      now,
+      stats.utilization,
+      stats.internal_fragmentation,
+      stats.external_fragmentation,
+      evictionsPerSec,
+      hr == null ? NaN : hr,
+      stats.ooms ? stats.ooms.capacity : 0,
+      frag,
+    ]);
+  }
+
+  /** Latest evictions/s sample (NaN before two samples). */
+  evictionsPerSec() {
+    const h = this.history;
+    if (h.length === 0) return NaN;
+    return h.columns[4][(h.head - 1 + h.capacity) % h.capacity];
+  }
+
+  /** @param {PoolEvent[]} events oldest first, as the server sends them */
+  applyEvents(events) {
+    for (const e of events) {
+      switch (e.type) {
+        case "evict":
+          this.evictionCount++;
+          break;
+        case "oom":
+          if (e.cause === "fragmentation") this.fragmentationOom = e;
+          break;
+        case "defragment":
+        case "reset":
+          this.fragmentationOom = null;
+          break;
+        case "put":
+          if (e.id != null && e.key != null) this.keyById.set(e.id, e.key);
+          break;
+        default:
+          break;
+      }
+    }
+    const fresh = events.slice().reverse();
+    this.events = fresh.concat(this.events);
+    if (this.events.length > EVENT_CAPACITY) this.events.length = EVENT_CAPACITY;
+  }
+
+  /** @param {OrderMessage} order */
+  applyOrder(order) {
+    this.orderRank = new Map();
+    order.ids.forEach((id, i) => {
+      this.orderRank.set(id, i);
+      if (order.keys && order.keys[i] != null) this.keyById.set(id, order.keys[i]);
+    });
+    this.orderLength = order.ids.length;
+    this.orderVersion++;
+  }
+
+  /** @param {WorkloadProgress} w */
+  applyProgress(w) {
+    this.workload = w;
+  }
+
+  /** Current alerts for the banner. */
+  alerts() {
+    return computeAlerts(this.stats, this.fragmentationOom, this.thresholds);
+  }
+
+  clearEvents() {
+    this.events = [];
+  }
+}
+
+const SIZE_UNITS = { b: 1, kb: 1000, mb: 1e6, gb: 1e9, k: 1024, kib: 1024, m: 1024 ** 2, mib: 1024 ** 2, g: 1024 ** 3, gib: 1024 ** 3 };
+
+/**
+ * Parse "4096", "64 KiB", "1.5MiB" into {bytes}, or "200 tok" / "200 tokens" into {tokens}.
+ * @param {string} text
+ * @returns {{bytes:number}|{tokens:number}|null} null when it is not a positive size
+ */
+export function parseSize(text) {
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$/.exec(String(text));
+  if (!m) return null;
+  const n = Number(m[1]);
+  const unit = m[2].toLowerCase();
+  if (unit.startsWith("tok")) return Number.isInteger(n) && n > 0 ? { tokens: n } : null;
+  const mult = unit === "" ? 1 : SIZE_UNITS[unit];
+  if (!mult) return null;
+  const bytes = Math.round(n * mult);
+  return bytes > 0 ? { bytes } : null;
+}

@@ -1,0 +1,100 @@
+// DOM renderers for the read-only panels: current numbers, alert banner, event log.
+
+import { escapeHtml } from "./heatmap.js";
+import { filterEvents, formatBytes, hitRateOf, pct } from "./model.js";
+
+/** The log shows at most this many rows; rebuilding more on every batch costs frames. */
+export const LOG_ROWS = 200;
+
+/** Checkbox groups of the event filter -> event types. */
+export const FILTER_GROUPS = {
+  alloc: ["allocate", "extend", "free"],
+  cache: ["put", "hit", "miss", "remove"],
+};
+
+/**
+ * @param {import("./model.js").PoolStats|null} s
+ * @param {number} evictionsPerSec
+ */
+export function numbersHtml(s, evictionsPerSec) {
+  if (!s) return `<div class="muted">waiting for stats…</div>`;
+  const hr = hitRateOf(s);
+  const c = s.cache;
+  const cell = (label, value, sub = "", cls = "") => `<div class="num ${cls}"><label>${label}</label><b>${value}</b><small>${sub}</small></div>`;
+  const ooms = s.ooms || { capacity: 0, fragmentation: 0 };
+  return [
+    cell("utilization", pct(s.utilization), `${(s.used_blocks ?? 0).toLocaleString()} / ${(s.total_blocks ?? 0).toLocaleString()} blocks`, s.utilization >= 0.9 ? "hot" : ""),
+    cell("internal frag", pct(s.internal_fragmentation), `${formatBytes((s.allocated_bytes || 0) - (s.requested_bytes || 0))} wasted in blocks`),
+    cell("external frag", pct(s.external_fragmentation), `${s.free_extent_count ?? "?"} free extents`, s.external_fragmentation >= 0.5 && s.strategy !== "paged" ? "hot" : ""),
+    cell("largest free", formatBytes(s.largest_free_bytes), `of ${formatBytes(s.free_bytes ?? (s.free_blocks || 0) * (s.block_bytes || 0))} free`),
+    cell("OOMs", `${ooms.capacity + ooms.fragmentation}`, `capacity ${ooms.capacity} · fragmentation ${ooms.fragmentation}`, ooms.fragmentation > 0 ? "hot" : ""),
+    cell("hit rate", hr == null ? "—" : pct(hr), c ? `${c.hits ?? 0} hits · ${c.misses ?? 0} misses` : "no cache on this pool"),
+    cell("evictions/s", Number.isFinite(evictionsPerSec) ? evictionsPerSec.toFixed(1) : "—", c ? `${c.entries ?? c.count ?? "?"} entries · ${formatBytes(c.used_bytes)} / ${formatBytes(c.capacity_bytes)}` : ""),
+  ].join("");
+}
+
+/** @param {import("./model.js").PoolEvent} e @returns {[string, string, string]} what, size, why */
+export function describeEvent(e) {
+  switch (e.type) {
+    case "evict":
+      return [e.key ?? "?", formatBytes(e.bytes), `${e.reason} · ${e.policy}${e.idle_s != null ? ` · idle ${Number(e.idle_s).toFixed(1)}s` : ""}`];
+    case "oom":
+      return [`request failed`, formatBytes(e.requested_bytes), `${e.cause}: ${formatBytes(e.free_bytes)} free, largest ${formatBytes(e.largest_free_bytes)}`];
+    case "defragment": {
+      const b = /** @type {any} */ (e).before || {};
+      const a = /** @type {any} */ (e).after || {};
+      const ext = b.external_fragmentation != null ? `ext frag ${pct(b.external_fragmentation)} → ${pct(a.external_fragmentation)}` : "";
+      return [`moved ${/** @type {any} */ (e).moved_blocks} blocks`, formatBytes(/** @type {any} */ (e).moved_bytes), ext];
+    }
+    case "reset":
+      return [`freed ${/** @type {any} */ (e).freed ?? "all"}`, "", ""];
+    case "policy":
+      return [`policy → ${e.policy}`, "", ""];
+    case "workload": {
+      const w = /** @type {any} */ (e);
+      return [`${w.name} ${w.state}`, "", `${w.done ?? ""}/${w.total ?? ""}`];
+    }
+    case "allocate":
+      return [`#${e.id}`, formatBytes(/** @type {any} */ (e).allocated_bytes), `requested ${formatBytes(e.requested_bytes)}`];
+    case "extend":
+      return [`#${e.id}`, formatBytes(/** @type {any} */ (e).allocated_bytes), /** @type {any} */ (e).moved ? "moved" : "in place"];
+    case "free":
+      return [`#${e.id}`, `${e.blocks ?? ""} blocks`, ""];
+    default:
+      return [e.key ?? (e.id != null ? `#${e.id}` : ""), e.bytes != null ? formatBytes(e.bytes) : "", ""];
+  }
+}
+
+/** Types selected by the filter checkboxes. @param {HTMLElement} box */
+export function selectedTypes(box) {
+  const types = new Set();
+  box.querySelectorAll("input:checked").forEach((el) => {
+    const v = /** @type {HTMLInputElement} */ (el).value;
+    for (const t of FILTER_GROUPS[v] || [v]) types.add(t);
+  });
+  return types;
+}
+
+/**
+ * @param {HTMLElement} tbody
+ * @param {import("./model.js").PoolEvent[]} events newest first
+ * @param {Set<string>} types
+ */
+export function renderLog(tbody, events, types) {
+  const rows = [];
+  const shown = types.size ? filterEvents(events, types) : [];
+  for (let i = 0; i < shown.length && rows.length < LOG_ROWS; i++) {
+    const e = shown[i];
+    const [what, size, why] = describeEvent(e);
+    const t = new Date((e.ts || 0) * 1000).toLocaleTimeString([], { hour12: false });
+    const hot = e.type === "oom" && e.cause === "fragmentation" ? " hot" : "";
+    rows.push(`<tr class="ev ev-${e.type}${hot}" data-type="${e.type}"><td>${t}</td><td><span class="tag">${e.type}</span></td><td>${escapeHtml(String(what))}</td><td>${size}</td><td>${escapeHtml(String(why))}</td></tr>`);
+  }
+  tbody.innerHTML = rows.length ? rows.join("") : `<tr class="empty"><td colspan="5">no events of the selected types yet</td></tr>`;
+}
+
+/** @param {HTMLElement} box @param {import("./model.js").Alert[]} alerts */
+export function renderAlerts(box, alerts) {
+  const html = alerts.map((a) => `<div class="alert ${a.level}" data-code="${a.code}" role="alert">${escapeHtml(a.message)}</div>`).join("");
+  if (box.innerHTML !== html) box.innerHTML = html;
+}

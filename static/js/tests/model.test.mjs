@@ -1,0 +1,158 @@
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { decodeFrame, encodeFrame } from "../frames.js";
+import { EVENT_CAPACITY, HistoryRing, MAX_DIRTY_RANGES, PoolModel, computeAlerts, filterEvents, parseSize } from "../model.js";
+
+const hello = (n) => ({ type: "hello", protocol: 1, pool: { name: "p", strategy: "paged", num_blocks: n, block_bytes: 4096 }, states: {}, last_event_seq: 0 });
+
+function snapshot(owner, state) {
+  return decodeFrame(encodeFrame({ kind: 1, frame: 0, blocks: owner.length, runs: [{ start: 0, owner, state }] }));
+}
+
+test("a snapshot replaces the whole map and marks everything dirty", () => {
+  const m = new PoolModel();
+  m.applyHello(hello(6));
+  m.takeDirty();
+  m.applyFrame(snapshot([1, 1, -1, 2, 2, 2], [1, 1, 0, 2, 2, 3]));
+  assert.deepEqual(Array.from(m.owner), [1, 1, -1, 2, 2, 2]);
+  assert.deepEqual(m.countStates(), [1, 2, 2, 1]);
+  assert.equal(m.takeDirty(), "all");
+  assert.equal(m.takeDirty(), null);
+});
+
+test("a delta patches only its runs and reports merged dirty ranges", () => {
+  const m = new PoolModel();
+  m.applyHello(hello(300));
+  m.applyFrame(snapshot(new Array(300).fill(-1), new Array(300).fill(0)));
+  m.takeDirty();
+  const delta = encodeFrame({
+    kind: 2, frame: 1, blocks: 300,
+    runs: [
+      { start: 128, owner: [9, 9], state: [1, 1] },
+      { start: 0, owner: [4, 4, 4], state: [2, 2, 2] },
+      { start: 129, owner: [9, 9, 9], state: [3, 1, 1] },
+    ],
+  });
+  m.applyFrame(decodeFrame(delta));
+  assert.equal(m.lastFrame, 1);
+  assert.deepEqual(Array.from(m.owner.slice(0, 4)), [4, 4, 4, -1]);
+  assert.deepEqual(Array.from(m.state.slice(128, 133)), [1, 3, 1, 1, 0]);
+  assert.deepEqual(m.takeDirty(), [[0, 3], [128, 132]]);
+  assert.deepEqual(m.countStates(), [300 - 7, 3, 3, 1]);
+});
+
+test("a snapshot of another size resizes the map", () => {
+  const m = new PoolModel();
+  m.applyHello(hello(4));
+  m.applyFrame(snapshot([1, 2, 3, 4, 5, 6, 7, 8], new Array(8).fill(1)));
+  assert.equal(m.blocks, 8);
+  assert.equal(m.owner.length, 8);
+});
+
+test("too many dirty ranges collapse into their union", () => {
+  const m = new PoolModel();
+  m.applyHello(hello(10_000));
+  m.takeDirty();
+  for (let i = 0; i < MAX_DIRTY_RANGES + 10; i++) m.markDirty(i * 10 + 5, i * 10 + 6);
+  const d = m.takeDirty();
+  assert.ok(d.length <= MAX_DIRTY_RANGES);
+  assert.equal(d[0][0], 5);
+  assert.equal(d[d.length - 1][1], (MAX_DIRTY_RANGES + 9) * 10 + 6);
+});
+
+const stats = (over = {}) => ({
+  strategy: "contiguous", total_blocks: 100, used_blocks: 50, free_blocks: 50, utilization: 0.5,
+  internal_fragmentation: 0.1, external_fragmentation: 0.2, largest_free_bytes: 4096, free_bytes: 8192,
+  ooms: { capacity: 0, fragmentation: 0 }, ...over,
+});
+
+test("no alerts on a healthy pool", () => {
+  assert.deepEqual(computeAlerts(stats(), null), []);
+});
+
+test("utilization thresholds warn, then go critical", () => {
+  assert.deepEqual(computeAlerts(stats({ utilization: 0.92 }), null).map((a) => [a.code, a.level]), [["utilization", "warn"]]);
+  assert.deepEqual(computeAlerts(stats({ utilization: 0.99 }), null).map((a) => [a.code, a.level]), [["utilization", "critical"]]);
+});
+
+test("external fragmentation warns on contiguous pools but not paged ones", () => {
+  assert.equal(computeAlerts(stats({ external_fragmentation: 0.7 }), null)[0].code, "fragmentation");
+  assert.deepEqual(computeAlerts(stats({ external_fragmentation: 0.7, strategy: "paged" }), null), []);
+});
+
+test("an OOM with cause fragmentation raises the banner until a defragment", () => {
+  const m = new PoolModel();
+  m.applyHello(hello(10));
+  m.applyEvents([{ seq: 1, ts: 1, type: "oom", cause: "capacity", requested_bytes: 10, free_bytes: 0, largest_free_bytes: 0 }]);
+  assert.deepEqual(m.alerts().map((a) => a.code), []);
+  m.applyEvents([{ seq: 2, ts: 2, type: "oom", cause: "fragmentation", requested_bytes: 8192, free_bytes: 16384, largest_free_bytes: 4096 }]);
+  const a = m.alerts();
+  assert.equal(a[0].code, "oom-fragmentation");
+  assert.match(a[0].message, /OOM with memory free/);
+  assert.match(a[0].message, /16\.0 KiB was free/);
+  m.applyEvents([{ seq: 3, ts: 3, type: "defragment", moved_blocks: 2, moved_bytes: 8192, seconds: 0.001 }]);
+  assert.deepEqual(m.alerts().map((x) => x.code), []);
+});
+
+test("a rising fragmentation OOM counter raises the banner even if the event was missed", () => {
+  const m = new PoolModel();
+  m.applyStats(stats(), 1);
+  m.applyStats(stats({ ooms: { capacity: 0, fragmentation: 2 } }), 2);
+  assert.equal(m.alerts()[0].code, "oom-fragmentation");
+  m.applyEvents([{ seq: 9, ts: 3, type: "reset", freed: 3 }]);
+  assert.equal(m.alerts().length, 0);
+});
+
+test("events are kept newest first, bounded, and filterable by type", () => {
+  const m = new PoolModel();
+  m.applyEvents([
+    { seq: 1, ts: 1, type: "allocate", id: 1 },
+    { seq: 2, ts: 1, type: "evict", key: "a", bytes: 10, reason: "capacity", policy: "lru" },
+  ]);
+  m.applyEvents([{ seq: 3, ts: 2, type: "oom", cause: "capacity" }]);
+  assert.deepEqual(m.events.map((e) => e.seq), [3, 2, 1]);
+  assert.deepEqual(filterEvents(m.events, ["evict", "oom"]).map((e) => e.seq), [3, 2]);
+  assert.deepEqual(filterEvents(m.events, new Set(["allocate"])).map((e) => e.seq), [1]);
+  assert.equal(filterEvents(m.events, null).length, 3);
+  assert.equal(filterEvents(m.events, []).length, 3);
+  const many = Array.from({ length: EVENT_CAPACITY + 50 }, (_, i) => ({ seq: 10 + i, ts: 3, type: "free", id: i }));
+  m.applyEvents(many);
+  assert.equal(m.events.length, EVENT_CAPACITY);
+  assert.equal(m.events[0].seq, 10 + EVENT_CAPACITY + 49);
+});
+
+test("stats history derives evictions per second and hit rate", () => {
+  const m = new PoolModel();
+  m.applyStats(stats({ cache: { hits: 3, misses: 1, evictions: { capacity: 4, oom: 1 } } }), 10);
+  m.applyStats(stats({ cache: { hits: 6, misses: 2, evictions: { capacity: 14, oom: 1 } } }), 12);
+  assert.equal(m.evictionsPerSec(), 5);
+  const cols = m.history.toArrays();
+  assert.deepEqual(cols[0], [10, 12]);
+  assert.deepEqual(cols[5], [0.75, 0.75]);
+  assert.equal(cols[4][0], null); // no rate before two samples
+});
+
+test("the history ring keeps the newest samples in order", () => {
+  const r = new HistoryRing(3, ["t", "v"]);
+  for (let i = 1; i <= 5; i++) r.push([i, i * 10]);
+  assert.deepEqual(r.toArrays(), [[3, 4, 5], [30, 40, 50]]);
+});
+
+test("the order message ranks allocations for the heat mode", () => {
+  const m = new PoolModel();
+  m.applyOrder({ type: "order", ids: [17, 4, 9], keys: ["a", "b", "c"], truncated: false });
+  assert.equal(m.orderRank.get(17), 0);
+  assert.equal(m.orderRank.get(9), 2);
+  assert.equal(m.keyById.get(4), "b");
+});
+
+test("sizes parse with units and tokens", () => {
+  assert.deepEqual(parseSize("4096"), { bytes: 4096 });
+  assert.deepEqual(parseSize("64 KiB"), { bytes: 65536 });
+  assert.deepEqual(parseSize("1.5MiB"), { bytes: 1572864 });
+  assert.deepEqual(parseSize("200 tok"), { tokens: 200 });
+  assert.equal(parseSize("-3"), null);
+  assert.equal(parseSize("lots"), null);
+  assert.equal(parseSize("0"), null);
+});
