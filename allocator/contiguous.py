@@ -134,6 +134,7 @@ class ContiguousPool(Pool):
             if following >= extra:  # grow in place
                 self._take_from(end, extra)
                 self.blockmap.assign_range(end, extra, aid, state)
+                rec[2] = new_units
             else:
                 new_start = self._find_for_move(start, units, new_units)
                 if new_start is None:
