@@ -194,8 +194,10 @@ class TieredPool(Pool):
                 old = rec[2]
                 new = array("i", range(cursor, cursor + len(old)))
                 if old != new:
-                    src.extend(tier.unit_rows(old))
-                    dst.extend(tier.unit_rows(new))
+                    for a, b in zip(tier.unit_rows(old), tier.unit_rows(new)):
+                        if a != b:  # a block already in place is not copied onto itself
+                            src.append(a)
+                            dst.append(b)
                     moved += 1
                 rec[2] = new
                 cursor += len(old)
