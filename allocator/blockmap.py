@@ -22,8 +22,10 @@ class BlockMap:
 
     - `owner[b]`: allocation id owning block b, or -1 when free (array 'i', 4 bytes/block).
     - `state[b]`: FREE, USED (raw allocation), CACHED (evictable entry) or PINNED (bytearray).
-    - `chunk_version[c]`: the map version at which chunk c last changed. Any number of readers
-      ask `changes_since(v)` for the runs changed after version v, without clearing anything.
+    - `chunk_version[c]`: the map `version` current when chunk c last changed. Writers only
+      stamp (no counter bump on the hot path); a reader's `changes_since(v)` reports chunks
+      stamped >= v and then advances `version`, returning the value to pass next time. Any
+      number of readers can track changes independently; none clears anything.
 
     Invariant: owner[b] == -1 iff state[b] == FREE.
     """
@@ -35,7 +37,7 @@ class BlockMap:
         self.owner = array("i", np.full(num_blocks, NO_OWNER, dtype=np.int32).tobytes())
         self.state = bytearray(num_blocks)
         self.chunk_version = array("I", bytes(4 * ((num_blocks + CHUNK - 1) >> CHUNK_SHIFT)))
-        self.version = 0
+        self.version = 1
 
     def clear(self) -> None:
         """Every block free and unowned; every chunk marked changed."""
@@ -46,7 +48,7 @@ class BlockMap:
     # -- mutation (hot path) -------------------------------------------------------------
     def assign(self, blocks, owner: int, state: int) -> None:
         """Set owner and state of the given block indices (iterable of ints)."""
-        self.version = v = self.version + 1
+        v = self.version
         own, st, cv = self.owner, self.state, self.chunk_version
         for b in blocks:
             own[b] = owner
@@ -55,7 +57,7 @@ class BlockMap:
 
     def assign_range(self, start: int, count: int, owner: int, state: int) -> None:
         """Set owner and state of blocks [start, start+count) with slice writes."""
-        self.version = v = self.version + 1
+        v = self.version
         end = start + count
         self.owner[start:end] = array("i", (owner,)) * count
         self.state[start:end] = bytes((state,)) * count
@@ -64,7 +66,7 @@ class BlockMap:
             cv[c] = v
 
     def set_state(self, blocks, state: int) -> None:
-        self.version = v = self.version + 1
+        v = self.version
         st, cv = self.state, self.chunk_version
         for b in blocks:
             st[b] = state
@@ -72,7 +74,6 @@ class BlockMap:
 
     def touch_all(self) -> None:
         """Mark every block changed (after reset or a defragmentation)."""
-        self.version += 1
         self.chunk_version[:] = array("I", (self.version,)) * len(self.chunk_version)
 
     # -- reading -------------------------------------------------------------------------
@@ -82,10 +83,16 @@ class BlockMap:
     def states_np(self) -> np.ndarray:
         return np.frombuffer(self.state, dtype=np.uint8)
 
-    def changes_since(self, version: int) -> tuple[int, list[tuple[int, int]]]:
-        """(current version, [(start, count), ...] block runs changed after `version`)."""
+    def checkpoint(self) -> int:
+        """Start tracking from now: pass the result to `changes_since` next time."""
+        self.version += 1
+        return self.version
+
+    def changes_since(self, since: int) -> tuple[int, list[tuple[int, int]]]:
+        """(next `since`, [(start, count), ...] block runs changed since the checkpoint `since`)."""
         cv = np.frombuffer(self.chunk_version, dtype=np.uint32)
-        changed = np.flatnonzero(cv > version)
+        changed = np.flatnonzero(cv >= since)
+        self.version += 1
         if changed.size == 0:
             return self.version, []
         # Split where consecutive changed chunks are not adjacent.

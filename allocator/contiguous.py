@@ -43,6 +43,10 @@ class ContiguousPool(Pool):
         self._free_units = n
         self._rover = 0  # next-fit resumes its scan here
 
+    @property
+    def used_blocks(self) -> int:
+        return self.num_blocks - self._free_units
+
     # -- free-extent structure --------------------------------------------------------------
     def _add_free(self, start: int, length: int) -> None:
         """Insert a free extent, merging with free neighbours."""
@@ -115,9 +119,6 @@ class ContiguousPool(Pool):
         self.blockmap.assign_range(start, units, aid, state)
         self._allocs[aid] = [nbytes, start, units]
         self.requested_total += nbytes
-        self.allocated_total += units * bb
-        self.used_blocks += units
-        self.counters["allocations"] += 1
         self.events.record("allocate", aid, nbytes, units * bb, units)
 
     def _extend(self, aid: int, nbytes: int) -> bool:
@@ -141,8 +142,6 @@ class ContiguousPool(Pool):
                     raise self._fail(extra * bb, extra)
                 self._move_extent(aid, rec, new_start, new_units, state)
                 moved = True
-            self.allocated_total += extra * bb
-            self.used_blocks += extra
             if moved:
                 self.counters["moves"] += 1
                 self.counters["moved_blocks"] += units
@@ -194,9 +193,7 @@ class ContiguousPool(Pool):
         self._add_free(start, units)
         self.blockmap.assign_range(start, units, -1, 0)
         self.requested_total -= requested
-        self.allocated_total -= units * self.block_bytes
-        self.used_blocks -= units
-        self.counters["frees"] += 1
+        self._frees += 1
         self.events.record("free", aid, units)
 
     def _block_ids(self, aid: int):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from collections import deque
+from time import time as _now
 
 # Field names of each event kind, after the common (seq, ts, type). Events are stored as plain
 # tuples on the hot path and turned into dicts only when someone reads them.
@@ -28,24 +28,22 @@ class EventLog:
     """Bounded ring of typed events with a monotonically increasing `seq`.
 
     Invariant: `seq` of the newest event == `last_seq`; events older than the ring's capacity are
-    dropped (readers see a gap in seq, never a reordering). `counts` keeps totals per type even
-    for dropped events.
+    dropped (readers see a gap in seq, never a reordering). Events are stored as tuples, turned
+    into dicts only when read, since recording sits on every allocator hot path.
     """
 
-    __slots__ = ("_ring", "last_seq", "counts", "enabled")
+    __slots__ = ("_ring", "_append", "last_seq")
 
     def __init__(self, capacity: int = 10_000) -> None:
         self._ring: deque[tuple] = deque(maxlen=capacity)
+        self._append = self._ring.append
         self.last_seq = 0
-        self.counts: dict[str, int] = dict.fromkeys(EVENT_FIELDS, 0)
-        self.enabled = True
 
     def record(self, kind: str, *values: object) -> int:
-        self.last_seq += 1
-        self.counts[kind] += 1
-        if self.enabled:
-            self._ring.append((self.last_seq, time.time(), kind, values))
-        return self.last_seq
+        """Append one event; `values` follow EVENT_FIELDS[kind]. Returns its seq."""
+        self.last_seq = seq = self.last_seq + 1
+        self._append((seq, _now(), kind, values))
+        return seq
 
     def after(self, seq: int = 0, limit: int = 1000, kinds: set[str] | None = None) -> list[dict]:
         """Events with seq > `seq`, oldest first, at most `limit`."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from array import array
+from time import time as _now
 
 import numpy as np
 
-from .blockmap import CHUNK_SHIFT, NO_OWNER, USED
+from .blockmap import CHUNK_SHIFT, FREE, NO_OWNER, USED
+from .errors import NotFound
 from .pool import Pool
 
 
@@ -31,6 +33,10 @@ class PagedPool(Pool):
     def _reset_free_structure(self) -> None:
         self._free = array("i", np.arange(self.num_blocks - 1, -1, -1, dtype=np.int32).tobytes())
 
+    @property
+    def used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
     def _take(self, n: int) -> array:
         free = self._free
         blocks = free[-n:]
@@ -38,26 +44,43 @@ class PagedPool(Pool):
         blocks.reverse()
         return blocks
 
-    def _allocate(self, aid: int, nbytes: int, state: int) -> None:
-        bb = self.block_bytes
-        n = -(-nbytes // bb)
-        if n > len(self._free):
-            free_bytes = len(self._free) * bb
+    # NOTE: allocate and free are written out in full, without helper calls, because they are
+    # the hot path that every benchmark and every serving step goes through: each Python call
+    # saved is ~5% of a single-block allocate+free.
+    def allocate(self, nbytes: int, state: int = USED) -> int:
+        """Allocate `nbytes` as ceil(nbytes / block_bytes) blocks; returns the allocation id.
+
+        Raises InvalidRequest (size not a positive int) or OutOfMemory (cause "capacity").
+        """
+        if nbytes.__class__ is not int or nbytes <= 0:
+            self._bad_size(nbytes)
+        n = -(-nbytes // self.block_bytes)
+        free = self._free
+        if n > len(free):
+            free_bytes = len(free) * self.block_bytes
             raise self._oom(nbytes, free_bytes, free_bytes, "capacity")
-        blocks = self._take(n)
-        bm = self.blockmap
-        bm.version = v = bm.version + 1
-        own, st, cv = bm.owner, bm.state, bm.chunk_version
-        for b in blocks:
+        self._last_id = aid = self._last_id + 1
+        blocks = free[-n:]
+        del free[-n:]
+        v = self._bm.version
+        own, st, cv = self._own, self._st, self._cv
+        if n == 1:
+            b = blocks[0]
             own[b] = aid
             st[b] = state
             cv[b >> CHUNK_SHIFT] = v
+        else:
+            blocks.reverse()
+            for b in blocks:
+                own[b] = aid
+                st[b] = state
+                cv[b >> CHUNK_SHIFT] = v
         self._allocs[aid] = [nbytes, blocks]
         self.requested_total += nbytes
-        self.allocated_total += n * bb
-        self.used_blocks += n
-        self.counters["allocations"] += 1
-        self.events.record("allocate", aid, nbytes, n * bb, n)
+        ev = self.events
+        ev.last_seq = seq = ev.last_seq + 1
+        ev._append((seq, _now(), "allocate", (aid, nbytes, n * self.block_bytes, n)))
+        return aid
 
     def _extend(self, aid: int, nbytes: int) -> bool:
         rec = self._allocs[aid]
@@ -71,8 +94,6 @@ class PagedPool(Pool):
             new = self._take(need)
             self.blockmap.assign(new, aid, self.blockmap.state[blocks[0]])
             blocks.extend(new)
-            self.allocated_total += need * bb
-            self.used_blocks += need
         rec[0] += nbytes
         self.requested_total += nbytes
         self.counters["extends"] += 1
@@ -84,23 +105,30 @@ class PagedPool(Pool):
         try:
             requested, blocks = self._allocs.pop(aid)
         except (KeyError, TypeError):
-            self._record(aid)  # raises NotFound
-            raise
-        bm = self.blockmap
-        bm.version = v = bm.version + 1
-        own, st, cv = bm.owner, bm.state, bm.chunk_version
-        for b in blocks:
-            own[b] = NO_OWNER
-            st[b] = 0
-            cv[b >> CHUNK_SHIFT] = v
-        blocks.reverse()
-        self._free.extend(blocks)
+            raise NotFound("allocation", aid) from None
+        v = self._bm.version
+        own, st, cv = self._own, self._st, self._cv
         n = len(blocks)
+        if n == 1:
+            b = blocks[0]
+            own[b] = NO_OWNER
+            st[b] = FREE
+            cv[b >> CHUNK_SHIFT] = v
+            self._free.append(b)
+        else:
+            for b in blocks:
+                own[b] = NO_OWNER
+                st[b] = FREE
+                cv[b >> CHUNK_SHIFT] = v
+            blocks.reverse()
+            self._free.extend(blocks)
         self.requested_total -= requested
-        self.allocated_total -= n * self.block_bytes
-        self.used_blocks -= n
-        self.counters["frees"] += 1
-        self.events.record("free", aid, n)
+        self._frees += 1
+        ev = self.events
+        ev.last_seq = seq = ev.last_seq + 1
+        ev._append((seq, _now(), "free", (aid, n)))
+
+    _release = free
 
     def _block_ids(self, aid: int):
         return self._allocs[aid][1]
@@ -114,18 +142,21 @@ class PagedPool(Pool):
         states = {aid: bm.state[rec[1][0]] for aid, rec in order}
         bm.clear()
         cursor = 0
+        moved = 0
         for aid, rec in order:
             blocks = rec[1]
             n = len(blocks)
+            before = len(src)
             for i, b in enumerate(blocks):
                 if b != cursor + i:
                     src.append(b)
                     dst.append(cursor + i)
+            moved += len(src) > before
             rec[1] = array("i", range(cursor, cursor + n))
             bm.assign_range(cursor, n, aid, states[aid])
             cursor += n
         self._free = array("i", np.arange(self.num_blocks - 1, cursor - 1, -1, dtype=np.int32).tobytes())
-        self.counters["moves"] += len(src)
+        self.counters["moves"] += moved
         return src, dst
 
     def _free_lengths(self) -> np.ndarray:
@@ -146,4 +177,3 @@ class PagedPool(Pool):
         return problems
 
 
-__all__ = ["PagedPool", "USED"]

@@ -93,13 +93,14 @@ class Pool:
         self.blockmap = BlockMap(num_blocks)
         self.events = EventLog(event_capacity)
         self.cache = None  # set by KVCache when one is attached
-        self._next_id = 1
+        # Hot-path aliases of the block map's arrays (one attribute load instead of two).
+        self._bm = self.blockmap
+        self._own, self._st, self._cv = self.blockmap.owner, self.blockmap.state, self.blockmap.chunk_version
+        # Ids are never reused, so the count of allocations is the last id handed out.
+        self._last_id = 0
+        self._frees = 0
         self.requested_total = 0
-        self.allocated_total = 0
-        self.used_blocks = 0
         self.counters = {
-            "allocations": 0,
-            "frees": 0,
             "extends": 0,
             "moves": 0,
             "moved_blocks": 0,
@@ -130,9 +131,9 @@ class Pool:
         """
         if nbytes.__class__ is not int or nbytes <= 0:
             self._bad_size(nbytes)
-        aid = self._next_id
+        aid = self._last_id + 1
         self._allocate(aid, nbytes, state)
-        self._next_id = aid + 1
+        self._last_id = aid
         return aid
 
     def extend(self, aid: int, nbytes: int) -> bool:
@@ -230,7 +231,7 @@ class Pool:
         self._reset_free_structure()
         self._allocs.clear()
         self.blockmap.clear()
-        self.requested_total = self.allocated_total = self.used_blocks = 0
+        self.requested_total = 0
         if self.cache is not None:
             self.cache._forget_all()
         self.events.record("reset", freed)
@@ -266,7 +267,7 @@ class Pool:
             "allocated_bytes": self.allocated_total,
             "allocation_count": len(self._allocs),
             **frag,
-            "counters": dict(self.counters),
+            "counters": {"allocations": self._last_id, "frees": self._frees, **self.counters},
             "ooms": {
                 "capacity": self.counters["ooms_capacity"],
                 "fragmentation": self.counters["ooms_fragmentation"],
@@ -356,6 +357,11 @@ class Pool:
         self.counters["ooms_" + cause] += 1
         self.events.record("oom", requested, free_bytes, largest_free, cause)
         return OutOfMemory(requested, free_bytes, largest_free, cause)
+
+    @property
+    def allocated_total(self) -> int:
+        """Bytes held by live allocations (every strategy allocates whole units)."""
+        return self.used_blocks * self.block_bytes
 
     def _free_unit_bytes(self) -> int:
         return self.block_bytes

@@ -59,6 +59,7 @@ class TieredPool(Pool):
         super().__init__(num_blocks, block_bytes, **kw)
         self.fallback = fallback
         self.tiers = self._layout(tiers or DEFAULT_TIERS)
+        self.used_blocks = 0
         self._allocs: dict[int, list] = {}
 
     def _layout(self, spec) -> list[Tier]:
@@ -91,6 +92,7 @@ class TieredPool(Pool):
         return tiers
 
     def _reset_free_structure(self) -> None:
+        self.used_blocks = 0
         for t in self.tiers:
             t.free = array("i", np.arange(t.count - 1, -1, -1, dtype=np.int32).tobytes())
 
@@ -125,9 +127,7 @@ class TieredPool(Pool):
         self._allocs[aid] = [nbytes, i, blocks]
         held = n * tier.units
         self.requested_total += nbytes
-        self.allocated_total += held * self.block_bytes
         self.used_blocks += held
-        self.counters["allocations"] += 1
         self.events.record("allocate", aid, nbytes, held * self.block_bytes, held)
 
     def _tier_oom(self, nbytes: int):
@@ -150,7 +150,6 @@ class TieredPool(Pool):
             state = self.blockmap.state[tier.unit_rows(blocks[:1])[0]]
             self.blockmap.assign(tier.unit_rows(new), aid, state)
             blocks.extend(new)
-            self.allocated_total += need * tier.units * self.block_bytes
             self.used_blocks += need * tier.units
         rec[0] += nbytes
         self.requested_total += nbytes
@@ -166,9 +165,8 @@ class TieredPool(Pool):
         tier.free.extend(blocks)
         held = len(blocks) * tier.units
         self.requested_total -= requested
-        self.allocated_total -= held * self.block_bytes
         self.used_blocks -= held
-        self.counters["frees"] += 1
+        self._frees += 1
         self.events.record("free", aid, held)
 
     def _block_ids(self, aid: int):
