@@ -209,7 +209,7 @@ class ContiguousPool(Pool):
         states = {aid: bm.state[rec[1]] for aid, rec in order}
         cursor = 0
         moved_allocs = 0
-        for aid, rec in order:
+        for _aid, rec in order:
             start, units = rec[1], rec[2]
             if start != cursor:
                 src.extend(range(start, start + units))
