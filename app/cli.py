@@ -1,0 +1,49 @@
+"""`kvscope serve | replay | scenario`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def serve(argv: list[str]) -> int:
+    import dataclasses
+
+    import uvicorn
+
+    from .main import create_app
+    from .settings import get_settings
+
+    settings = get_settings()
+    parser = argparse.ArgumentParser(prog="kvscope serve", description="Run the kvscope server.")
+    parser.add_argument("--host", default=settings.host)
+    parser.add_argument("--port", type=int, default=settings.port)
+    parser.add_argument("--device", default=settings.device)
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    settings = dataclasses.replace(settings, host=args.host, port=args.port, device=args.device)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level,
+                ws_per_message_deflate=False)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    usage = "usage: kvscope {serve,replay,scenario} [options]"
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "serve":
+        return serve(rest)
+    if command in ("replay", "scenario"):
+        from workloads import cli as workloads_cli  # written separately; imported only when used
+
+        run = workloads_cli.replay_main if command == "replay" else workloads_cli.scenario_main
+        return int(run(rest) or 0)
+    print(f"unknown command {command!r}\n{usage}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

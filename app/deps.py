@@ -1,0 +1,59 @@
+"""Dependencies shared by the routers, as `Annotated` aliases (`PoolDep`, `CacheDep`, ...)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+
+from allocator import KVCache
+from allocator.errors import Conflict, InvalidRequest
+
+from .registry import PoolHandle, Registry
+from .schemas import KEY_PATTERN, POOL_NAME_PATTERN
+from .settings import Settings
+from .stream import Hub
+
+
+def get_registry(request: Request) -> Registry:
+    return request.app.state.registry
+
+
+def get_hub(request: Request) -> Hub:
+    return request.app.state.hub
+
+
+def get_app_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+RegistryDep = Annotated[Registry, Depends(get_registry)]
+HubDep = Annotated[Hub, Depends(get_hub)]
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+PoolName = Annotated[str, Path(pattern=POOL_NAME_PATTERN, description="pool name", examples=["default"])]
+EntryKey = Annotated[str, Path(min_length=1, max_length=256, pattern=KEY_PATTERN,
+                               description="cache key", examples=["session-1"])]
+
+
+def get_pool(pool: PoolName, registry: RegistryDep) -> PoolHandle:
+    """The pool named in the path. Raises NotFound (404)."""
+    return registry.get(pool)
+
+
+PoolDep = Annotated[PoolHandle, Depends(get_pool)]
+
+
+def get_cache(handle: PoolDep) -> KVCache:
+    """The cache of the pool named in the path. Raises NotFound, Conflict (no cache)."""
+    if handle.pool.cache is None:
+        raise Conflict(f"pool {handle.name!r} has no cache; create it with 'cache': {{...}}")
+    return handle.pool.cache
+
+
+CacheDep = Annotated[KVCache, Depends(get_cache)]
+
+
+def valid_key(key: str) -> str:
+    if not key.isprintable():
+        raise InvalidRequest("key must be printable characters")
+    return key

@@ -1,0 +1,107 @@
+"""The one place that turns failures into HTTP errors: `{"error": {code, message, details}}`.
+
+Core errors map by type (NotFound 404, Conflict 409, TooLarge 413, InvalidRequest 422,
+OutOfMemory 507); FastAPI's validation errors become 422 naming the field; auth errors are
+`ApiError`s. Routes never catch core errors themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from allocator.errors import Conflict, InvalidRequest, KVScopeError, NotFound, OutOfMemory, TooLarge
+
+log = logging.getLogger("kvscope")
+
+# Most specific first: TooLarge is an InvalidRequest.
+STATUS_OF: tuple[tuple[type[KVScopeError], int], ...] = (
+    (NotFound, 404),
+    (Conflict, 409),
+    (TooLarge, 413),
+    (InvalidRequest, 422),
+    (OutOfMemory, 507),
+)
+
+HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+              405: "method_not_allowed", 406: "not_acceptable", 409: "conflict",
+              413: "too_large", 415: "unsupported_media_type", 422: "invalid_request"}
+
+
+class ApiError(Exception):
+    """An HTTP-level failure that is not the core's (auth, body size)."""
+
+    def __init__(self, status: int, code: str, message: str, details: dict | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details or {}
+
+
+def error_body(code: str, message: str, details: dict | None = None) -> dict:
+    return {"error": {"code": code, "message": message, "details": details or {}}}
+
+
+def status_of(exc: KVScopeError) -> int:
+    for cls, status in STATUS_OF:
+        if isinstance(exc, cls):
+            return status
+    return 422
+
+
+def core_error_result(exc: KVScopeError) -> dict:
+    """The `error` object of a failed batch op (same shape as an HTTP error body)."""
+    return error_body(exc.code, str(exc), _jsonable(exc.details()))["error"]
+
+
+def _jsonable(details: dict) -> dict:
+    return {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+            for k, v in details.items()}
+
+
+def _field_of(err: dict) -> str:
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
+    return ".".join(loc) or "body"
+
+
+async def handle_core(request: Request, exc: KVScopeError) -> JSONResponse:
+    return JSONResponse({"error": core_error_result(exc)}, status_code=status_of(exc))
+
+
+async def handle_api(request: Request, exc: ApiError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse(error_body(exc.code, exc.message, exc.details), exc.status, headers=headers)
+
+
+async def handle_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    field = _field_of(first) if first else "body"
+    message = f"{field}: {first.get('msg', 'invalid value')}" if first else "invalid request"
+    problems = [{"field": _field_of(e), "message": str(e.get("msg", ""))} for e in errors[:20]]
+    return JSONResponse(error_body("invalid_request", message, {"field": field, "errors": problems}), 422)
+
+
+async def handle_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code = HTTP_CODES.get(exc.status_code, "error")
+    return JSONResponse(error_body(code, str(exc.detail)), exc.status_code,
+                        headers=getattr(exc, "headers", None))
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # Reaching this is a bug: no input may produce a 5xx. Tests assert it never happens.
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return JSONResponse(error_body("internal", "internal server error"), 500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(KVScopeError, handle_core)
+    app.add_exception_handler(ApiError, handle_api)
+    app.add_exception_handler(RequestValidationError, handle_validation)
+    app.add_exception_handler(StarletteHTTPException, handle_http)
+    app.add_exception_handler(Exception, handle_unexpected)

@@ -1,0 +1,76 @@
+"""Builds the app: settings, registry, stream hub, middleware, error handlers and routers."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from . import __version__
+from .auth import require_token
+from .errors import install_error_handlers
+from .limits import BodyLimitMiddleware
+from .metrics import LatencyMiddleware, Metrics
+from .pages import mount_static
+from .pages import router as pages_router
+from .registry import Registry
+from .routes import allocations, entries, ops, pools, stream, workload
+from .settings import Settings, get_settings
+from .stream import Hub
+
+API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router)
+
+
+def default_pool_spec(settings: Settings) -> dict:
+    from allocator import resolve_device
+
+    device = str(resolve_device(settings.device))
+    blocks = settings.default_pool_blocks(device)
+    return {"name": "default", "strategy": "paged", "num_blocks": blocks,
+            "block_bytes": settings.default_block_bytes, "device": settings.device,
+            "cache": {"capacity_bytes": blocks * settings.default_block_bytes, "policy": "lru"}}
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    registry: Registry = app.state.registry
+    hub: Hub = app.state.hub
+    if "default" not in registry:
+        hub.attach(registry.create(default_pool_spec(app.state.settings)))
+    yield
+    for handle in registry:
+        await hub.detach(handle, reason="server shutting down")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    app = FastAPI(
+        title="kvscope",
+        version=__version__,
+        description="A live KV-cache allocator lab: real pools, an eviction cache, a block-map stream.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.registry = Registry(settings)
+    app.state.hub = Hub(settings.stream_interval_s)
+    app.state.metrics = Metrics(app.state.registry)
+    install_error_handlers(app)
+    for router in API_ROUTERS:
+        app.include_router(router, dependencies=[Depends(require_token)])
+    app.include_router(stream.router)
+    app.include_router(pages_router)
+    mount_static(app)
+
+    @app.get("/healthz", tags=["ops"])
+    async def healthz() -> dict:
+        return {"ok": True}
+
+    @app.get("/metrics", tags=["ops"], response_class=Response)
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(BodyLimitMiddleware, max_body=settings.max_body)
+    app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
+    return app

@@ -1,0 +1,99 @@
+"""Prometheus metrics: pool gauges read at scrape time, and request latency from a tiny middleware.
+
+Pool numbers come from a custom Collector that reads each pool's stats when /metrics is scraped,
+so the hot path updates nothing. Request latency is one histogram observed by a pure-ASGI
+middleware (no BaseHTTPMiddleware: it would add a task and a stream copy per request).
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class PoolCollector:
+    """Reads every pool of a registry at scrape time."""
+
+    def __init__(self, registry) -> None:
+        self.registry = registry
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        blocks = GaugeMetricFamily("kvscope_blocks", "Blocks by state", labels=["pool", "state"])
+        util = GaugeMetricFamily("kvscope_utilization", "Used blocks / total blocks", labels=["pool"])
+        internal = GaugeMetricFamily("kvscope_internal_fragmentation",
+                                     "1 - requested / allocated bytes", labels=["pool"])
+        external = GaugeMetricFamily("kvscope_external_fragmentation",
+                                     "1 - largest free extent / free total", labels=["pool"])
+        largest = GaugeMetricFamily("kvscope_largest_free_bytes", "Largest free extent in bytes",
+                                    labels=["pool"])
+        ooms = CounterMetricFamily("kvscope_ooms", "Out-of-memory failures", labels=["pool", "cause"])
+        evictions = CounterMetricFamily("kvscope_evictions", "Cache evictions", labels=["pool", "reason"])
+        hits = CounterMetricFamily("kvscope_cache_hits", "Cache hits", labels=["pool"])
+        misses = CounterMetricFamily("kvscope_cache_misses", "Cache misses", labels=["pool"])
+        for handle in self.registry:
+            pool, name = handle.pool, handle.name
+            stats = pool.stats()
+            for state, count in stats["blocks_by_state"].items():
+                blocks.add_metric([name, state], count)
+            util.add_metric([name], stats["utilization"])
+            internal.add_metric([name], stats["internal_fragmentation"])
+            external.add_metric([name], stats["external_fragmentation"])
+            largest.add_metric([name], stats["largest_free_bytes"])
+            for cause, n in stats["ooms"].items():
+                ooms.add_metric([name, cause], n)
+            cache = pool.cache
+            if cache is not None:
+                for reason, n in cache.evictions.items():
+                    evictions.add_metric([name, reason], n)
+                hits.add_metric([name], cache.hits)
+                misses.add_metric([name], cache.misses)
+        yield from (blocks, util, internal, external, largest, ooms, evictions, hits, misses)
+
+
+class Metrics:
+    """The per-app Prometheus registry (tests build many apps in one process)."""
+
+    def __init__(self, pools) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(PoolCollector(pools))
+        self.latency = Histogram("kvscope_request_duration_seconds", "Request latency",
+                                 ["method", "route", "status"], registry=self.registry,
+                                 buckets=LATENCY_BUCKETS)
+
+
+class LatencyMiddleware:
+    """Pure-ASGI: times each HTTP request, labelled by its route template (not the raw path)."""
+
+    def __init__(self, app, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        started = time.perf_counter()
+
+        async def send_status(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            self.metrics.latency.labels(scope["method"], path, str(status)).observe(
+                time.perf_counter() - started)
+
+

@@ -1,0 +1,135 @@
+"""Registry: the live pools of one server, by name, each with its cache, lock and workload."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from allocator import KVCache, Pool, create_pool, get_model
+from allocator.errors import Conflict, InvalidRequest, NotFound, TooLarge
+
+from .settings import Settings
+
+
+@dataclass(slots=True, eq=False)
+class PoolHandle:
+    """One pool as the server holds it.
+
+    `lock` serializes anything that awaits in the middle of a mutation or runs outside the event
+    loop (data uploads, the workload runner). Plain handlers call the synchronous core without
+    awaiting in between, so the event loop already serializes them.
+    """
+
+    name: str
+    pool: Pool
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    workload: Any = None  # the running LiveWorkload, if any
+    workload_task: asyncio.Task | None = None
+    stream: Any = None  # app.stream.PoolStream, attached by the hub
+
+    @property
+    def cache(self) -> KVCache | None:
+        return self.pool.cache
+
+    def describe(self) -> dict:
+        return {"name": self.name, "config": self.pool.config(), "stats": self.pool.stats()}
+
+    def summary(self) -> dict:
+        p = self.pool
+        return {
+            "name": self.name,
+            "strategy": p.strategy,
+            "num_blocks": p.num_blocks,
+            "block_bytes": p.block_bytes,
+            "capacity_bytes": p.capacity_bytes,
+            "device": str(p.storage.device),
+            "used_blocks": p.used_blocks,
+            "utilization": p.used_blocks / p.num_blocks,
+            "cache": None if p.cache is None else {"policy": p.cache.policy,
+                                                  "capacity_bytes": p.cache.capacity_bytes},
+        }
+
+
+def planned_geometry(spec: dict) -> tuple[int, int]:
+    """(num_blocks, block_bytes) a create request would build, to check caps before allocating.
+
+    Returns (0, 0) when the spec is too malformed to tell; `create_pool` then rejects it.
+    """
+    block_bytes = spec.get("block_bytes")
+    if block_bytes is None and spec.get("model") is not None:
+        block_bytes = (spec.get("tokens_per_block") or 16) * get_model(spec["model"]).bytes_per_token
+    if not isinstance(block_bytes, int) or block_bytes <= 0:
+        return 0, 0
+    if spec.get("num_blocks") is not None:
+        return int(spec["num_blocks"]), block_bytes
+    if spec.get("capacity_bytes") is not None:
+        return int(spec["capacity_bytes"]) // block_bytes, block_bytes
+    return 0, block_bytes
+
+
+class Registry:
+    """Pools by name. Creating checks the caps before any memory is taken."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._pools: dict[str, PoolHandle] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._pools
+
+    def __iter__(self):
+        return iter(list(self._pools.values()))
+
+    def __len__(self) -> int:
+        return len(self._pools)
+
+    def get(self, name: str) -> PoolHandle:
+        try:
+            return self._pools[name]
+        except KeyError:
+            raise NotFound("pool", name) from None
+
+    def create(self, spec: dict) -> PoolHandle:
+        """Build a pool (and its cache) from a create request. Raises Conflict, TooLarge,
+        InvalidRequest; on any of them nothing is registered."""
+        s = self.settings
+        name = spec["name"]
+        if name in self._pools:
+            raise Conflict(f"pool {name!r} already exists")
+        if len(self._pools) >= s.max_pools:
+            raise Conflict(f"at most {s.max_pools} pools; delete one first")
+        num_blocks, block_bytes = planned_geometry(spec)
+        if num_blocks > s.max_blocks:
+            raise TooLarge(f"{num_blocks} blocks exceeds the cap of {s.max_blocks}")
+        if num_blocks * block_bytes > s.max_pool_bytes:
+            raise TooLarge(f"{num_blocks * block_bytes} bytes exceeds the cap of {s.max_pool_bytes}")
+        if block_bytes > s.max_pool_bytes:
+            raise TooLarge(f"block of {block_bytes} bytes exceeds the cap of {s.max_pool_bytes}")
+        cache_spec = spec.get("cache")
+        pool = create_pool(
+            spec.get("strategy", "paged"),
+            num_blocks=spec.get("num_blocks"),
+            capacity_bytes=spec.get("capacity_bytes"),
+            block_bytes=spec.get("block_bytes"),
+            tokens_per_block=spec.get("tokens_per_block"),
+            model=spec.get("model"),
+            device=spec.get("device") or s.device,
+            fit=spec.get("fit") or "first",
+            tiers=spec.get("tiers"),
+            name=name,
+        )
+        if cache_spec is not None:
+            try:
+                KVCache(pool, cache_spec.get("capacity_bytes"), cache_spec.get("policy") or "lru")
+            except InvalidRequest:
+                del pool
+                raise
+        handle = PoolHandle(name, pool)
+        self._pools[name] = handle
+        return handle
+
+    def remove(self, name: str) -> PoolHandle:
+        handle = self.get(name)
+        del self._pools[name]
+        return handle

@@ -1,0 +1,76 @@
+"""Cache entries: put, get (touch), delete, list in eviction order, and their raw data."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response, status
+
+from allocator.errors import NotFound
+
+from ..deps import CacheDep, EntryKey, PoolDep, valid_key
+from ..schemas import EntryList, EntryOut, EntryPut, PutOut
+
+router = APIRouter(prefix="/api/pools/{pool}/entries", tags=["entries"])
+
+OCTET = "application/octet-stream"
+
+
+@router.get("", response_model=EntryList)
+async def list_entries(
+    cache: CacheDep, limit: Annotated[int, Query(ge=1, le=100_000)] = 1000
+) -> dict:
+    now = cache.clock()
+    return {"entries": [e.to_dict(now, cache.pool) for e in cache.entries(limit)], "total": len(cache)}
+
+
+@router.put(
+    "/{key}",
+    response_model=PutOut,
+    responses={201: {"model": PutOut, "description": "a new entry"}},
+    description="Insert or refresh an entry: 201 when new, 200 when it existed (touched, resized).",
+)
+async def put_entry(key: EntryKey, body: EntryPut, cache: CacheDep, response: Response) -> dict:
+    nbytes = cache.pool.to_bytes(body.bytes, body.tokens)
+    result = cache.put(valid_key(key), nbytes, body.priority, body.ttl_s, body.pinned)
+    response.status_code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
+    return {"entry": result.entry.to_dict(cache.clock(), cache.pool), "evicted": result.evicted}
+
+
+@router.get("/{key}", response_model=EntryOut, description="A hit touches the entry; a miss is 404.")
+async def get_entry(key: EntryKey, cache: CacheDep) -> dict:
+    entry = cache.get(valid_key(key))
+    if entry is None:
+        raise NotFound("entry", key)
+    return entry.to_dict(cache.clock(), cache.pool)
+
+
+@router.delete("/{key}", status_code=status.HTTP_204_NO_CONTENT)
+async def delete_entry(key: EntryKey, cache: CacheDep) -> Response:
+    cache.remove(valid_key(key))
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.put(
+    "/{key}/data",
+    status_code=status.HTTP_204_NO_CONTENT,
+    openapi_extra={"requestBody": {"required": True, "content": {
+        OCTET: {"schema": {"type": "string", "format": "binary"}}}}},
+    description="Raw bytes written into the entry's device blocks (at most the entry's size).",
+)
+async def put_data(key: EntryKey, request: Request, handle: PoolDep, cache: CacheDep) -> Response:
+    valid_key(key)
+    cache.peek(key)  # 404 before reading a body that has nowhere to go
+    payload = await request.body()
+    async with handle.lock:  # the body was awaited: re-resolve the entry under the lock
+        cache.write(key, payload)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get(
+    "/{key}/data",
+    response_class=Response,
+    responses={200: {"content": {OCTET: {"schema": {"type": "string", "format": "binary"}}}}},
+)
+async def get_data(key: EntryKey, cache: CacheDep) -> Response:
+    return Response(cache.read(valid_key(key)), media_type=OCTET)

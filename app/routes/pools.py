@@ -1,0 +1,109 @@
+"""Pools: create, list, inspect, reset, defragment, stats, block map, events, check, policy."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response, status
+from fastapi.responses import JSONResponse
+
+from allocator import STATE_NAMES
+
+from ..deps import CacheDep, HubDep, PoolDep, RegistryDep
+from ..schemas import (
+    BlockMapOut,
+    CheckOut,
+    DefragOut,
+    EventList,
+    PolicyIn,
+    PolicyOut,
+    PoolCreate,
+    PoolList,
+    PoolOut,
+    ResetOut,
+)
+from ..stream import blockmap_runs, snapshot_frame
+
+router = APIRouter(prefix="/api/pools", tags=["pools"])
+
+
+@router.get("", response_model=PoolList)
+async def list_pools(registry: RegistryDep) -> dict:
+    return {"pools": [h.summary() for h in registry]}
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=PoolOut)
+async def create_pool(body: PoolCreate, registry: RegistryDep, hub: HubDep) -> dict:
+    handle = registry.create(body.model_dump(exclude_none=True, mode="python"))
+    hub.attach(handle)
+    return handle.describe()
+
+
+@router.get("/{pool}", response_model=PoolOut)
+async def get_pool(handle: PoolDep) -> dict:
+    return handle.describe()
+
+
+@router.delete("/{pool}", status_code=status.HTTP_204_NO_CONTENT)
+async def delete_pool(handle: PoolDep, registry: RegistryDep, hub: HubDep) -> Response:
+    registry.remove(handle.name)
+    await hub.detach(handle, reason="pool deleted")
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{pool}/reset", response_model=ResetOut)
+async def reset_pool(handle: PoolDep) -> dict:
+    return {"freed": handle.pool.reset()}
+
+
+@router.post("/{pool}/defragment", response_model=DefragOut)
+async def defragment(handle: PoolDep) -> dict:
+    return handle.pool.defragment().to_dict()
+
+
+@router.get("/{pool}/stats")
+async def pool_stats(handle: PoolDep) -> dict:
+    return handle.pool.stats()
+
+
+@router.get("/{pool}/check", response_model=CheckOut)
+async def check_pool(handle: PoolDep) -> dict:
+    problems = handle.pool.check()
+    if handle.pool.cache is not None:
+        problems += handle.pool.cache.check()
+    return {"ok": not problems, "problems": problems}
+
+
+@router.get("/{pool}/events", response_model=EventList)
+async def pool_events(
+    handle: PoolDep,
+    after: Annotated[int, Query(ge=0, le=1 << 62)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> dict:
+    events = handle.pool.events
+    return {"events": events.after(after, limit), "last_seq": events.last_seq}
+
+
+@router.get(
+    "/{pool}/blockmap",
+    response_model=BlockMapOut,
+    responses={200: {"content": {"application/octet-stream": {
+        "schema": {"type": "string", "format": "binary"},
+        "description": "a snapshot frame (docs/STREAM.md)"}}}},
+)
+async def blockmap(handle: PoolDep, accept: Annotated[str | None, Header()] = None) -> Response:
+    bm = handle.pool.blockmap
+    if accept and "application/octet-stream" in accept:
+        return Response(snapshot_frame(bm, 0), media_type="application/octet-stream")
+    return JSONResponse({
+        "num_blocks": bm.num_blocks,
+        "version": bm.version,
+        "states": {str(k): v for k, v in STATE_NAMES.items()},
+        "runs": blockmap_runs(bm),
+    })
+
+
+@router.put("/{pool}/cache/policy", response_model=PolicyOut, tags=["entries"])
+async def set_policy(body: PolicyIn, cache: CacheDep) -> dict:
+    cache.policy = body.policy
+    return {"policy": cache.policy}

@@ -1,0 +1,108 @@
+"""Runs a live workload (workloads/live.py) against one pool in an asyncio task.
+
+Every TICK_S the runner takes the pool's lock and calls `advance(TICK_S)`, which does what should
+happen in that much wall time at the workload's speed; progress goes to the stream as a
+`progress` message and into the pool's event log as `workload` events (on start, on every state
+change and about once a second).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from allocator.errors import Conflict, InvalidRequest, KVScopeError
+
+TICK_S = 0.05
+EVENT_EVERY_S = 1.0
+
+log = logging.getLogger("kvscope.workload")
+
+
+def build(pool, spec: dict):
+    """A LiveWorkload for `spec`. Raises InvalidRequest (bad spec, or no workload engine)."""
+    try:
+        from workloads.live import build_live_workload
+    except ImportError as exc:
+        raise InvalidRequest(f"the workload engine is not available: {exc}") from None
+    try:
+        return build_live_workload(pool, spec)
+    except KVScopeError:
+        raise
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InvalidRequest(f"bad workload: {exc}") from None
+
+
+def _record(handle, progress: dict) -> None:
+    handle.pool.events.record("workload", progress.get("name"), progress.get("state"),
+                              progress.get("done"), progress.get("total"))
+
+
+async def start_workload(handle, hub, spec: dict) -> dict:
+    """Start `spec` on the pool. Raises Conflict (one is running), InvalidRequest."""
+    if handle.workload_task is not None and not handle.workload_task.done():
+        raise Conflict(f"a workload is already running on pool {handle.name!r}; DELETE it first")
+    workload = build(handle.pool, spec)
+    handle.workload = workload
+    progress = dict(workload.progress())
+    _record(handle, progress)
+    hub.progress(handle, progress)
+    handle.workload_task = asyncio.get_running_loop().create_task(
+        _drive(handle, hub, workload), name=f"workload:{handle.name}")
+    return progress
+
+
+async def _drive(handle, hub, workload) -> None:
+    loop = asyncio.get_running_loop()
+    last_state, last_event = None, loop.time()
+    running = True
+    try:
+        while running:
+            started = loop.time()
+            async with handle.lock:
+                try:
+                    running = bool(workload.advance(TICK_S))
+                except Exception as exc:  # a failing workload stops; the server keeps serving
+                    log.exception("workload on pool %s failed", handle.name)
+                    progress = {**workload.progress(), "state": "failed", "error": str(exc)}
+                    _record(handle, progress)
+                    hub.progress(handle, progress)
+                    return
+            progress = dict(workload.progress())
+            if not running and progress.get("state") == "running":
+                progress["state"] = "finished"
+            hub.progress(handle, progress)
+            now = loop.time()
+            if progress.get("state") != last_state or now - last_event >= EVENT_EVERY_S or not running:
+                _record(handle, progress)
+                last_state, last_event = progress.get("state"), now
+            await asyncio.sleep(max(0.0, TICK_S - (loop.time() - started)))
+    except asyncio.CancelledError:
+        progress = {**workload.progress(), "state": "stopped"}
+        _record(handle, progress)
+        hub.progress(handle, progress)
+        raise
+
+
+def workload_progress(handle) -> dict | None:
+    if handle.workload is None:
+        return None
+    progress = dict(handle.workload.progress())
+    task = handle.workload_task
+    if task is not None and task.cancelled():
+        progress["state"] = "stopped"
+    elif task is not None and task.done() and progress.get("state") == "running":
+        progress["state"] = "finished"
+    return progress
+
+
+async def stop_workload(handle) -> bool:
+    """Stop the pool's workload; False when none was running."""
+    task = handle.workload_task
+    if task is None or task.done():
+        return False
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return True

@@ -1,0 +1,319 @@
+"""Request and response models of the REST API, with the examples shown at /docs."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+POOL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+# Printable: no control characters (C0, DEL, C1). '/' cannot reach a path parameter anyway.
+KEY_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]{1,256}$"
+MAX_BYTES = 1 << 60
+MAX_TOKENS = 1 << 40
+
+PoolName = Annotated[str, Field(pattern=POOL_NAME_PATTERN, examples=["default"])]
+Key = Annotated[str, Field(min_length=1, max_length=256, pattern=KEY_PATTERN, examples=["session-1"])]
+Bytes = Annotated[int, Field(gt=0, le=MAX_BYTES, examples=[65536])]
+Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS, examples=[128])]
+Priority = Annotated[int, Field(ge=-(1 << 31), le=(1 << 31) - 1)]
+TtlSeconds = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
+Policy = Literal["lru", "fifo", "lfu", "s3fifo"]
+
+
+def _exactly_one(model: BaseModel, a: str, b: str) -> None:
+    if (getattr(model, a) is None) == (getattr(model, b) is None):
+        raise ValueError(f"give exactly one of '{a}' or '{b}'")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- pools ---------------------------------------------------------------------------------
+class TierSpec(Strict):
+    name: Annotated[str, Field(min_length=1, max_length=32)]
+    units: Annotated[int, Field(ge=1, le=4096)]
+    share: Annotated[float, Field(gt=0, le=1)]
+
+
+class CacheSpec(Strict):
+    capacity_bytes: Annotated[int, Field(gt=0, le=MAX_BYTES)] | None = None
+    policy: Policy = "lru"
+
+
+class PoolCreate(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"name": "demo", "strategy": "paged", "num_blocks": 4096, "block_bytes": 4096,
+         "cache": {"policy": "lru"}},
+        {"name": "frag", "strategy": "contiguous", "num_blocks": 1024, "block_bytes": 4096, "fit": "best"},
+        {"name": "llama", "strategy": "paged", "capacity_bytes": 268435456, "model": "llama-3-8b",
+         "tokens_per_block": 16},
+    ]})
+
+    name: PoolName
+    strategy: Literal["paged", "tiered", "contiguous"] = "paged"
+    device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$")] | None = None
+    num_blocks: Annotated[int, Field(gt=0, le=1 << 32)] | None = None
+    capacity_bytes: Annotated[int, Field(gt=0, le=MAX_BYTES)] | None = None
+    block_bytes: Annotated[int, Field(gt=0, le=1 << 36)] | None = None
+    tokens_per_block: Annotated[int, Field(gt=0, le=1 << 16)] | None = None
+    model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    tiers: Annotated[list[TierSpec], Field(min_length=1, max_length=8)] | None = None
+    fit: Literal["first", "best", "worst", "next"] | None = None
+    cache: CacheSpec | None = None
+
+    @model_validator(mode="after")
+    def _sizes(self) -> PoolCreate:
+        _exactly_one(self, "num_blocks", "capacity_bytes")
+        if self.block_bytes is None and self.model is None:
+            raise ValueError("give 'block_bytes', or 'model' (with optional 'tokens_per_block')")
+        return self
+
+
+class PoolSummary(BaseModel):
+    name: str
+    strategy: str
+    num_blocks: int
+    block_bytes: int
+    capacity_bytes: int
+    device: str
+    used_blocks: int
+    utilization: float
+    cache: dict | None = None
+
+
+class PoolList(BaseModel):
+    pools: list[PoolSummary]
+
+
+class PoolOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"name": "default", "config": {"strategy": "paged", "num_blocks": 4096, "block_bytes": 4096},
+         "stats": {"utilization": 0.25, "used_blocks": 1024}}]})
+
+    name: str
+    config: dict
+    stats: dict
+
+
+class ResetOut(BaseModel):
+    freed: int
+
+
+class CheckOut(BaseModel):
+    ok: bool
+    problems: list[str]
+
+
+class DefragOut(BaseModel):
+    moved_blocks: int
+    moved_bytes: int
+    seconds: float
+    before: dict
+    after: dict
+
+
+# -- allocations ----------------------------------------------------------------------------
+class SizeIn(Strict):
+    """A size in bytes or in tokens (token-sized pools only)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"bytes": 65536}, {"tokens": 128}]})
+
+    bytes: Bytes | None = None
+    tokens: Tokens | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> SizeIn:
+        _exactly_one(self, "bytes", "tokens")
+        return self
+
+
+class AllocationOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"id": 7, "requested_bytes": 10000, "allocated_bytes": 12288, "blocks": [[0, 3]],
+         "state": "used", "tier": None}]})
+
+    id: int
+    requested_bytes: int
+    allocated_bytes: int
+    blocks: list[list[int]]
+    state: str
+    tier: str | None = None
+    key: str | None = None
+    age_s: float | None = None
+    idle_s: float | None = None
+
+
+# -- cache entries --------------------------------------------------------------------------
+class EntryPut(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"bytes": 65536}, {"tokens": 512, "priority": 1, "ttl_s": 60, "pinned": False}]})
+
+    bytes: Bytes | None = None
+    tokens: Tokens | None = None
+    priority: Priority = 0
+    ttl_s: TtlSeconds | None = None
+    pinned: bool = False
+
+    @model_validator(mode="after")
+    def _one(self) -> EntryPut:
+        _exactly_one(self, "bytes", "tokens")
+        return self
+
+
+class EntryOut(BaseModel):
+    key: str
+    id: int
+    bytes: int
+    allocated_bytes: int
+    priority: int
+    pinned: bool
+    ttl_s: float | None
+    expires_in_s: float | None
+    age_s: float
+    idle_s: float
+    hits: int
+    blocks: list[list[int]] | None = None
+
+
+class PutOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"entry": {"key": "session-1", "id": 3, "bytes": 65536, "allocated_bytes": 65536,
+                   "priority": 0, "pinned": False, "ttl_s": None, "expires_in_s": None,
+                   "age_s": 0.0, "idle_s": 0.0, "hits": 0, "blocks": [[0, 16]]},
+         "evicted": ["session-0"]}]})
+
+    entry: EntryOut
+    evicted: list[str]
+
+
+class EntryList(BaseModel):
+    entries: list[EntryOut]
+    total: int
+
+
+class PolicyIn(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"policy": "lfu"}]})
+
+    policy: Policy
+
+
+class PolicyOut(BaseModel):
+    policy: str
+
+
+# -- events, block map ------------------------------------------------------------------------
+class EventList(BaseModel):
+    events: list[dict]
+    last_seq: int
+
+
+class BlockMapOut(BaseModel):
+    """Run-length encoded block map: `[start, count, owner, state]` per run."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"num_blocks": 8, "version": 3, "states": {"0": "free", "1": "used"},
+         "runs": [[0, 3, 1, 1], [3, 5, -1, 0]]}]})
+
+    num_blocks: int
+    version: int
+    states: dict[str, str]
+    runs: list[list[int]]
+
+
+# -- batch ops ----------------------------------------------------------------------------------
+class OpAllocate(Strict):
+    op: Literal["allocate"]
+    bytes: Bytes | None = None
+    tokens: Tokens | None = None
+
+
+class OpExtend(Strict):
+    op: Literal["extend"]
+    id: Annotated[int, Field(ge=0, le=1 << 62)]
+    bytes: Bytes | None = None
+    tokens: Tokens | None = None
+
+
+class OpFree(Strict):
+    op: Literal["free"]
+    id: Annotated[int, Field(ge=0, le=1 << 62)]
+
+
+class OpPut(Strict):
+    op: Literal["put"]
+    key: Key
+    bytes: Bytes | None = None
+    tokens: Tokens | None = None
+    priority: Priority = 0
+    ttl_s: TtlSeconds | None = None
+    pinned: bool = False
+
+
+class OpGet(Strict):
+    op: Literal["get"]
+    key: Key
+
+
+class OpDelete(Strict):
+    op: Literal["delete"]
+    key: Key
+
+
+class OpDefragment(Strict):
+    op: Literal["defragment"]
+
+
+Op = Annotated[OpAllocate | OpExtend | OpFree | OpPut | OpGet | OpDelete | OpDefragment,
+               Field(discriminator="op")]
+
+
+class BatchIn(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"ops": [{"op": "allocate", "bytes": 65536}, {"op": "free", "id": 1},
+                 {"op": "put", "key": "a", "bytes": 4096}, {"op": "get", "key": "a"}],
+         "stop_on_error": False}]})
+
+    ops: list[Op]
+    stop_on_error: bool = False
+
+
+class OpResult(BaseModel):
+    ok: bool
+    error: dict | None = None
+
+
+class BatchOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"results": [{"ok": True, "id": 1, "allocated_bytes": 65536, "blocks": 16},
+                     {"ok": False, "error": {"code": "not_found", "message": "allocation 9 not found",
+                                             "details": {"kind": "allocation", "id": 9}}}]}]})
+
+    results: list[dict]
+
+
+# -- workloads -------------------------------------------------------------------------------
+class WorkloadIn(Strict):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"kind": "scenario", "name": "fragmentation", "seed": 0, "speed": 1.0},
+        {"kind": "trace", "limit": 500, "speed": 1.0}]})
+
+    kind: Literal["scenario", "trace"]
+    name: Literal["fragmentation", "chat", "burst"] | None = None
+    seed: Annotated[int, Field(ge=0, le=(1 << 32) - 1)] = 0
+    speed: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)] = 1.0
+    limit: Annotated[int, Field(gt=0, le=100_000)] | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> WorkloadIn:
+        if self.kind == "scenario" and self.name is None:
+            raise ValueError("a scenario needs 'name'")
+        return self
+
+
+class WorkloadOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"workload": {"name": "fragmentation", "kind": "scenario", "state": "running", "done": 0, "total": 400}}]})
+
+    workload: dict

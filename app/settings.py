@@ -1,0 +1,64 @@
+"""Server settings, read once from the environment (`KVSCOPE_*`) behind `get_settings()`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    return default if raw in (None, "") else int(raw)
+
+
+@dataclass(slots=True)
+class Settings:
+    """What the server needs to start. Caps bound what one request may ask for.
+
+    `default_blocks` = 0 means "pick for the device": modest on a CPU, larger on a GPU.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "auto"
+    token: str | None = None
+    default_blocks: int = 0
+    default_block_bytes: int = 4 * KIB
+    max_pool_bytes: int = 2 * GIB
+    max_blocks: int = 4_194_304
+    max_pools: int = 32
+    max_batch: int = 10_000
+    max_body: int = 16 * MIB
+    stream_interval_s: float = 0.05
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        return cls(
+            host=os.environ.get("KVSCOPE_HOST", "127.0.0.1"),
+            port=_env_int("KVSCOPE_PORT", 8000),
+            device=os.environ.get("KVSCOPE_DEVICE", "auto") or "auto",
+            token=os.environ.get("KVSCOPE_TOKEN") or None,
+            default_blocks=_env_int("KVSCOPE_DEFAULT_BLOCKS", 0),
+            default_block_bytes=_env_int("KVSCOPE_DEFAULT_BLOCK_BYTES", 4 * KIB),
+            max_pool_bytes=_env_int("KVSCOPE_MAX_POOL_BYTES", 2 * GIB),
+            max_blocks=_env_int("KVSCOPE_MAX_BLOCKS", 4_194_304),
+            max_pools=_env_int("KVSCOPE_MAX_POOLS", 32),
+            max_batch=_env_int("KVSCOPE_MAX_BATCH", 10_000),
+            max_body=_env_int("KVSCOPE_MAX_BODY", 16 * MIB),
+        )
+
+    def default_pool_blocks(self, device: str) -> int:
+        """Blocks of the `default` pool: 4,096 x 4 KiB (16 MiB) on a CPU, 65,536 on a GPU."""
+        if self.default_blocks > 0:
+            return self.default_blocks
+        return 65_536 if device.startswith("cuda") else 4_096
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings.from_env()

@@ -1,0 +1,259 @@
+"""The stream hub: one task per pool turns block-map changes and new events into frames.
+
+Every `interval_s` (50 ms) a pool's task asks `blockmap.changes_since(v)` and the event log for
+what is new, encodes ONE delta frame and one `events` message, and fans them out to every
+client's bounded queue. A client whose queue is full has its backlog dropped and is sent a fresh
+snapshot instead, so a slow client never makes the server buffer without bound. `stats` go out
+about 4 times a second when something changed, `order` (cache pools) about once a second.
+
+Binary layout (docs/STREAM.md, protocol 1; reader: static/js/frames.js `decodeFrame`), all
+little-endian:
+
+    offset size  field
+    0      1     magic    0x4B ('K')
+    1      1     version  PROTOCOL_VERSION (1)
+    2      1     kind     1 = snapshot, 2 = delta
+    3      1     reserved 0
+    4      4     u32 frame   per-connection frame counter (0 = the first snapshot)
+    8      4     u32 blocks  total blocks in the pool
+    12     4     u32 runs    number of runs that follow
+    16     ...   runs, each:
+                 u32 start, u32 count, i32 owner[count] (-1 = free), u8 state[count],
+                 zero padding to the next 4-byte boundary
+
+A snapshot is the single run [0, blocks). A delta holds the changed 64-block chunks (adjacent
+chunks merged), so a run of n blocks costs 8 + 5n bytes rounded up to 4.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import struct
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from allocator import STATE_NAMES, BlockMap
+
+PROTOCOL_VERSION = 1
+FRAME_MAGIC = 0x4B
+FRAME_SNAPSHOT = 1
+FRAME_DELTA = 2
+HEADER = struct.Struct("<BBBBIII")
+RUN_HEADER = struct.Struct("<II")
+FRAME_COUNTER_OFFSET = 4
+PAD = (b"", b"\0\0\0", b"\0\0", b"\0")
+
+QUEUE_LIMIT = 64  # messages a client may have queued before it is resynced with a snapshot
+STATS_EVERY_S = 0.25
+ORDER_EVERY_S = 1.0
+ORDER_LIMIT = 5_000
+EVENTS_PER_TICK = 1_000
+
+log = logging.getLogger("kvscope.stream")
+
+
+def encode_frame(bm: BlockMap, kind: int, runs: list[tuple[int, int]], frame: int = 0) -> bytes:
+    """One binary frame (layout in the module docstring) holding the given runs of `bm`."""
+    owner, state = memoryview(bm.owner).cast("B"), bm.state
+    parts = [HEADER.pack(FRAME_MAGIC, PROTOCOL_VERSION, kind, 0, frame, bm.num_blocks, len(runs))]
+    append = parts.append
+    for start, count in runs:
+        append(RUN_HEADER.pack(start, count))
+        append(owner[4 * start:4 * (start + count)])
+        append(state[start:start + count])
+        append(PAD[count & 3])
+    return b"".join(parts)
+
+
+def snapshot_frame(bm: BlockMap, frame: int = 0) -> bytes:
+    return encode_frame(bm, FRAME_SNAPSHOT, [(0, bm.num_blocks)], frame)
+
+
+def with_counter(frame: bytes, counter: int) -> bytes:
+    """The same frame with another connection's frame counter (a 16-byte header copy)."""
+    return frame[:FRAME_COUNTER_OFFSET] + struct.pack("<I", counter) + frame[FRAME_COUNTER_OFFSET + 4:]
+
+
+def blockmap_runs(bm: BlockMap) -> list[list[int]]:
+    """The whole map run-length encoded as [start, count, owner, state] (numpy, O(blocks))."""
+    owners = bm.owners_np()
+    states = bm.states_np()
+    if bm.num_blocks == 0:
+        return []
+    change = np.flatnonzero((owners[1:] != owners[:-1]) | (states[1:] != states[:-1])) + 1
+    starts = np.concatenate(([0], change))
+    counts = np.diff(np.concatenate((starts, [bm.num_blocks])))
+    return np.stack([starts, counts, owners[starts], states[starts]], axis=1).tolist()
+
+
+def dumps(msg: dict) -> str:
+    return json.dumps(msg, separators=(",", ":"), default=str)
+
+
+@dataclass(eq=False)
+class Client:
+    """One websocket's outgoing side: a bounded queue drained by its sender task."""
+
+    queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(QUEUE_LIMIT))
+    frames: int = 0  # binary frames sent so far (the next frame counter)
+    resyncs: int = 0
+
+    def next_counter(self) -> int:
+        n = self.frames
+        self.frames = n + 1
+        return n
+
+
+class PoolStream:
+    """The stream of one pool: its clients and the task that feeds them."""
+
+    def __init__(self, handle, interval_s: float) -> None:
+        self.handle = handle
+        self.interval_s = interval_s
+        self.clients: set[Client] = set()
+        self.version = handle.pool.blockmap.version
+        self.seq = handle.pool.events.last_seq
+        self.task: asyncio.Task | None = None
+        self._stats_at = 0.0
+        self._stats_mark: tuple = ()
+        self._order_at = 0.0
+        self._order_mark: tuple = ()
+        self.last_progress: dict | None = None
+
+    # -- clients ------------------------------------------------------------------------------
+    def hello(self) -> dict:
+        pool = self.handle.pool
+        return {"type": "hello", "protocol": PROTOCOL_VERSION, "pool": pool.config(),
+                "states": {str(k): v for k, v in STATE_NAMES.items()},
+                "last_event_seq": pool.events.last_seq}
+
+    def join(self) -> Client:
+        """A new client, queued with hello + snapshot (synchronously: no delta can slip between)."""
+        client = Client()
+        if not self.clients:  # the first listener starts from now, not from the last idle tick
+            pool = self.handle.pool
+            self.version, self.seq = pool.blockmap.version, pool.events.last_seq
+        client.queue.put_nowait(dumps(self.hello()))
+        client.queue.put_nowait(snapshot_frame(self.handle.pool.blockmap, client.next_counter()))
+        if self.last_progress is not None:
+            client.queue.put_nowait(dumps({"type": "progress", "workload": self.last_progress}))
+        self.clients.add(client)
+        return client
+
+    def leave(self, client: Client) -> None:
+        self.clients.discard(client)
+
+    def _resync(self, client: Client) -> None:
+        q = client.queue
+        while not q.empty():
+            q.get_nowait()
+        client.resyncs += 1
+        q.put_nowait(snapshot_frame(self.handle.pool.blockmap, client.next_counter()))
+
+    def send_frame(self, frame: bytes) -> None:
+        for client in list(self.clients):
+            if client.queue.full():
+                self._resync(client)
+            else:
+                client.queue.put_nowait(with_counter(frame, client.next_counter()))
+
+    def send_json(self, msg: dict) -> None:
+        text = dumps(msg)
+        for client in list(self.clients):
+            if client.queue.full():
+                self._resync(client)
+            else:
+                client.queue.put_nowait(text)
+
+    def close(self, reason: str) -> None:
+        for client in list(self.clients):
+            q = client.queue
+            while not q.empty():
+                q.get_nowait()
+            q.put_nowait(dumps({"type": "closed", "reason": reason}))
+            q.put_nowait(None)  # tells the sender to close the socket
+        self.clients.clear()
+
+    # -- the tick ------------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Send what changed since the last tick. Synchronous: the core is read consistently."""
+        pool = self.handle.pool
+        bm, events = pool.blockmap, pool.events
+        if not self.clients:  # nobody listens: just keep up, so a joiner's first delta is small
+            self.version, self.seq = bm.version, events.last_seq
+            return
+        if bm.version != self.version:
+            self.version, runs = bm.changes_since(self.version)
+            if runs:
+                self.send_frame(encode_frame(bm, FRAME_DELTA, runs))
+        if events.last_seq != self.seq:
+            start = max(self.seq, events.last_seq - EVENTS_PER_TICK)
+            batch = events.after(start, EVENTS_PER_TICK)
+            msg = {"type": "events", "events": batch}
+            if start > self.seq:
+                msg["skipped"] = start - self.seq
+            self.seq = events.last_seq
+            self.send_json(msg)
+        if now - self._stats_at >= STATS_EVERY_S:
+            mark = (bm.version, events.last_seq)
+            if mark != self._stats_mark:
+                self._stats_mark, self._stats_at = mark, now
+                self.send_json({"type": "stats", "stats": pool.stats()})
+        cache = pool.cache
+        if cache is not None and now - self._order_at >= ORDER_EVERY_S:
+            mark = (bm.version, events.last_seq, cache.policy)
+            if mark != self._order_mark:
+                self._order_mark, self._order_at = mark, now
+                entries = cache.entries(ORDER_LIMIT + 1)
+                shown = entries[:ORDER_LIMIT]
+                self.send_json({"type": "order", "ids": [e.id for e in shown],
+                                "keys": [e.key for e in shown],
+                                "truncated": len(entries) > ORDER_LIMIT})
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                self.tick(time.monotonic())
+            except Exception:  # a broken tick must not kill the stream of a live pool
+                log.exception("stream tick failed for pool %s", self.handle.name)
+            await asyncio.sleep(max(0.0, self.interval_s - (loop.time() - started)))
+
+
+class Hub:
+    """All pool streams of one app; attached when a pool is created, detached when dropped."""
+
+    def __init__(self, interval_s: float = 0.05) -> None:
+        self.interval_s = interval_s
+
+    def attach(self, handle) -> PoolStream:
+        stream = PoolStream(handle, self.interval_s)
+        handle.stream = stream
+        stream.task = asyncio.get_running_loop().create_task(stream.run(), name=f"stream:{handle.name}")
+        return stream
+
+    async def detach(self, handle, reason: str) -> None:
+        stream: PoolStream | None = handle.stream
+        if stream is None:
+            return
+        from .runner import stop_workload
+
+        await stop_workload(handle)
+        stream.close(reason)
+        if stream.task is not None:
+            stream.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stream.task
+        handle.stream = None
+
+    def progress(self, handle, workload: dict) -> None:
+        stream: PoolStream | None = handle.stream
+        if stream is not None:
+            stream.last_progress = workload
+            stream.send_json({"type": "progress", "workload": workload})
