@@ -201,6 +201,8 @@ Object.defineProperty(window, "kvscope", {
     },
     paintedCounts: () => (heatmap ? heatmap.paintedCounts() : null),
     modelCounts: () => model.countStates(),
+    /** Distinct owner ids on the map, ascending (the browser tests compare them to REST). */
+    owners: () => Array.from(new Set(model.owner)).filter((o) => o >= 0).sort((a, b) => a - b),
     stats: () => model.stats,
     alerts: () => model.alerts(),
     events: () => model.events.slice(),

@@ -1,0 +1,136 @@
+"""The dashboard in a real browser against a real server: what a user sees matches the pool."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import make_pool, open_pool
+
+pytestmark = pytest.mark.e2e
+
+BLOCK = 4096
+
+
+def painted_matches_stats(page, api, pool: str, timeout_ms: int = 8_000) -> dict:
+    """Wait until the painted occupied cells equal the server's used blocks; return both."""
+    used = api.get(f"/api/pools/{pool}/stats").json()["used_blocks"]
+    page.wait_for_function(f"window.kvscope.paintedCounts().occupied === {used}", timeout=timeout_ms)
+    return {"used": used, "painted": page.evaluate("window.kvscope.paintedCounts()")}
+
+
+def test_page_loads_without_console_errors(page, artifacts):
+    page.goto("/")
+    page.wait_for_function("window.kvscope && window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0", timeout=10_000)
+    page.wait_for_function("window.kvscope.stats() !== null", timeout=5_000)
+    assert page.locator("#conn").get_attribute("data-state") == "open"
+    assert page.locator("#numbers .num").count() >= 7
+    assert page.locator("#charts .uplot").count() == 3
+    page.screenshot(path=str(artifacts / "e2e-default.png"))
+    assert page.console_log.errors == []
+
+
+def test_painted_cells_match_the_pools_used_blocks(page, api, artifacts):
+    make_pool(api, "e2e-paint", strategy="paged", num_blocks=1000, block_bytes=BLOCK)
+    ops = [{"op": "allocate", "bytes": BLOCK * (1 + i % 7)} for i in range(40)]
+    r = api.post("/api/pools/e2e-paint/ops", json={"ops": ops})
+    assert r.status_code == 200, r.text
+    open_pool(page, "e2e-paint")
+    got = painted_matches_stats(page, api, "e2e-paint")
+    assert got["used"] == sum(1 + i % 7 for i in range(40))
+    assert got["painted"]["free"] == 1000 - got["used"]
+    # frees after load arrive as deltas and are repainted
+    ids = [res["id"] for res in r.json()["results"]][::2]
+    api.post("/api/pools/e2e-paint/ops", json={"ops": [{"op": "free", "id": i} for i in ids]})
+    painted_matches_stats(page, api, "e2e-paint")
+    assert page.console_log.errors == []
+
+
+def test_allocations_from_the_ui_and_from_rest_both_appear(page, api, artifacts):
+    make_pool(api, "e2e-alloc", strategy="paged", num_blocks=512, block_bytes=BLOCK)
+    open_pool(page, "e2e-alloc")
+    page.fill("#f-allocate [name=size]", "40 KiB")
+    page.click("#f-allocate button[type=submit]")
+    page.wait_for_selector("#control-status[data-kind=ok]", timeout=5_000)
+    ui_id = int(page.locator("#my-allocs li").first.get_attribute("data-id"))
+    rest = api.post("/api/pools/e2e-alloc/allocations", json={"bytes": 3 * BLOCK})
+    assert rest.status_code == 201, rest.text
+    rest_id = rest.json()["id"]
+    page.wait_for_function(
+        f"(() => {{ const o = window.kvscope.owners(); return o.includes({ui_id}) && o.includes({rest_id}); }})()",
+        timeout=5_000,
+    )
+    got = painted_matches_stats(page, api, "e2e-alloc")
+    assert got["used"] == 10 + 3
+    # hover the first block: the tooltip names its owner
+    box = page.locator("#heatmap canvas").bounding_box()
+    page.mouse.move(box["x"] + 2, box["y"] + 2)
+    page.wait_for_selector(".hm-tip:not([hidden])", timeout=3_000)
+    page.wait_for_function("document.querySelector('.hm-tip').textContent.includes('of 40.0 KiB') || document.querySelector('.hm-tip').textContent.includes('12.0 KiB')", timeout=3_000)
+    page.screenshot(path=str(artifacts / "e2e-alloc.png"))
+    assert page.console_log.errors == []
+
+
+def test_filling_the_cache_past_capacity_logs_evictions(page, api, artifacts):
+    make_pool(api, "e2e-cache", strategy="paged", num_blocks=256, block_bytes=BLOCK,
+              cache={"capacity_bytes": 16 * BLOCK, "policy": "lru"})
+    open_pool(page, "e2e-cache")
+    page.click(".controls-panel [data-tab=cache]")
+    page.fill("#f-put [name=key]", "first")
+    page.fill("#f-put [name=size]", "8 KiB")
+    page.click("#f-put button[type=submit]")
+    page.wait_for_selector("#control-status[data-kind=ok]", timeout=5_000)
+    for i in range(12):  # 12 x 2 blocks into a 16-block cache
+        r = api.put(f"/api/pools/e2e-cache/entries/k{i}", json={"bytes": 2 * BLOCK})
+        assert r.status_code in (200, 201), r.text
+    page.wait_for_selector("#log tr.ev-evict", timeout=5_000)
+    first = page.locator("#log tr.ev-evict").last.inner_text()
+    assert "first" in first and "capacity" in first and "lru" in first
+    assert page.locator("#log tr.ev-evict").count() >= 5
+    # the filter hides evictions when unticked
+    page.uncheck("#event-filters input[value=evict]")
+    page.wait_for_function("document.querySelectorAll('#log tr.ev-evict').length === 0", timeout=3_000)
+    page.check("#event-filters input[value=evict]")
+    page.click(".seg [data-mode=heat]")
+    page.wait_for_timeout(1300)  # one `order` message
+    page.screenshot(path=str(artifacts / "e2e-cache-heat.png"))
+    assert page.console_log.errors == []
+
+
+def test_fragmentation_scenario_raises_the_oom_banner_and_defragment_clears_it(page, api, artifacts):
+    make_pool(api, "e2e-frag", strategy="contiguous", num_blocks=512, block_bytes=BLOCK, fit="first")
+    open_pool(page, "e2e-frag")
+    page.click(".controls-panel [data-tab=workload]")
+    page.select_option("#f-workload [name=kind]", "scenario")
+    page.select_option("#f-workload [name=name]", "fragmentation")
+    page.fill("#f-workload [name=speed]", "20")
+    page.click("#f-workload button[type=submit]")
+    banner = page.locator("#alerts .alert[data-code=oom-fragmentation]")
+    banner.wait_for(timeout=20_000)
+    assert "OOM with memory free" in banner.inner_text()
+    page.locator("#log tr.ev-oom").first.wait_for(timeout=3_000)
+    page.screenshot(path=str(artifacts / "e2e-frag-oom.png"))
+    api.delete("/api/pools/e2e-frag/workload")
+    page.click(".controls-panel [data-tab=pool]")
+    page.click("#b-defrag")
+    banner.wait_for(state="detached", timeout=5_000)
+    page.locator("#log tr.ev-defragment").first.wait_for(timeout=3_000)
+    assert page.console_log.errors == []
+
+
+def test_compare_view_runs_the_same_scenario_on_each_pool(page, api, artifacts):
+    page.goto("/#compare")
+    page.fill("#f-compare [name=num_blocks]", "512")
+    page.fill("#f-compare [name=speed]", "20")
+    page.click("#f-compare button[type=submit]")
+    page.wait_for_selector("#compare-status[data-kind=ok]", timeout=10_000)
+    page.wait_for_function(
+        "(() => { const s = window.kvscope.compare(); return s.length === 2 && s.every(p => p.connection === 'open' && p.stats && p.workload); })()",
+        timeout=10_000,
+    )
+    page.wait_for_timeout(2500)
+    summary = page.evaluate("window.kvscope.compare()")
+    assert [p["pool"] for p in summary] == ["cmp-paged", "cmp-contiguous"]
+    for p in summary:
+        assert p["painted"]["total"] == 512
+    page.screenshot(path=str(artifacts / "e2e-compare.png"))
+    assert page.console_log.errors == []

@@ -1,0 +1,32 @@
+"""The page reconnects by itself when its server restarts."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import free_port, start_server, stop_server, wait_healthy
+
+pytestmark = pytest.mark.e2e
+
+
+def test_page_reconnects_after_a_server_restart(browser, artifacts):
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = artifacts / "e2e-restart-server.log"
+    proc = start_server(port, log_path)
+    context = browser.new_context(base_url=base)
+    try:
+        wait_healthy(base, proc, log_path)
+        page = context.new_page()
+        page.goto("/")
+        page.wait_for_function("window.kvscope && window.kvscope.connection === 'open'", timeout=10_000)
+        stop_server(proc)
+        page.wait_for_function("window.kvscope.connection !== 'open'", timeout=5_000)
+        assert page.locator("#conn").get_attribute("data-state") in ("reconnecting", "missing")
+        proc = start_server(port, log_path)
+        wait_healthy(base, proc, log_path)
+        page.wait_for_function("window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0", timeout=15_000)
+        assert page.locator("#conn").get_attribute("data-state") == "open"
+    finally:
+        context.close()
+        stop_server(proc)
