@@ -7,7 +7,6 @@ except under CI (env CI=true), where a missing browser is a failure.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
