@@ -27,7 +27,9 @@ def _exactly_one(model: BaseModel, a: str, b: str) -> None:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Request bodies: unknown fields are refused, and JSON types are not coerced ("10" is no int)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # -- pools ---------------------------------------------------------------------------------

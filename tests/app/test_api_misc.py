@@ -1,0 +1,95 @@
+"""Health, metrics, the page, unknown routes, the CLI and the settings."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import assert_error, make_client
+
+from app import cli
+from app.settings import Settings, get_settings
+
+
+def test_healthz(client):
+    assert client.get("/healthz").json() == {"ok": True}
+
+
+def test_metrics_read_pool_state_at_scrape_time(client):
+    client.post("/api/pools/default/allocations", json={"bytes": 10 * 4096})
+    client.put("/api/pools/default/entries/a", json={"bytes": 4096})
+    client.get("/api/pools/default/entries/a")
+    client.get("/api/pools/default/entries/b")
+    client.post("/api/pools/default/allocations", json={"bytes": 1 << 30})
+    text = client.get("/metrics").text
+
+    def value(pattern: str) -> float:
+        m = re.search(re.escape(pattern) + r" ([0-9.e+-]+)", text)
+        assert m, pattern
+        return float(m.group(1))
+
+    assert value('kvscope_blocks{pool="default",state="used"}') == 10
+    assert value('kvscope_blocks{pool="default",state="cached"}') == 1
+    assert value('kvscope_utilization{pool="default"}') == pytest.approx(11 / 256)
+    assert 'kvscope_internal_fragmentation{pool="default"}' in text
+    assert 'kvscope_external_fragmentation{pool="default"}' in text
+    assert 'kvscope_largest_free_bytes{pool="default"}' in text
+    assert value('kvscope_ooms_total{cause="capacity",pool="default"}') == 1
+    assert value('kvscope_cache_hits_total{pool="default"}') == 1
+    assert value('kvscope_cache_misses_total{pool="default"}') == 1
+    assert 'kvscope_evictions_total{pool="default",reason="capacity"}' in text
+    assert re.search(r'kvscope_request_duration_seconds_count\{method="POST",'
+                     r'route="/api/pools/\{pool\}/allocations",status="201"\} 1', text)
+
+
+def test_unknown_route_and_method_use_the_error_shape(client):
+    assert_error(client.get("/api/nothing"), 404, "not_found")
+    assert_error(client.patch("/api/pools"), 405, "method_not_allowed")
+
+
+def test_page_renders_when_installed(client):
+    r = client.get("/")
+    if r.status_code == 404:
+        pytest.skip("templates/index.html is not installed")
+    assert r.status_code == 200 and "text/html" in r.headers["content-type"]
+    assert 'data-protocol="1"' in r.text
+
+
+def test_openapi_has_examples(client):
+    spec = client.get("/openapi.json").json()
+    assert "/api/pools/{pool}/ops" in spec["paths"]
+    schemas = spec["components"]["schemas"]
+    assert schemas["BatchIn"]["examples"] and schemas["PoolCreate"]["examples"]
+
+
+def test_settings_from_env(monkeypatch):
+    monkeypatch.setenv("KVSCOPE_PORT", "9001")
+    monkeypatch.setenv("KVSCOPE_TOKEN", "t")
+    monkeypatch.setenv("KVSCOPE_MAX_BATCH", "5")
+    s = Settings.from_env()
+    assert (s.port, s.token, s.max_batch, s.host) == (9001, "t", 5, "127.0.0.1")
+    assert get_settings() is get_settings()
+
+
+def test_default_pool_size_is_configurable():
+    with make_client(default_blocks=100) as c:
+        assert c.get("/api/pools/default").json()["config"]["num_blocks"] == 100
+
+
+def test_cli_dispatches_to_the_workloads_cli(monkeypatch):
+    import sys
+    import types
+
+    calls = []
+    fake = types.ModuleType("workloads.cli")
+    fake.replay_main = lambda argv: calls.append(("replay", argv)) or 0
+    fake.scenario_main = lambda argv: calls.append(("scenario", argv)) or 0
+    monkeypatch.setitem(sys.modules, "workloads.cli", fake)
+    import workloads
+
+    monkeypatch.setattr(workloads, "cli", fake, raising=False)
+    assert cli.main(["replay", "--limit", "5"]) == 0
+    assert cli.main(["scenario", "chat"]) == 0
+    assert calls == [("replay", ["--limit", "5"]), ("scenario", ["chat"])]
+    assert cli.main(["bogus"]) == 2
+    assert cli.main(["--help"]) == 0

@@ -1,0 +1,128 @@
+"""Live workloads through the API: 202 with progress, 409 while running, DELETE stops, stream progress.
+
+The first tests run a stand-in engine that follows the `workloads/live.py` contract; the last one
+runs the real engine once it exists.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+
+import pytest
+from conftest import assert_error, assert_ok_check, state_of
+
+from allocator.errors import InvalidRequest
+
+WL = "/api/pools/default/workload"
+
+
+class StandIn:
+    """Allocates one block per step, `total` steps, 100 steps per second at speed 1."""
+
+    def __init__(self, pool, spec):
+        self.pool, self.spec = pool, spec
+        self.done, self.total = 0, spec.get("limit", 20)
+        self.carry = 0.0
+
+    def advance(self, dt_s: float) -> bool:
+        self.carry += dt_s * 100 * self.spec.get("speed", 1.0)
+        while self.carry >= 1 and self.done < self.total:
+            self.pool.allocate(1)
+            self.done += 1
+            self.carry -= 1
+        return self.done < self.total
+
+    def progress(self) -> dict:
+        state = "running" if self.done < self.total else "finished"
+        return {"name": self.spec.get("name", "trace"), "kind": self.spec["kind"], "state": state,
+                "done": self.done, "total": self.total}
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    def build(pool, spec):
+        if spec.get("name") == "burst" and spec.get("seed") == 13:
+            raise InvalidRequest("seed 13 is unlucky")
+        return StandIn(pool, spec)
+
+    module = types.ModuleType("workloads.live")
+    module.build_live_workload = build
+    monkeypatch.setitem(sys.modules, "workloads.live", module)
+
+
+def wait_for(client, state: str, timeout: float = 5.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        wl = client.get(WL).json()["workload"]
+        if wl["state"] == state:
+            return wl
+        time.sleep(0.02)
+    raise AssertionError(f"workload never reached {state}: {wl}")
+
+
+def test_start_runs_to_completion_and_streams_progress(client, stand_in):
+    with client.websocket_connect("/ws/pools/default") as ws:
+        ws.receive_json()
+        ws.receive_bytes()
+        r = client.post(WL, json={"kind": "trace", "limit": 30, "speed": 2.0})
+        assert r.status_code == 202 and r.json()["workload"]["total"] == 30
+        wl = wait_for(client, "finished")
+        assert wl["done"] == 30
+        progress = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any(p["state"] == "finished" for p in progress):
+            msg = ws.receive()
+            if "text" in msg and '"progress"' in msg["text"]:
+                import json
+
+                progress.append(json.loads(msg["text"])["workload"])
+        assert progress[-1]["state"] == "finished"
+    assert client.get("/api/pools/default/stats").json()["allocation_count"] == 30
+    events = client.get("/api/pools/default/events", params={"limit": 10000}).json()["events"]
+    assert [e["state"] for e in events if e["type"] == "workload"][-1] == "finished"
+    assert_ok_check(client)
+
+
+def test_second_start_is_409_and_delete_stops(client, stand_in):
+    assert client.post(WL, json={"kind": "trace", "limit": 100_000}).status_code == 202
+    before_runs = client.get(WL).json()["workload"]
+    assert_error(client.post(WL, json={"kind": "scenario", "name": "chat"}), 409, "conflict")
+    assert client.delete(WL).status_code == 204
+    assert client.get(WL).json()["workload"]["state"] == "stopped"
+    assert before_runs["state"] == "running"
+    assert_error(client.delete(WL), 404, "not_found")
+    assert client.post(WL, json={"kind": "trace", "limit": 1}).status_code == 202
+
+
+def test_bad_specs(client, stand_in):
+    before = state_of(client)
+    assert_error(client.post(WL, json={"kind": "scenario", "name": "burst", "seed": 13}), 422, "invalid_request")
+    for body in ({"kind": "scenario"}, {"kind": "scenario", "name": "nope"}, {"kind": "x"},
+                 {"kind": "trace", "speed": 0}, {"kind": "trace", "limit": 0}):
+        assert_error(client.post(WL, json=body), 422, "invalid_request")
+    assert_error(client.get(WL), 404, "not_found")
+    assert state_of(client) == before
+
+
+def test_deleting_the_pool_stops_its_workload(client, stand_in):
+    client.post("/api/pools", json={"name": "w", "num_blocks": 64, "block_bytes": 64})
+    assert client.post("/api/pools/w/workload", json={"kind": "trace", "limit": 100_000}).status_code == 202
+    assert client.delete("/api/pools/w").status_code == 204
+    assert_error(client.get("/api/pools/w/workload"), 404, "not_found")
+
+
+@pytest.mark.parametrize("spec", [
+    {"kind": "scenario", "name": "fragmentation", "seed": 0, "speed": 50.0},
+    {"kind": "scenario", "name": "chat", "seed": 1, "speed": 50.0},
+    {"kind": "trace", "limit": 50, "speed": 50.0},
+])
+def test_real_engine_runs_against_the_pool(client, spec):
+    pytest.importorskip("workloads.live")
+    r = client.post(WL, json=spec)
+    assert r.status_code == 202, r.text
+    assert {"name", "state", "done", "total"} <= set(r.json()["workload"])
+    time.sleep(0.5)
+    client.delete(WL)
+    assert_ok_check(client)
