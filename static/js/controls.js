@@ -204,10 +204,10 @@ export function createControls(env) {
     const body =
       kind === "scenario"
         ? { kind, name: wf.name.value, speed: Number(wf.speed.value), seed: Number(wf.seed.value) }
-        : { kind, strategy: wf.strategy.value, speed: Number(wf.speed.value), limit: Number(wf.limit.value) };
+        : { kind, speed: Number(wf.speed.value), limit: Number(wf.limit.value) };
     act("workload", async () => {
       await api("POST", `${pool()}/workload`, body);
-      return `started ${kind} ${body.name || body.strategy} at ${body.speed}×`;
+      return `started ${kind === "trace" ? `trace replay of ${body.limit} requests` : body.name} at ${body.speed}×`;
     });
   });
   $("#b-stop").addEventListener("click", () =>

@@ -23,6 +23,7 @@ def test_page_loads_without_console_errors(page, artifacts):
     page.wait_for_function("window.kvscope && window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0", timeout=10_000)
     page.wait_for_function("window.kvscope.stats() !== null", timeout=5_000)
     assert page.locator("#conn").get_attribute("data-state") == "open"
+    page.wait_for_selector("#numbers .num", timeout=3_000)
     assert page.locator("#numbers .num").count() >= 7
     assert page.locator("#charts .uplot").count() == 3
     page.screenshot(path=str(artifacts / "e2e-default.png"))
