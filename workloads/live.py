@@ -1,0 +1,230 @@
+"""Live workloads: a scenario or a trace replay driven step by step against a server's pool.
+
+The contract the server calls (app/ never reaches further into workloads/):
+
+    wl = build_live_workload(pool, {"kind": "scenario", "name": "chat", "seed": 0, "speed": 1.0})
+    wl = build_live_workload(pool, {"kind": "trace", "limit": 500, "speed": 1.0})
+    while wl.advance(dt_s):      # run what `dt_s` wall seconds hold at `speed`; False once done
+        ...
+    wl.progress()                # {name, kind, state: running|finished|stopped, done, total}
+    wl.stop()                    # frees what the workload still holds
+
+Each `advance` does bounded work (at most `MAX_OPS_PER_ADVANCE` pool calls), so a slow pool or
+a huge speed makes the workload lag, never block the server. Scenario speed 1.0 runs about 25-50
+ops/s; trace speed 1.0 replays the trace in real time (simulated seconds per wall second).
+
+Ownership: a workload frees every raw allocation it made when it finishes or is stopped, so the
+pool is left as it was found. Cache entries written by the chat scenario stay in the cache: they
+are ordinary evictable entries, and the hit-rate picture they leave is the point of the demo.
+Allocations that vanish under the workload (someone reset the pool) are counted as `lost` and
+forgotten, never an error.
+"""
+
+from __future__ import annotations
+
+import math
+
+from allocator import InvalidRequest, Pool
+
+from .scenarios import SCENARIOS, Geometry, OpRunner, drive, estimate_ops, make_scenario
+from .simulator import PagedStrategy, SimConfig, Simulator
+from .trace import load_trace
+
+MAX_OPS_PER_ADVANCE = 2000
+MAX_SPEED = 1000.0
+DEFAULT_TRACE_LIMIT = 500
+SPEC_KEYS = {"kind", "name", "seed", "speed", "limit"}
+
+
+class LiveWorkload:
+    """Base: a named workload with a state machine running -> finished | stopped."""
+
+    kind = "base"
+
+    def __init__(self, pool: Pool, name: str, speed: float) -> None:
+        self.pool = pool
+        self.name = name
+        self.speed = speed
+        self.state = "running"
+        self._event("running")
+
+    def advance(self, dt_s: float) -> bool:
+        """Run what `dt_s` wall seconds hold at this speed. Returns False when finished."""
+        if self.state != "running":
+            return False
+        if not isinstance(dt_s, (int, float)) or not math.isfinite(dt_s) or dt_s < 0:
+            raise InvalidRequest(f"dt_s must be a finite number >= 0, got {dt_s!r}")
+        if self._step(float(dt_s) * self.speed):
+            return True
+        self._release()
+        self.state = "finished"
+        self._event("finished")
+        return False
+
+    def stop(self) -> None:
+        """Stop now and free every allocation the workload still holds (idempotent)."""
+        if self.state == "running":
+            self._release()
+            self.state = "stopped"
+            self._event("stopped")
+
+    def progress(self) -> dict:
+        done, total = self._counts()
+        if self.state == "finished":
+            total = max(total, done)
+            done = total
+        return {"name": self.name, "kind": self.kind, "state": self.state,
+                "done": done, "total": max(total, done)}
+
+    def _event(self, state: str) -> None:
+        done, total = self._counts()
+        self.pool.events.record("workload", self.name, state, done, total)
+
+    # -- subclass hooks ---------------------------------------------------------------------
+    def _step(self, sim_seconds: float) -> bool:
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+    def _counts(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+
+class ScenarioWorkload(LiveWorkload):
+    """A scenario generator paced by its ops' `dt` (simulated seconds before each op)."""
+
+    kind = "scenario"
+
+    def __init__(self, pool: Pool, name: str, seed: int, speed: float) -> None:
+        geo = Geometry.of(pool)
+        if name == "chat" and pool.cache is None:
+            raise InvalidRequest("the chat scenario needs a pool with a cache")
+        self._gen = make_scenario(name, seed, geo)
+        self._runner = OpRunner(pool)
+        self._total = estimate_ops(name, geo)
+        self._pending = None
+        self._clock = 0.0  # simulated seconds elapsed
+        self._due = 0.0  # when the pending op runs
+        self._done = False
+        super().__init__(pool, name, speed)
+
+    def _step(self, sim_seconds: float) -> bool:
+        self._clock += sim_seconds
+        budget = MAX_OPS_PER_ADVANCE
+        while budget > 0 and not self._done:
+            if self._pending is None:
+                self._pending, self._done = drive(self._gen, self._runner, max_ops=0)
+                if self._done:
+                    break
+                self._due += self._pending.dt
+            if self._due > self._clock:
+                return True
+            op = self._pending
+            self._pending, self._done = drive(self._gen, self._runner, max_ops=1, pending=op)
+            budget -= 1
+            if self._pending is not None:
+                self._due += self._pending.dt
+        if budget == 0 and not self._done:
+            self._clock = min(self._clock, self._due)  # lagging: do not bank unbounded time
+        return not self._done
+
+    def _release(self) -> None:
+        self._runner.release_all()
+        self._gen.close()
+
+    def _counts(self) -> tuple[int, int]:
+        return self._runner.ops, self._total
+
+    def summary(self) -> dict:
+        return self._runner.summary()
+
+
+class TraceWorkload(LiveWorkload):
+    """Trace replay on the live pool with its own strategy: allocate the context, extend as each
+    block boundary is crossed (the pool sees every token by then), free on completion.
+
+    Sizes: the pool's model geometry gives bytes per token; a pool without one is taken as 16
+    tokens per block. Requests longer than the pool (or the model's max length) are skipped.
+    """
+
+    kind = "trace"
+
+    def __init__(self, pool: Pool, limit: int, speed: float) -> None:
+        trace = load_trace(limit=limit)
+        tb = pool.bytes_per_token or max(1, pool.block_bytes // 16)
+        tpb = max(1, pool.block_bytes // tb)
+        capacity = pool.capacity_bytes // tb // tpb * tpb
+        max_len = min(capacity, pool.model.max_tokens) if pool.model else capacity
+        strategy = PagedStrategy(pool, tb, max_len, tpb)
+        cfg = SimConfig(strategy="paged", tokens_per_block=tpb, pool_tokens=capacity, max_len=max_len)
+        self._sim = Simulator(trace, cfg, pool=pool, strategy=strategy, capacity_tokens=capacity)
+        self._target = 0.0
+        self._seen = None
+        super().__init__(pool, "trace", speed)
+
+    def _step(self, sim_seconds: float) -> bool:
+        sim = self._sim
+        self._target += sim_seconds
+        seen = (self.pool.used_blocks, len(self.pool))
+        if seen != self._seen:  # others may have freed memory: retry a blocked admission
+            sim._retry = True
+            self._seen = seen
+        more = sim.run_until(self._target, max_calls=MAX_OPS_PER_ADVANCE)
+        if sim.now < self._target - 60:  # lagging by a minute: do not bank unbounded time
+            self._target = sim.now + 60
+        self._seen = (self.pool.used_blocks, len(self.pool))
+        return more
+
+    def _release(self) -> None:
+        sim = self._sim
+        for r in list(sim.running.values()):
+            sim._remove(r)
+            sim._release(r)
+
+    def _counts(self) -> tuple[int, int]:
+        c = self._sim.counters
+        return c.completed + c.lost + c.rejected_too_long, len(self._sim.requests)
+
+    def summary(self) -> dict:
+        from .report import strategy_report
+
+        return strategy_report(self._sim)
+
+
+def _number(spec: dict, key: str, default, kind: type):
+    value = spec.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise InvalidRequest(f"'{key}' must be {'a number' if kind is float else 'an integer'}, got {value!r}")
+    return kind(value)
+
+
+def build_live_workload(pool: Pool, spec: dict) -> LiveWorkload:
+    """A workload for `pool` from a spec (see the module docstring). Raises InvalidRequest."""
+    if not isinstance(spec, dict):
+        raise InvalidRequest("a workload spec must be an object")
+    extra = set(spec) - SPEC_KEYS
+    if extra:
+        raise InvalidRequest(f"unknown workload field(s): {sorted(map(str, extra))}")
+    speed = _number(spec, "speed", 1.0, float)
+    if not math.isfinite(speed) or speed <= 0 or speed > MAX_SPEED:
+        raise InvalidRequest(f"'speed' must be > 0 and <= {MAX_SPEED:g}, got {speed!r}")
+    kind = spec.get("kind")
+    if kind == "scenario":
+        name = spec.get("name")
+        if name not in SCENARIOS:
+            raise InvalidRequest(f"unknown scenario {name!r}; choose one of {list(SCENARIOS)}")
+        seed = _number(spec, "seed", 0, int)
+        if seed < 0:
+            raise InvalidRequest(f"'seed' must be >= 0, got {seed}")
+        return ScenarioWorkload(pool, name, seed, speed)
+    if kind == "trace":
+        if spec.get("name") not in (None, "trace"):
+            raise InvalidRequest("a trace workload takes no 'name'")
+        limit = _number(spec, "limit", DEFAULT_TRACE_LIMIT, int)
+        if limit <= 0:
+            raise InvalidRequest(f"'limit' must be a positive integer, got {limit}")
+        return TraceWorkload(pool, limit, speed)
+    raise InvalidRequest(f"unknown workload kind {kind!r}; choose 'scenario' or 'trace'")

@@ -1,0 +1,332 @@
+"""Scenarios: deterministic streams of pool and cache operations, run offline or live.
+
+A scenario is a generator of `Op`s. It receives each op's result through `send()` (an
+allocation id, True/False for a cache lookup, or the `OutOfMemory` the op raised), so it can
+react ("allocate until the pool is full"). Everything random comes from `numpy.random
+.default_rng(seed)`: the same seed on the same pool geometry gives the same ops.
+
+- `fragmentation`: fill the pool with mixed sizes, free every other allocation in shuffled
+  order, then ask for one large allocation: less than the free total, more than any hole. A
+  contiguous pool fails it with an OOM of cause "fragmentation"; a paged pool serves it.
+- `chat`: multi-turn conversations with Zipf-skewed popularity on the pool's KVCache. Each turn
+  `get`s the conversation's key (a hit means its KV prefix is still cached) and `put`s it grown by
+  the new turn; a conversation that grows too long ends and a new one takes its rank.
+- `burst`: waves of arrivals that overfill the pool (some fail with OOMs), each allocation held
+  for a random lifetime, with quiet gaps in which the pool drains.
+
+`Op.dt` is the simulated time before the op: it paces a live run (speed 1.0 gives 20-200 ops/s).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Generator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from allocator import InvalidRequest, KVCache, NotFound, OutOfMemory, Pool, create_pool
+
+SCENARIOS = ("fragmentation", "chat", "burst")
+OP_KINDS = ("allocate", "extend", "free", "get", "put", "remove", "wait")
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operation. `ref` is a scenario handle (allocate/extend/free) or a cache key."""
+
+    kind: str
+    ref: int | str = 0
+    nbytes: int = 0
+    dt: float = 0.04
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """What a scenario sizes itself by: a block (the allocation unit), how many are free at the
+    start, and the cache's capacity (0 without a cache)."""
+
+    block_bytes: int
+    free_blocks: int
+    cache_bytes: int = 0
+
+    @classmethod
+    def of(cls, pool: Pool) -> Geometry:
+        cache = pool.cache
+        return cls(pool.block_bytes, pool.num_blocks - pool.used_blocks,
+                   cache.capacity_bytes if cache is not None else 0)
+
+
+ScenarioGen = Generator[Op, object, None]
+
+
+def fragmentation(seed: int, geo: Geometry) -> ScenarioGen:
+    rng = np.random.default_rng(seed)
+    bb, n = geo.block_bytes, max(geo.free_blocks, 8)
+    lo, hi = max(1, n // 400), max(2, n // 40)
+    held: list[int] = []  # refs in allocation order (= address order on a fresh contiguous pool)
+    sizes: dict[int, int] = {}
+    ref = 0
+    while True:  # 1. fill with mixed sizes until the pool refuses
+        blocks = int(rng.integers(lo, hi + 1))
+        nbytes = blocks * bb - int(rng.integers(0, bb))
+        result = yield Op("allocate", ref, nbytes, dt=0.03)
+        if isinstance(result, OutOfMemory) or len(held) >= 2000:
+            break
+        held.append(ref)
+        sizes[ref] = blocks
+        ref += 1
+    victims = held[0::2]  # 2. free every other one, out of order
+    rng.shuffle(victims)
+    for r in victims:
+        yield Op("free", r, dt=0.02)
+        del sizes[r]
+    kept = held[1::2]
+    yield Op("wait", dt=1.0)
+    free_blocks = max(1, n - sum(sizes.values()))
+    big = max(1, int(free_blocks * 0.6))  # 3. less than the free total, more than any hole
+    result = yield Op("allocate", ref, big * bb, dt=0.5)
+    if not isinstance(result, OutOfMemory):
+        kept.append(ref)
+    yield Op("wait", dt=3.0)  # hold the picture
+    order = list(kept)  # 4. clean up, out of order
+    rng.shuffle(order)
+    for r in order:
+        yield Op("free", r, dt=0.02)
+
+
+def chat(seed: int, geo: Geometry, conversations: int = 64, turns: int = 500,
+         zipf_s: float = 1.1) -> ScenarioGen:
+    if geo.cache_bytes <= 0:
+        raise InvalidRequest("the chat scenario needs a pool with a cache")
+    rng = np.random.default_rng(seed)
+    cap = geo.cache_bytes
+    turn_lo, turn_hi = max(1, cap // 400), max(2, cap // 100)
+    longest = max(turn_hi, cap // 8)
+    weights = 1.0 / np.arange(1, conversations + 1) ** zipf_s
+    ranks = rng.choice(conversations, size=turns, p=weights / weights.sum())
+    grow = rng.integers(turn_lo, turn_hi + 1, size=turns)
+    length = [0] * conversations
+    generation = [0] * conversations
+    for rank, add in zip(ranks.tolist(), grow.tolist()):
+        key = f"chat-{rank}-{generation[rank]}"
+        if length[rank] + add > longest:  # the conversation ends; a new one takes the rank
+            yield Op("remove", key, dt=0.02)
+            generation[rank] += 1
+            length[rank] = 0
+            key = f"chat-{rank}-{generation[rank]}"
+        if length[rank]:
+            yield Op("get", key, dt=0.04)  # hit: the prefix is cached; miss: recompute it all
+        length[rank] += add
+        yield Op("put", key, length[rank], dt=0.02)
+
+
+def burst(seed: int, geo: Geometry, waves: int = 4) -> ScenarioGen:
+    rng = np.random.default_rng(seed)
+    bb, n = geo.block_bytes, max(geo.free_blocks, 8)
+    arrivals: list[tuple[float, int]] = []
+    t = 0.0
+    for _ in range(waves):
+        count = int(rng.integers(40, 80))
+        mean_blocks = max(1.0, 1.3 * n / count)  # each wave asks for about 130% of the pool
+        for _ in range(count):
+            t += float(rng.exponential(0.015))
+            blocks = max(1, int(rng.exponential(mean_blocks)))
+            arrivals.append((t, min(blocks, n) * bb))
+        t += 4.0 + float(rng.uniform(0, 2))  # a quiet gap: the pool drains
+    frees: list[tuple[float, int]] = []
+    now = 0.0
+    for ref, (at, nbytes) in enumerate(arrivals):
+        while frees and frees[0][0] <= at:
+            when, r = heapq.heappop(frees)
+            yield Op("free", r, dt=when - now)
+            now = when
+        result = yield Op("allocate", ref, nbytes, dt=at - now)
+        now = at
+        if not isinstance(result, OutOfMemory):
+            heapq.heappush(frees, (at + float(rng.uniform(0.5, 3.0)), ref))
+    while frees:
+        when, r = heapq.heappop(frees)
+        yield Op("free", r, dt=when - now)
+        now = when
+
+
+FACTORIES = {"fragmentation": fragmentation, "chat": chat, "burst": burst}
+
+
+def make_scenario(name: str, seed: int, geo: Geometry) -> ScenarioGen:
+    """The generator of scenario `name`. Raises InvalidRequest."""
+    try:
+        factory = FACTORIES[name]
+    except (KeyError, TypeError):
+        raise InvalidRequest(f"unknown scenario {name!r}; choose one of {list(SCENARIOS)}") from None
+    return factory(seed, geo)
+
+
+def estimate_ops(name: str, geo: Geometry) -> int:
+    """A rough op count for progress bars (the real count depends on the pool's answers)."""
+    n = max(geo.free_blocks, 8)
+    if name == "fragmentation":
+        mean = (max(1, n // 400) + max(2, n // 40)) / 2
+        return int(2 * n / mean) + 4
+    if name == "chat":
+        return 1000
+    return 4 * 60 * 2
+
+
+@dataclass(slots=True)
+class OpRunner:
+    """Applies ops to a pool (and its cache), maps scenario refs to allocation ids, counts.
+
+    Invariant: `held` maps each live ref to an allocation of this runner, and nothing else.
+    """
+
+    pool: Pool
+    held: dict = field(default_factory=dict)
+    ops: int = 0
+    ooms: dict = field(default_factory=lambda: {"capacity": 0, "fragmentation": 0})
+    hits: int = 0
+    misses: int = 0
+    evicted: int = 0
+    lost: int = 0
+    failures: list = field(default_factory=list)
+    peak_utilization: float = 0.0
+    peak_external_fragmentation: float = 0.0
+
+    def apply(self, op: Op) -> object:
+        """Run `op`; returns the id, hit flag or the OutOfMemory it raised."""
+        self.ops += 1
+        pool, kind = self.pool, op.kind
+        if self.ops % 8 == 0:
+            self._peak()
+        try:
+            if kind == "allocate":
+                aid = pool.allocate(op.nbytes)
+                self.held[op.ref] = aid
+                self._peak()
+                return aid
+            if kind == "extend":
+                return pool.extend(self.held[op.ref], op.nbytes)
+            if kind == "free":
+                aid = self.held.pop(op.ref, None)
+                if aid is not None:
+                    pool.free(aid)
+                return None
+            if kind in ("get", "put", "remove"):
+                return self._cache_op(op)
+            return None
+        except OutOfMemory as exc:
+            self.ooms[exc.cause] += 1
+            if len(self.failures) < 20:
+                self.failures.append({"op": kind, **exc.details()})
+            return exc
+        except NotFound:  # someone else freed it (a live pool reset): forget it
+            self.lost += 1
+            self.held.pop(op.ref, None)
+            return None
+
+    def _cache_op(self, op: Op) -> object:
+        cache: KVCache | None = self.pool.cache
+        if cache is None:
+            raise InvalidRequest("this scenario needs a pool with a cache")
+        if op.kind == "get":
+            hit = cache.get(op.ref) is not None
+            if hit:
+                self.hits += 1
+            else:
+                self.misses += 1
+            return hit
+        if op.kind == "put":
+            result = cache.put(op.ref, op.nbytes)
+            self.evicted += len(result.evicted)
+            self._peak()
+            return result.entry.id
+        if op.ref in cache:
+            cache.remove(op.ref)
+        return None
+
+    def _peak(self) -> None:
+        pool = self.pool
+        util = pool.used_blocks / pool.num_blocks
+        if util > self.peak_utilization:
+            self.peak_utilization = util
+        if pool.strategy != "paged" and self.ops % 8 == 0:  # an O(pool) scan: every 8th op only
+            frag = pool.stats()["external_fragmentation"]
+            self.peak_external_fragmentation = max(self.peak_external_fragmentation, frag)
+
+    def release_all(self) -> int:
+        """Free every allocation this runner still holds; returns how many."""
+        n = 0
+        for ref in list(self.held):
+            aid = self.held.pop(ref)
+            try:
+                self.pool.free(aid)
+                n += 1
+            except NotFound:
+                self.lost += 1
+        return n
+
+    def summary(self) -> dict:
+        lookups = self.hits + self.misses
+        return {
+            "ops": self.ops,
+            "ooms": dict(self.ooms),
+            "failures": list(self.failures),
+            "hits": self.hits,
+            "misses": self.misses,
+            "hit_rate": self.hits / lookups if lookups else 0.0,
+            "evictions": self.evicted,
+            "peak_utilization": self.peak_utilization,
+            "peak_external_fragmentation": self.peak_external_fragmentation,
+            "held": len(self.held),
+            "lost": self.lost,
+        }
+
+
+def drive(gen: ScenarioGen, runner: OpRunner, max_ops: int | None = None,
+          pending: Op | None = None) -> tuple[Op | None, bool]:
+    """Feed ops from `gen` to `runner` (at most `max_ops`). Returns (next op not yet run, done)."""
+    count = 0
+    result: object = None
+    op = pending
+    try:
+        if op is None:
+            op = next(gen)
+        while True:
+            if max_ops is not None and count >= max_ops:
+                return op, False
+            result = runner.apply(op)
+            count += 1
+            op = gen.send(result)
+    except StopIteration:
+        return None, True
+
+
+def scenario_pool(strategy: str = "paged", num_blocks: int = 1024, tokens_per_block: int = 16,
+                  model: str = "tiny", cache_share: float = 1.0, policy: str = "lru") -> Pool:
+    """A small CPU pool for offline scenario runs, with a KVCache over `cache_share` of it."""
+    pool = create_pool(strategy, num_blocks=num_blocks, tokens_per_block=tokens_per_block,
+                       model=model, device="cpu", name=f"{strategy}-scenario")
+    if cache_share > 0:
+        KVCache(pool, max(pool.block_bytes, int(pool.capacity_bytes * cache_share)) // pool.block_bytes
+                * pool.block_bytes, policy=policy)
+    return pool
+
+
+def run_scenario(name: str, strategy: str = "paged", seed: int = 0, num_blocks: int = 1024,
+                 policy: str = "lru", pool: Pool | None = None) -> dict:
+    """Run scenario `name` to completion on a fresh pool (or `pool`); returns its report."""
+    if pool is None:
+        pool = scenario_pool(strategy, num_blocks, cache_share=1.0 if name == "chat" else 0.0,
+                             policy=policy)
+    gen = make_scenario(name, seed, Geometry.of(pool))
+    runner = OpRunner(pool)
+    drive(gen, runner)
+    runner.release_all()
+    out = {"scenario": name, "strategy": pool.strategy, "seed": seed,
+           "num_blocks": pool.num_blocks, "block_bytes": pool.block_bytes, **runner.summary()}
+    if pool.cache is not None:
+        out["cache"] = pool.cache.stats()
+    out["pool_counters"] = dict(pool.counters)
+    out["check"] = pool.check() + (pool.cache.check() if pool.cache is not None else [])
+    return out
