@@ -270,7 +270,7 @@ class KVCache:
         expired = sorted(
             (e for e in self._entries.values()
              if e.expires_at is not None and e.expires_at <= now and not e.pinned),
-            key=lambda e: e.expires_at,
+            key=lambda e: (e.expires_at, e.key),  # the TTL heap's order: ties by key
         )
         seen = {e.key for e in expired}
         out = list(expired)
