@@ -205,7 +205,8 @@ class KVCache:
     def get(self, key: str) -> Entry | None:
         """The entry (a hit, which touches it), or None (a miss; expired entries miss)."""
         entry = self._entries.get(key)
-        if entry is not None and entry.expires_at is not None and entry.expires_at <= self.clock():
+        if (entry is not None and not entry.pinned and entry.expires_at is not None
+                and entry.expires_at <= self.clock()):
             self._evict(key, "ttl")
             entry = None
         if entry is None:
@@ -252,16 +253,27 @@ class KVCache:
         return entry
 
     def expire(self) -> list[str]:
-        """Evict every entry whose TTL has passed (reason "ttl")."""
+        """Evict every unpinned entry whose TTL has passed (reason "ttl").
+
+        A pinned entry keeps its heap record, so it expires as soon as it is unpinned.
+        """
         out: list[str] = []
+        kept: list[tuple[float, str, int]] = []
         now = self.clock()
         heap = self._ttl_heap
         while heap and heap[0][0] <= now:
-            expires_at, key, aid = heapq.heappop(heap)
+            item = heapq.heappop(heap)
+            expires_at, key, aid = item
             e = self._entries.get(key)
-            if e is not None and e.id == aid and e.expires_at == expires_at:
-                self._evict(key, "ttl")
-                out.append(key)
+            if e is None or e.id != aid or e.expires_at != expires_at:
+                continue  # stale record of a removed, resized or refreshed entry
+            if e.pinned:
+                kept.append(item)
+                continue
+            self._evict(key, "ttl")
+            out.append(key)
+        for item in kept:
+            heapq.heappush(heap, item)
         return out
 
     def entries(self, limit: int | None = None) -> list[Entry]:
@@ -380,12 +392,22 @@ class KVCache:
 
     def _next_victim(self, exclude: str | None) -> str | None:
         heap, now = self._ttl_heap, self.clock()
+        skipped: list[tuple[float, str, int]] = []
+        victim = None
         while heap and heap[0][0] <= now:
             expires_at, key, aid = heap[0]
             e = self._entries.get(key)
-            if e is not None and e.id == aid and e.expires_at == expires_at and key != exclude and not e.pinned:
-                return key
-            heapq.heappop(heap)
+            valid = e is not None and e.id == aid and e.expires_at == expires_at
+            if valid and key != exclude and not e.pinned:
+                victim = key
+                break
+            item = heapq.heappop(heap)
+            if valid:  # pinned or being resized: still expired, so keep its record
+                skipped.append(item)
+        for item in skipped:
+            heapq.heappush(heap, item)
+        if victim is not None:
+            return victim
         for prio in sorted(self._by_priority):
             s = self._by_priority[prio]
             if len(s) == 0:

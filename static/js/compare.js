@@ -1,7 +1,7 @@
 // Compare view: the same scenario on two or three pools of equal size, side by side, so that
 // external fragmentation visibly forms on the contiguous arena and not on the paged pool.
 
-import { ApiError, api, getToken, poolPath } from "./api.js";
+import { ApiError, api, getToken, listPools, poolPath } from "./api.js";
 import { createHeatmap } from "./heatmap.js";
 import { PoolModel, formatBytes, parseSize, pct } from "./model.js";
 import { renderAlerts } from "./panels.js";
@@ -110,13 +110,10 @@ export function createCompare(grid, env) {
     const size = parseSize(f.block_bytes.value);
     if (!size || !("bytes" in size)) throw new Error(`not a block size: ${f.block_bytes.value}`);
     teardown();
+    const existing = new Set(await listPools());
     for (const s of strategies) {
       const name = poolNameFor(s);
-      try {
-        await api("DELETE", poolPath(name));
-      } catch (err) {
-        if (!(err instanceof ApiError && err.status === 404)) throw err;
-      }
+      if (existing.has(name)) await api("DELETE", poolPath(name)); // a fresh pool per run
       const body = { name, strategy: s, num_blocks: Number(f.num_blocks.value), block_bytes: size.bytes };
       if (s === "contiguous") body.fit = "first";
       await api("POST", "/api/pools", body);

@@ -286,8 +286,9 @@ export function createHeatmap(root, model, opts = {}) {
         const nblocks = (alloc.blocks || []).reduce((a, r) => a + (r[1] || 0), 0);
         lines.push(`size ${formatBytes(alloc.requested_bytes)} of ${formatBytes(alloc.allocated_bytes)} · ${nblocks} blocks`);
         if (alloc.tier) lines.push(`tier ${escapeHtml(String(alloc.tier))}`);
-        const age = ageSeconds(alloc.created_at);
-        lines.push(`age ${age == null ? "—" : formatAge(age)}`);
+        const age = typeof alloc.age_s === "number" ? alloc.age_s : ageSeconds(alloc.created_at);
+        const idle = typeof alloc.idle_s === "number" ? ` · idle ${formatAge(alloc.idle_s)}` : "";
+        lines.push(`age ${age == null ? "—" : formatAge(age)}${idle}`);
       }
     }
     return lines.join("<br>");
