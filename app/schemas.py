@@ -215,11 +215,10 @@ class BlockMapOut(BaseModel):
     """Run-length encoded block map: `[start, count, owner, state]` per run."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [
-        {"num_blocks": 8, "version": 3, "states": {"0": "free", "1": "used"},
+        {"num_blocks": 8, "states": {"0": "free", "1": "used"},
          "runs": [[0, 3, 1, 1], [3, 5, -1, 0]]}]})
 
     num_blocks: int
-    version: int
     states: dict[str, str]
     runs: list[list[int]]
 

@@ -97,7 +97,6 @@ async def blockmap(handle: PoolDep, accept: Annotated[str | None, Header()] = No
         return Response(snapshot_frame(bm, 0), media_type="application/octet-stream")
     return JSONResponse({
         "num_blocks": bm.num_blocks,
-        "version": bm.version,
         "states": {str(k): v for k, v in STATE_NAMES.items()},
         "runs": blockmap_runs(bm),
     })
