@@ -102,6 +102,8 @@ class PagedPool(Pool):
 
     def free(self, aid: int) -> None:
         """Return every block of `aid` to the pool. Raises NotFound (also on double free)."""
+        if aid.__class__ is not int:  # 1.0 and True hash like 1: they must not free id 1
+            raise NotFound("allocation", aid)
         try:
             requested, blocks = self._allocs.pop(aid)
         except (KeyError, TypeError):

@@ -343,6 +343,8 @@ class Pool:
 
     # -- helpers for subclasses ----------------------------------------------------------
     def _record(self, aid):
+        if aid.__class__ is not int:  # 1.0 and True hash like 1: they must not find id 1
+            raise NotFound("allocation", aid)
         try:
             return self._allocs[aid]
         except (KeyError, TypeError):
