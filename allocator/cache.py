@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .blockmap import CACHED, PINNED
-from .errors import InvalidRequest, NotFound, OutOfMemory
+from .errors import Conflict, InvalidRequest, NotFound, OutOfMemory
 from .policies import POLICIES
 from .pool import Pool, runs_of
 
@@ -235,8 +235,9 @@ class KVCache:
         self.pool.events.record("remove", key, entry.nbytes)
 
     def evict(self, key: str) -> None:
-        """Evict `key` now (reason "manual"). Raises NotFound."""
-        self.peek(key)
+        """Evict `key` now (reason "manual"). Raises NotFound, Conflict (pinned: unpin first)."""
+        if self.peek(key).pinned:
+            raise Conflict(f"entry {key!r} is pinned; pinned entries are never evicted")
         self._evict(key, "manual")
 
     def pin(self, key: str, pinned: bool = True) -> Entry:
