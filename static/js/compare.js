@@ -2,12 +2,32 @@
 // external fragmentation visibly forms on the contiguous arena and not on the paged pool.
 
 import { ApiError, api, getToken, listPools, poolPath } from "./api.js";
+import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { createHeatmap } from "./heatmap.js";
 import { PoolModel, formatBytes, parseSize, pct } from "./model.js";
 import { renderAlerts } from "./panels.js";
 import { createPoolSocket } from "./socket.js";
 
 const PANEL_REFRESH_MS = 300;
+const SPARK_HEIGHT = 90;
+
+/** A small utilization / external-fragmentation chart for one pane. @param {HTMLElement} box */
+function sparkline(box) {
+  const axis = { stroke: "#8b95a7", grid: { stroke: "#1f2632" }, ticks: { show: false }, font: "10px system-ui" };
+  return new uPlot(
+    {
+      width: Math.max(200, box.clientWidth),
+      height: SPARK_HEIGHT,
+      legend: { show: false },
+      cursor: { show: false },
+      scales: { x: { time: true }, y: { range: [0, 1] } },
+      axes: [{ ...axis, show: false }, { ...axis, size: 36, values: (_u, t) => t.map((v) => `${Math.round(v * 100)}%`) }],
+      series: [{}, { label: "utilization", stroke: "#4fc3f7", fill: "rgba(79,195,247,0.10)", width: 1.5 }, { label: "external frag", stroke: "#ef5350", width: 1.5 }],
+    },
+    [[], [], []],
+    box,
+  );
+}
 
 /** @param {string} strategy */
 const poolNameFor = (strategy) => `cmp-${strategy}`;
@@ -17,7 +37,7 @@ const poolNameFor = (strategy) => `cmp-${strategy}`;
  * @param {{status: (msg: string, kind?: string) => void}} env
  */
 export function createCompare(grid, env) {
-  /** @type {{name:string, strategy:string, model:PoolModel, socket:any, heatmap:any, numbers:HTMLElement, alerts:HTMLElement, conn:HTMLElement}[]} */
+  /** @type {{name:string, strategy:string, model:PoolModel, socket:any, heatmap:any, spark:any, peakExt:number, numbers:HTMLElement, alerts:HTMLElement, conn:HTMLElement}[]} */
   let panes = [];
   let visible = false;
   let timer = 0;
@@ -27,6 +47,7 @@ export function createCompare(grid, env) {
     for (const p of panes) {
       p.socket.close();
       p.heatmap.destroy();
+      p.spark.destroy();
     }
     panes = [];
     grid.innerHTML = "";
@@ -38,12 +59,16 @@ export function createCompare(grid, env) {
       const s = p.model.stats;
       const w = p.model.workload;
       const o = (s && s.ooms) || { capacity: 0, fragmentation: 0 };
+      if (s) p.peakExt = Math.max(p.peakExt, s.external_fragmentation || 0);
+      const cols = p.model.history.toArrays();
+      p.spark.setData([cols[0], cols[1], cols[3]]);
       p.numbers.innerHTML = s
         ? `<span><label>util</label><b>${pct(s.utilization)}</b></span>
-           <span><label>ext frag</label><b class="${s.external_fragmentation >= 0.5 ? "hot" : ""}">${pct(s.external_fragmentation)}</b></span>
-           <span><label>int frag</label><b>${pct(s.internal_fragmentation)}</b></span>
+           <span><label>ext frag</label><b class="${s.external_fragmentation >= 0.5 && p.strategy !== "paged" ? "hot" : ""}">${pct(s.external_fragmentation)}</b></span>
+           <span><label>peak ext frag</label><b class="${p.peakExt >= 0.5 && p.strategy !== "paged" ? "hot" : ""}">${pct(p.peakExt)}</b></span>
            <span><label>largest free</label><b>${formatBytes(s.largest_free_bytes)}</b></span>
            <span><label>OOM cap / frag</label><b class="${o.fragmentation ? "hot" : ""}">${o.capacity} / ${o.fragmentation}</b></span>
+           <span><label>int frag</label><b>${pct(s.internal_fragmentation)}</b></span>
            <span><label>workload</label><b>${w ? `${w.state} ${w.done}/${w.total}` : "—"}</b></span>`
         : `<span class="muted">waiting for stats…</span>`;
       renderAlerts(p.alerts, p.model.alerts().filter((a) => a.code === "oom-fragmentation"));
@@ -61,7 +86,9 @@ export function createCompare(grid, env) {
     box.className = "panel compare-pane";
     box.dataset.pool = name;
     box.innerHTML = `<div class="panel-head"><h2>${name}</h2><span class="conn small" data-state="connecting"><i></i><span></span></span></div>
-      <div class="cmp-alerts"></div><div class="cmp-numbers"></div><div class="cmp-map"></div>`;
+      <div class="cmp-alerts"></div><div class="cmp-numbers"></div>
+      <div class="cmp-spark"><span class="hint"><i class="sw" style="background:#4fc3f7"></i> utilization <i class="sw" style="background:#ef5350"></i> external fragmentation</span></div>
+      <div class="cmp-map"></div>`;
     grid.appendChild(box);
     const model = new PoolModel();
     const heatmap = createHeatmap(/** @type {HTMLElement} */ (box.querySelector(".cmp-map")), model, {
@@ -92,12 +119,15 @@ export function createCompare(grid, env) {
       },
       { token: getToken },
     );
+    const spark = sparkline(/** @type {HTMLElement} */ (box.querySelector(".cmp-spark")));
     panes.push({
       name,
       strategy,
       model,
       socket,
       heatmap,
+      spark,
+      peakExt: 0,
       numbers: /** @type {HTMLElement} */ (box.querySelector(".cmp-numbers")),
       alerts: /** @type {HTMLElement} */ (box.querySelector(".cmp-alerts")),
       conn,
@@ -170,6 +200,7 @@ export function createCompare(grid, env) {
         strategy: p.strategy,
         connection: p.socket.state,
         stats: p.model.stats,
+        peakExternalFragmentation: p.peakExt,
         workload: p.model.workload,
         painted: p.heatmap.paintedCounts(),
         alerts: p.model.alerts().map((a) => a.code),

@@ -121,17 +121,25 @@ def test_fragmentation_scenario_raises_the_oom_banner_and_defragment_clears_it(p
 def test_compare_view_runs_the_same_scenario_on_each_pool(page, api, artifacts):
     page.goto("/#compare")
     page.fill("#f-compare [name=num_blocks]", "512")
-    page.fill("#f-compare [name=speed]", "20")
+    page.fill("#f-compare [name=speed]", "10")
     page.click("#f-compare button[type=submit]")
     page.wait_for_selector("#compare-status[data-kind=ok]", timeout=10_000)
     page.wait_for_function(
         "(() => { const s = window.kvscope.compare(); return s.length === 2 && s.every(p => p.connection === 'open' && p.stats && p.workload); })()",
         timeout=10_000,
     )
-    page.wait_for_timeout(2500)
-    summary = page.evaluate("window.kvscope.compare()")
-    assert [p["pool"] for p in summary] == ["cmp-paged", "cmp-contiguous"]
-    for p in summary:
+    # same scenario, same seed: the contiguous arena fails with memory free, the paged pool never does
+    page.wait_for_function(
+        "window.kvscope.compare().every(p => p.stats && p.workload && p.workload.state !== 'running')",
+        timeout=20_000,
+    )
+    page.wait_for_timeout(600)  # the last stats message
+    summary = {p["pool"]: p for p in page.evaluate("window.kvscope.compare()")}
+    assert list(summary) == ["cmp-paged", "cmp-contiguous"]
+    for p in summary.values():
         assert p["painted"]["total"] == 512
+    assert summary["cmp-contiguous"]["stats"]["ooms"]["fragmentation"] >= 1
+    assert summary["cmp-paged"]["stats"]["ooms"]["fragmentation"] == 0
+    page.wait_for_selector(".compare-pane[data-pool=cmp-contiguous] .alert[data-code=oom-fragmentation]", timeout=3_000)
     page.screenshot(path=str(artifacts / "e2e-compare.png"))
     assert page.console_log.errors == []
