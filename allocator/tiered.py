@@ -58,7 +58,7 @@ class TieredPool(Pool):
     def __init__(self, num_blocks: int, block_bytes: int, tiers=None, fallback: bool = True, **kw):
         super().__init__(num_blocks, block_bytes, **kw)
         self.fallback = fallback
-        self.tiers = self._layout(tiers or DEFAULT_TIERS)
+        self.tiers = self._layout(DEFAULT_TIERS if tiers is None else tiers)
         self.used_blocks = 0
         self._allocs: dict[int, list] = {}
 
