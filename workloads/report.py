@@ -178,7 +178,8 @@ def markdown(report: dict) -> str:
     out = [
         "# KV memory on a replayed trace",
         "",
-        f"{t.get('requests', '?')} requests from `{t.get('source', '?')}`; model {model['name']} "
+        f"{t.get('requests', '?')} requests from `{t.get('source', '?')}` "
+        f"({rows[0]['rejected_too_long'] if rows else 0} longer than the max length skipped); model {model['name']} "
         f"({model['bytes_per_token'] // 1024} KiB per token); pool {pool['gib']:.1f} GiB = "
         f"{pool['tokens']:,} tokens; {pool['tokens_per_block']}-token blocks for paged; max length "
         f"{pool['max_len']:,} tokens.",
@@ -231,13 +232,18 @@ def chart(report: dict, path: str | Path) -> None:
     ax.axhspan(20.4, 38.2, color="grey", alpha=0.15, label="vLLM paper: contiguous 20.4-38.2%")
     ax.set_ylabel("% of allocated KV memory (time-averaged)")
     ax.set_ylim(0, 100)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)
     ax.tick_params(axis="x", labelsize=8)
     ax.set_title("Where allocated KV memory goes")
-    ax2.bar(names, [r["throughput_rps"] for r in rows], color="#264653")
-    ax2.set_ylabel("completed requests / simulated s")
+    x = np.arange(len(rows))
+    ax2.bar(x - 0.2, [max(r["queueing_delay_p50_s"], 1e-3) for r in rows], 0.4, label="p50", color="#8ab17d")
+    ax2.bar(x + 0.2, [max(r["queueing_delay_p99_s"], 1e-3) for r in rows], 0.4, label="p99", color="#264653")
+    ax2.set_yscale("log")
+    ax2.set_xticks(x, names)
+    ax2.set_ylabel("queueing delay (simulated s, log)")
     ax2.tick_params(axis="x", labelsize=7, rotation=20)
-    ax2.set_title("Throughput")
+    ax2.legend(fontsize=7)
+    ax2.set_title("Waiting for memory")
     fig.text(0.01, 0.01, report["attribution"], fontsize=5.5, color="#555")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path, dpi=110)
