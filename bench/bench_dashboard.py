@@ -173,6 +173,14 @@ def run(duration_s: float = 10.0, base_url: str | None = None) -> dict:
             loaded = _summary(page.evaluate(MEASURE_JS, int(duration_s * 1000)))
             driver.stop_event.set()
             driver.join(timeout=10)
+            paint = page.evaluate("window.kvscope.paintStats()")
+            # after the load stops, the painted map must equal the server's block counts
+            used = client.get(f"/api/pools/{POOL}/stats").json()["used_blocks"]
+            try:
+                page.wait_for_function(f"window.kvscope.paintedCounts().occupied === {used}", timeout=10_000)
+                consistent = True
+            except Exception:
+                consistent = False
             browser.close()
         ops_per_s = driver.ops_sent / driver.seconds if driver.seconds else 0.0
     finally:
@@ -183,7 +191,8 @@ def run(duration_s: float = 10.0, base_url: str | None = None) -> dict:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    result = {"idle": idle, "load": loaded, "ops_per_s": ops_per_s, "driver_errors": driver.errors}
+    result = {"idle": idle, "load": loaded, "ops_per_s": ops_per_s, "driver_errors": driver.errors,
+              "paint_ms": paint, "map_matches_server": consistent}
     print(f"dashboard on a {NUM_BLOCKS:,}-block pool, {duration_s:.0f} s each, same run:")
     print(f"  {'':<22}{'idle':>10}{'under load':>14}{'ratio':>9}")
     for key, label in (("fps", "frames/s"), ("p95_ms", "p95 frame time (ms)"), ("heap_mb", "JS heap (MiB)")):
@@ -191,6 +200,10 @@ def run(duration_s: float = 10.0, base_url: str | None = None) -> dict:
         print(f"  {label:<22}{a:>10.1f}{b:>14.1f}{(b / a if a else float('nan')):>8.2f}x")
     print(f"  load: {ops_per_s:,.0f} ops/s achieved (target {TARGET_OPS_PER_S:,}), "
           f"{loaded['frames_received']} delta frames received, {driver.errors} failed batches")
+    print(f"  map repaint per painted frame: p50 {paint['p50']:.2f} ms, p95 {paint['p95']:.2f} ms, "
+          f"max {paint['max']:.2f} ms over {paint['frames']} frames "
+          f"({paint['p95'] / 16.7:.2f}x of a 60 Hz frame budget at p95)")
+    print(f"  painted map equals the server's used blocks after the load: {consistent}")
     return result
 
 

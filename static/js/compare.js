@@ -14,7 +14,7 @@ const SPARK_HEIGHT = 90;
 /** A small utilization / external-fragmentation chart for one pane. @param {HTMLElement} box */
 function sparkline(box) {
   const axis = { stroke: "#8b95a7", grid: { stroke: "#1f2632" }, ticks: { show: false }, font: "10px system-ui" };
-  return new uPlot(
+  const plot = new uPlot(
     {
       width: Math.max(200, box.clientWidth),
       height: SPARK_HEIGHT,
@@ -22,11 +22,19 @@ function sparkline(box) {
       cursor: { show: false },
       scales: { x: { time: true }, y: { range: [0, 1] } },
       axes: [{ ...axis, show: false }, { ...axis, size: 36, values: (_u, t) => t.map((v) => `${Math.round(v * 100)}%`) }],
-      series: [{}, { label: "utilization", stroke: "#4fc3f7", fill: "rgba(79,195,247,0.10)", width: 1.5 }, { label: "external frag", stroke: "#ef5350", width: 1.5 }],
+      series: [
+        {},
+        { label: "utilization", stroke: "#4fc3f7", fill: "rgba(79,195,247,0.10)", width: 1.5, points: { show: false } },
+        { label: "external frag", stroke: "#ef5350", width: 1.5, points: { show: false } },
+      ],
     },
     [[], [], []],
     box,
   );
+  // the grid decides the pane's width only after every pane exists
+  const ro = new ResizeObserver(() => plot.setSize({ width: Math.max(200, box.clientWidth), height: SPARK_HEIGHT }));
+  ro.observe(box);
+  return { setData: (d) => plot.setData(d), destroy: () => (ro.disconnect(), plot.destroy()) };
 }
 
 /** @param {string} strategy */
@@ -69,7 +77,8 @@ export function createCompare(grid, env) {
            <span><label>largest free</label><b>${formatBytes(s.largest_free_bytes)}</b></span>
            <span><label>OOM cap / frag</label><b class="${o.fragmentation ? "hot" : ""}">${o.capacity} / ${o.fragmentation}</b></span>
            <span><label>int frag</label><b>${pct(s.internal_fragmentation)}</b></span>
-           <span><label>workload</label><b>${w ? `${w.state} ${w.done}/${w.total}` : "—"}</b></span>`
+           <span><label>free extents</label><b>${s.free_extent_count ?? "—"}</b></span>
+           <span><label>workload</label><b class="small">${w ? `${w.state} ${w.done}/${w.total}` : "—"}</b></span>`
         : `<span class="muted">waiting for stats…</span>`;
       renderAlerts(p.alerts, p.model.alerts().filter((a) => a.code === "oom-fragmentation"));
     }

@@ -21,6 +21,8 @@ export const CELL_SIZES = [1, 2, 3, 4, 6, 8, 12, 16];
 export const HOVER_FETCH_DEBOUNCE_MS = 120;
 export const HOVER_CACHE_MS = 2000;
 const HUES = 256;
+/** Paint timings kept for `paintStats()`. */
+const PAINT_SAMPLES = 512;
 
 /** @param {number} r @param {number} g @param {number} b  little-endian RGBA as one u32 */
 const rgba = (r, g, b) => ((255 << 24) | (b << 16) | (g << 8) | r) >>> 0;
@@ -47,7 +49,7 @@ const heatPalette = new Uint32Array(HUES);
 for (let i = 0; i < HUES; i++) {
   const hue = (i * 360) / HUES;
   usedPalette[i] = hsl(hue, 0.68, 0.56);
-  cachedPalette[i] = hsl(hue, 0.32, 0.34);
+  cachedPalette[i] = hsl(hue, 0.4, 0.38);
   // 0 = last to go (cool blue) ... 255 = next victim (hot yellow-red)
   const t = i / (HUES - 1);
   heatPalette[i] = hsl(230 - 230 * t, 0.85, 0.3 + 0.32 * t);
@@ -199,8 +201,19 @@ export function createHeatmap(root, model, opts = {}) {
     ctx.putImageData(image, 0, 0, 0, r0 * px, width, (r1 - r0) * px);
   }
 
+  /** Paint time of recent flushes (ms), for the benchmark; a fixed ring, no allocation per frame. */
+  const paintMs = new Float64Array(PAINT_SAMPLES);
+  let paintCount = 0;
+
   /** Apply whatever the model marked dirty. Called from requestAnimationFrame (or a test). */
   function flush() {
+    const t0 = performance.now();
+    paint();
+    const dt = performance.now() - t0;
+    if (dt > 0.05) paintMs[paintCount++ % PAINT_SAMPLES] = dt; // only frames that painted
+  }
+
+  function paint() {
     frameRequested = false;
     if (destroyed) return;
     if (layoutStale || rows !== Math.ceil(Math.max(1, model.blocks) / cols)) {
@@ -396,6 +409,13 @@ export function createHeatmap(root, model, opts = {}) {
         }
       }
       return { total: model.blocks, free, occupied, pinned, cols, rows, cellPx: px };
+    },
+    /** Paint cost of recent frames that painted something: count, p50 and p95 in ms. */
+    paintStats() {
+      const n = Math.min(paintCount, PAINT_SAMPLES);
+      const sorted = Array.from(paintMs.subarray(0, n)).sort((a, b) => a - b);
+      const at = (q) => (n ? sorted[Math.min(n - 1, Math.floor(q * n))] : 0);
+      return { frames: paintCount, p50: at(0.5), p95: at(0.95), max: n ? sorted[n - 1] : 0 };
     },
     destroy() {
       destroyed = true;

@@ -200,6 +200,7 @@ Object.defineProperty(window, "kvscope", {
       return socket ? socket.state : "closed";
     },
     paintedCounts: () => (heatmap ? heatmap.paintedCounts() : null),
+    paintStats: () => (heatmap ? heatmap.paintStats() : null),
     modelCounts: () => model.countStates(),
     /** Distinct owner ids on the map, ascending (the browser tests compare them to REST). */
     owners: () => Array.from(new Set(model.owner)).filter((o) => o >= 0).sort((a, b) => a - b),
