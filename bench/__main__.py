@@ -1,0 +1,43 @@
+"""Run every `bench/bench_*.py` module's `run()` in turn: `python -m bench [name ...]`."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+import traceback
+from pathlib import Path
+
+
+def modules() -> list[str]:
+    return sorted(p.stem for p in Path(__file__).resolve().parent.glob("bench_*.py"))
+
+
+def main(argv: list[str]) -> int:
+    wanted = set(argv)
+    failed = 0
+    for name in modules():
+        if wanted and name not in wanted and name.removeprefix("bench_") not in wanted:
+            print(f"-- {name}: not selected")
+            continue
+        print(f"-- {name}: running", flush=True)
+        t0 = time.perf_counter()
+        try:
+            module = importlib.import_module(f"bench.{name}")
+            run = getattr(module, "run", None)
+            if run is None:
+                print(f"-- {name}: FAILED, no run() function")
+                failed += 1
+                continue
+            run()
+        except Exception:
+            traceback.print_exc()
+            print(f"-- {name}: FAILED after {time.perf_counter() - t0:.1f} s")
+            failed += 1
+            continue
+        print(f"-- {name}: done in {time.perf_counter() - t0:.1f} s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
