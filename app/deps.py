@@ -1,4 +1,8 @@
-"""Dependencies shared by the routers, as `Annotated` aliases (`PoolDep`, `CacheDep`, ...)."""
+"""Dependencies shared by the routers, as `Annotated` aliases (`PoolDep`, `CacheDep`, ...).
+
+NOTE: they are `async def` on purpose: FastAPI runs a plain `def` dependency in the thread pool,
+which costs more than the allocator call it guards.
+"""
 
 from __future__ import annotations
 
@@ -15,15 +19,15 @@ from .settings import Settings
 from .stream import Hub
 
 
-def get_registry(request: Request) -> Registry:
+async def get_registry(request: Request) -> Registry:
     return request.app.state.registry
 
 
-def get_hub(request: Request) -> Hub:
+async def get_hub(request: Request) -> Hub:
     return request.app.state.hub
 
 
-def get_app_settings(request: Request) -> Settings:
+async def get_app_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
@@ -35,7 +39,7 @@ EntryKey = Annotated[str, Path(min_length=1, max_length=256, pattern=KEY_PATTERN
                                description="cache key", examples=["session-1"])]
 
 
-def get_pool(pool: PoolName, registry: RegistryDep) -> PoolHandle:
+async def get_pool(pool: PoolName, registry: RegistryDep) -> PoolHandle:
     """The pool named in the path. Raises NotFound (404)."""
     return registry.get(pool)
 
@@ -43,7 +47,7 @@ def get_pool(pool: PoolName, registry: RegistryDep) -> PoolHandle:
 PoolDep = Annotated[PoolHandle, Depends(get_pool)]
 
 
-def get_cache(handle: PoolDep) -> KVCache:
+async def get_cache(handle: PoolDep) -> KVCache:
     """The cache of the pool named in the path. Raises NotFound, Conflict (no cache)."""
     if handle.pool.cache is None:
         raise Conflict(f"pool {handle.name!r} has no cache; create it with 'cache': {{...}}")
