@@ -56,7 +56,8 @@ export function createCharts(root, model) {
     box.dataset.chart = def.id;
     box.innerHTML = `<div class="chart-title">${def.title}</div>`;
     root.appendChild(box);
-    const scales = { x: { time: true } };
+    // a single sample would make uPlot span years; show the last minute instead
+    const scales = { x: { time: true, range: (_u, min, max) => (max - min < 1 ? [max - 60, max + 1] : [min, max]) } };
     let axes;
     if (def.dual) {
       scales.pct = { range: [0, 1] };
