@@ -163,7 +163,9 @@ class KVCache:
         OutOfMemory (nothing evictable is left); on either, existing entries are unchanged
         unless evictions were needed first (see the class NOTE).
         """
-        self._validate(key, nbytes, priority, ttl_s)
+        if not (key.__class__ is str and 0 < len(key) <= MAX_KEY_LENGTH and nbytes.__class__ is int
+                and nbytes > 0 and priority.__class__ is int and ttl_s is None):
+            self._validate(key, nbytes, priority, ttl_s)
         need = self.pool.footprint(nbytes)
         if need > self.capacity_bytes:
             raise InvalidRequest(
@@ -392,7 +394,8 @@ class KVCache:
             raise InvalidRequest(f"ttl_s must be a positive finite number of seconds, got {ttl_s!r}")
 
     def _next_victim(self, exclude: str | None) -> str | None:
-        heap, now = self._ttl_heap, self.clock()
+        heap = self._ttl_heap
+        now = self.clock() if heap else 0.0
         skipped: list[tuple[float, str, int]] = []
         victim = None
         while heap and heap[0][0] <= now:
@@ -409,8 +412,9 @@ class KVCache:
             heapq.heappush(heap, item)
         if victim is not None:
             return victim
-        for prio in sorted(self._by_priority):
-            s = self._by_priority[prio]
+        by_priority = self._by_priority
+        for prio in (by_priority if len(by_priority) == 1 else sorted(by_priority)):
+            s = by_priority[prio]
             if len(s) == 0:
                 continue
             key = s.victim()
@@ -429,16 +433,22 @@ class KVCache:
         return spare
 
     def _make_room(self, need: int, exclude: str | None, evicted: list[str]) -> None:
-        """Evict (reason capacity) until `need` more bytes fit under the capacity."""
-        if self.used_bytes + need - self._evictable_bytes(exclude) > self.capacity_bytes:
-            raise self._refuse(need, "capacity")
+        """Evict (reason capacity, or ttl for expired entries) until `need` more bytes fit
+        under the capacity; refuse up front when even evicting every candidate would not do."""
         pool = self.pool
-        free_now = (pool.num_blocks - pool.used_blocks) * pool.block_bytes
-        if free_now + self._evictable_bytes(exclude) < need:
+        over = self.used_bytes + need - self.capacity_bytes
+        short = need - (pool.num_blocks - pool.used_blocks) * pool.block_bytes
+        if over <= 0 and short <= 0:
+            return
+        spare = self._evictable_bytes(exclude)
+        if over > spare or short > spare:
             raise self._refuse(need, "capacity")
+        entries = self._entries
         while self.used_bytes + need > self.capacity_bytes:
             key = self._next_victim(exclude)
-            self._evict(key, "capacity" if not self._is_expired(key) else "ttl")
+            expires_at = entries[key].expires_at
+            expired = expires_at is not None and expires_at <= self.clock()
+            self._evict(key, "ttl" if expired else "capacity")
             evicted.append(key)
 
     def _refuse(self, need: int, cause: str) -> OutOfMemory:
@@ -457,10 +467,6 @@ class KVCache:
                     raise
                 self._evict(key, "oom")
                 evicted.append(key)
-
-    def _is_expired(self, key: str) -> bool:
-        e = self._entries[key]
-        return e.expires_at is not None and e.expires_at <= self.clock()
 
     def _refresh(self, entry: Entry, nbytes: int, priority: int, ttl_s: float | None,
                  pinned: bool, now: float) -> PutResult:
