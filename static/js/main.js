@@ -5,7 +5,7 @@ import { createCharts } from "./charts.js";
 import { createCompare } from "./compare.js";
 import { createControls, promptToken } from "./controls.js";
 import { PROTOCOL_VERSION } from "./frames.js";
-import { createHeatmap } from "./heatmap.js";
+import { createHeatmap, escapeHtml } from "./heatmap.js";
 import { PoolModel, formatBytes } from "./model.js";
 import { numbersHtml, renderAlerts, renderLog, selectedTypes } from "./panels.js";
 import { createPoolSocket } from "./socket.js";
@@ -156,7 +156,11 @@ async function refreshPools(select) {
   }
   if (select && !names.includes(select)) names.push(select);
   if (!names.includes(poolName)) names.push(poolName);
-  sel.innerHTML = names.map((n) => `<option value="${n}">${n}</option>`).join("");
+  const current = Array.from(sel.options, (o) => o.value);
+  // rebuilding the options of an open <select> would close it: only touch them on a change
+  if (current.join("\n") !== names.join("\n")) {
+    sel.innerHTML = names.map((n) => `<option value="${escapeHtml(n)}">${escapeHtml(n)}</option>`).join("");
+  }
   const target = select || poolName;
   sel.value = target;
   if (!socket || target !== poolName) connect(target);

@@ -84,9 +84,10 @@ export function counterTotal(value) {
 export function hitRateOf(stats) {
   const c = stats && stats.cache;
   if (!c) return null;
-  if (typeof c.hit_rate === "number") return c.hit_rate;
   const hits = Number(c.hits) || 0;
   const misses = Number(c.misses) || 0;
+  if ((c.hits != null || c.misses != null) && hits + misses === 0) return null; // no lookups yet
+  if (typeof c.hit_rate === "number") return c.hit_rate;
   return hits + misses > 0 ? hits / (hits + misses) : null;
 }
 

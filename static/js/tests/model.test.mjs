@@ -156,3 +156,10 @@ test("sizes parse with units and tokens", () => {
   assert.equal(parseSize("lots"), null);
   assert.equal(parseSize("0"), null);
 });
+
+test("hit rate is unknown before the first lookup", async () => {
+  const { hitRateOf } = await import("../model.js");
+  assert.equal(hitRateOf({ cache: { hits: 0, misses: 0, hit_rate: 0 } }), null);
+  assert.equal(hitRateOf({ cache: { hits: 3, misses: 1, hit_rate: 0.75 } }), 0.75);
+  assert.equal(hitRateOf({}), null);
+});
