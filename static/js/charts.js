@@ -9,6 +9,15 @@ const CHART_HEIGHT = 130;
 const AXIS = { stroke: "#8b95a7", grid: { stroke: "#1f2632", width: 1 }, ticks: { stroke: "#1f2632" }, font: "11px system-ui, sans-serif" };
 const pctAxis = { ...AXIS, size: 44, values: (_u, ticks) => ticks.map((v) => `${Math.round(v * 100)}%`) };
 
+/** Before two samples exist uPlot would span years: show the last minute instead. */
+function xRange(_u, min, max) {
+  if (min == null || max == null || !Number.isFinite(min) || !Number.isFinite(max)) {
+    const now = Date.now() / 1000;
+    return [now - 60, now];
+  }
+  return max - min < 1 ? [max - 60, max + 1] : [min, max];
+}
+
 /** Chart definitions: which history columns (see model.HISTORY_SERIES) each one shows. */
 const CHARTS = [
   {
@@ -57,7 +66,7 @@ export function createCharts(root, model) {
     box.innerHTML = `<div class="chart-title">${def.title}</div>`;
     root.appendChild(box);
     // a single sample would make uPlot span years; show the last minute instead
-    const scales = { x: { time: true, range: (_u, min, max) => (max - min < 1 ? [max - 60, max + 1] : [min, max]) } };
+    const scales = { x: { time: true, range: xRange } };
     let axes;
     if (def.dual) {
       scales.pct = { range: [0, 1] };
@@ -90,7 +99,13 @@ export function createCharts(root, model) {
     pending = 0;
     lastDraw = performance.now();
     const cols = model.history.toArrays();
-    for (const { def, plot } of plots) plot.setData([cols[0], ...def.cols.map((c) => cols[c])]);
+    for (const { def, plot } of plots) {
+      plot.setData([cols[0], ...def.cols.map((c) => cols[c])]);
+      if (cols[0].length < 2) {
+        const [min, max] = xRange(null, cols[0][0], cols[0][0]);
+        plot.setScale("x", { min, max });
+      }
+    }
   }
 
   /** Redraw soon, throttled to CHART_REFRESH_MS. */

@@ -299,7 +299,8 @@ export function createHeatmap(root, model, opts = {}) {
         const nblocks = (alloc.blocks || []).reduce((a, r) => a + (r[1] || 0), 0);
         lines.push(`size ${formatBytes(alloc.requested_bytes)} of ${formatBytes(alloc.allocated_bytes)} · ${nblocks} blocks`);
         if (alloc.tier) lines.push(`tier ${escapeHtml(String(alloc.tier))}`);
-        const age = typeof alloc.age_s === "number" ? alloc.age_s : ageSeconds(alloc.created_at);
+        const seen = model.createdAt.get(owner);
+        const age = typeof alloc.age_s === "number" ? alloc.age_s : ageSeconds(alloc.created_at ?? seen);
         const idle = typeof alloc.idle_s === "number" ? ` · idle ${formatAge(alloc.idle_s)}` : "";
         lines.push(`age ${age == null ? "—" : formatAge(age)}${idle}`);
       }

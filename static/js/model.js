@@ -10,6 +10,8 @@ export const PINNED = 3;
 export const HISTORY_CAPACITY = 1200;
 /** Events kept for the log; older ones fall off (the server keeps its own ring). */
 export const EVENT_CAPACITY = 500;
+/** Creation times kept for tooltips; past this many live ids the oldest knowledge is dropped. */
+export const MAX_TRACKED_ALLOCATIONS = 200_000;
 /** Past this many separate dirty ranges, repainting their union is cheaper than tracking them. */
 export const MAX_DIRTY_RANGES = 256;
 
@@ -221,6 +223,8 @@ export class PoolModel {
     this.orderRank = new Map();
     this.orderLength = 0;
     this.orderVersion = 0;
+    /** @type {Map<number, number>} allocation id -> creation time (unix s), from allocate/put events */
+    this.createdAt = new Map();
     /** @type {Map<number, string>} allocation id -> cache key, learnt from put events and order */
     this.keyById = new Map();
     /** @type {WorkloadProgress|null} */
@@ -355,11 +359,22 @@ export class PoolModel {
           if (e.cause === "fragmentation") this.fragmentationOom = e;
           break;
         case "defragment":
+          this.fragmentationOom = null;
+          break;
         case "reset":
           this.fragmentationOom = null;
+          this.createdAt.clear();
           break;
         case "put":
           if (e.id != null && e.key != null) this.keyById.set(e.id, e.key);
+          if (e.id != null) this.trackCreated(e.id, e.ts);
+          break;
+        case "allocate":
+          if (e.id != null) this.trackCreated(e.id, e.ts);
+          break;
+        case "free":
+          this.createdAt.delete(/** @type {number} */ (e.id));
+          this.keyById.delete(/** @type {number} */ (e.id));
           break;
         default:
           break;
@@ -368,6 +383,12 @@ export class PoolModel {
     const fresh = events.slice().reverse();
     this.events = fresh.concat(this.events);
     if (this.events.length > EVENT_CAPACITY) this.events.length = EVENT_CAPACITY;
+  }
+
+  /** @param {number} id @param {number} ts */
+  trackCreated(id, ts) {
+    if (this.createdAt.size >= MAX_TRACKED_ALLOCATIONS) this.createdAt.clear();
+    this.createdAt.set(id, ts);
   }
 
   /** @param {OrderMessage} order */

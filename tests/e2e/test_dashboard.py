@@ -67,6 +67,7 @@ def test_allocations_from_the_ui_and_from_rest_both_appear(page, api, artifacts)
     page.mouse.move(box["x"] + 2, box["y"] + 2)
     page.wait_for_selector(".hm-tip:not([hidden])", timeout=3_000)
     page.wait_for_function("document.querySelector('.hm-tip').textContent.includes('of 40.0 KiB') || document.querySelector('.hm-tip').textContent.includes('12.0 KiB')", timeout=3_000)
+    page.wait_for_function("document.querySelector('#numbers').textContent.includes('13 / 512 blocks')", timeout=3_000)
     page.screenshot(path=str(artifacts / "e2e-alloc.png"))
     assert page.console_log.errors == []
 

@@ -163,3 +163,12 @@ test("hit rate is unknown before the first lookup", async () => {
   assert.equal(hitRateOf({ cache: { hits: 3, misses: 1, hit_rate: 0.75 } }), 0.75);
   assert.equal(hitRateOf({}), null);
 });
+
+test("creation times of allocations are learnt from events and forgotten on free", () => {
+  const m = new PoolModel();
+  m.applyEvents([{ seq: 1, ts: 100, type: "allocate", id: 5 }, { seq: 2, ts: 101, type: "put", id: 6, key: "k" }]);
+  assert.equal(m.createdAt.get(5), 100);
+  assert.equal(m.keyById.get(6), "k");
+  m.applyEvents([{ seq: 3, ts: 102, type: "free", id: 5 }]);
+  assert.equal(m.createdAt.has(5), false);
+});
