@@ -200,22 +200,20 @@ class ContiguousPool(Pool):
         _, start, units = self._allocs[aid]
         return range(start, start + units)
 
-    def _compact(self) -> tuple[list[int], list[int]]:
-        """Slide every extent, in address order, down to the lowest free address."""
-        src: list[int] = []
-        dst: list[int] = []
+    def _compact(self) -> tuple[list[tuple[int, int, int]], bool]:
+        """Slide every extent, in address order, down to the lowest free address. Applied in
+        that order the moves never overwrite a source not yet copied (each destination lies
+        below its source and above every earlier extent)."""
+        runs: list[tuple[int, int, int]] = []
         bm = self.blockmap
         order = sorted(self._allocs.items(), key=lambda kv: kv[1][1])
         states = {aid: bm.state[rec[1]] for aid, rec in order}
         cursor = 0
-        moved_allocs = 0
         for _aid, rec in order:
             start, units = rec[1], rec[2]
             if start != cursor:
-                src.extend(range(start, start + units))
-                dst.extend(range(cursor, cursor + units))
+                runs.append((start, cursor, units))
                 rec[1] = cursor
-                moved_allocs += 1
             cursor += units
         bm.clear()
         for aid, rec in order:
@@ -223,8 +221,8 @@ class ContiguousPool(Pool):
         self._reset_free_structure()
         if cursor:
             self._take_from(0, cursor)
-        self.counters["moves"] += moved_allocs
-        return src, dst
+        self.counters["moves"] += len(runs)
+        return runs, False
 
     def _free_lengths(self) -> np.ndarray:
         return np.fromiter(self._len_at.values(), dtype=np.int64, count=len(self._len_at))

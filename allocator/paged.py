@@ -9,7 +9,7 @@ import numpy as np
 
 from .blockmap import CHUNK_SHIFT, FREE, NO_OWNER, USED
 from .errors import NotFound
-from .pool import Pool
+from .pool import Pool, pair_runs
 
 
 class PagedPool(Pool):
@@ -135,31 +135,32 @@ class PagedPool(Pool):
     def _block_ids(self, aid: int):
         return self._allocs[aid][1]
 
-    def _compact(self) -> tuple[list[int], list[int]]:
-        """Renumber live blocks 0..used-1 in (first block, data) order; returns the moves."""
-        order = sorted(self._allocs.items(), key=lambda kv: kv[1][1][0] if len(kv[1][1]) else 0)
-        src: list[int] = []
-        dst: list[int] = []
-        bm = self.blockmap
-        states = {aid: bm.state[rec[1][0]] for aid, rec in order}
-        bm.clear()
-        cursor = 0
-        moved = 0
-        for aid, rec in order:
-            blocks = rec[1]
-            n = len(blocks)
-            before = len(src)
-            for i, b in enumerate(blocks):
-                if b != cursor + i:
-                    src.append(b)
-                    dst.append(cursor + i)
-            moved += len(src) > before
-            rec[1] = array("i", range(cursor, cursor + n))
-            bm.assign_range(cursor, n, aid, states[aid])
-            cursor += n
-        self._free = array("i", np.arange(self.num_blocks - 1, cursor - 1, -1, dtype=np.int32).tobytes())
-        self.counters["moves"] += moved
-        return src, dst
+    def _compact(self) -> tuple[list[tuple[int, int, int]], bool]:
+        """Two-finger compaction: the live blocks above the `used` line move into the free holes
+        below it, lowest hole first. Only blocks that must move do; each allocation keeps its
+        data order (its block ids are substituted in place). Sources (live) and destinations
+        (free) are disjoint, so the copies may run in any order, batched."""
+        used = self.used_blocks
+        owners = self.blockmap.owners_np()
+        states = self.blockmap.states_np()
+        src = np.flatnonzero(owners[used:] != NO_OWNER) + used
+        dst = np.flatnonzero(owners[:used] == NO_OWNER)
+        assert src.size == dst.size, "live blocks above the line must equal holes below it"
+        if src.size == 0:
+            return [], True
+        remap = np.arange(self.num_blocks, dtype=np.int32)
+        remap[src] = dst
+        touched = np.unique(owners[src]).tolist()
+        for aid in touched:
+            rec = self._allocs[aid]
+            rec[1] = array("i", remap[np.frombuffer(rec[1], dtype=np.int32)].tobytes())
+        owners[dst] = owners[src]
+        states[dst] = states[src]
+        owners[src] = NO_OWNER
+        states[src] = FREE
+        self._free = array("i", np.arange(self.num_blocks - 1, used - 1, -1, dtype=np.int32).tobytes())
+        self.counters["moves"] += len(touched)
+        return pair_runs(src, dst), True
 
     def _free_lengths(self) -> np.ndarray:
         return self.blockmap.free_runs()[1]

@@ -39,9 +39,21 @@ class DefragReport:
     seconds: float
     before: dict = field(default_factory=dict)
     after: dict = field(default_factory=dict)
+    copy_seconds: float = 0.0  # the tensor gather + scatter alone, without the bookkeeping
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def pair_runs(src: np.ndarray, dst: np.ndarray, rows: int = 1) -> list[tuple[int, int, int]]:
+    """Merge block moves src[i] -> dst[i] (each `rows` storage rows) into (src, dst, count) runs."""
+    if src.size == 0:
+        return []
+    brk = np.flatnonzero((np.diff(src) != 1) | (np.diff(dst) != 1)) + 1
+    starts = np.concatenate(([0], brk))
+    counts = np.diff(np.concatenate((starts, [src.size])))
+    return [(int(src[i]) * rows, int(dst[i]) * rows, int(c) * rows)
+            for i, c in zip(starts.tolist(), counts.tolist())]
 
 
 def runs_of(block_ids) -> list[list[int]]:
@@ -59,7 +71,9 @@ class Pool:
     """Base of the strategies: one tensor (`storage`), its `blockmap`, `events` and counters.
 
     Subclasses keep their own free structure and per-allocation records and implement
-    `_allocate`, `_extend`, `_release`, `_block_ids`, `_compact`, `_free_lengths` and
+    `_allocate`, `_extend`, `_release`, `_block_ids`, `_compact` (returns the data moves as
+    (src, dst, count) runs in an order safe to apply one after another, and whether sources and
+    destinations are disjoint), `_free_lengths` and
     `_free_problems`. Allocation ids are positive ints, never reused within a pool's life.
 
     Invariants (see `check`): the blocks of live allocations and the free structure partition
@@ -212,16 +226,18 @@ class Pool:
         """Compact live blocks to the low end with batched tensor copies, keeping every byte."""
         t0 = time.perf_counter()
         before = self._frag_summary()
-        src, dst = self._compact()
-        self.storage.move(src, dst)
+        runs, disjoint = self._compact()
+        t_copy = time.perf_counter()
+        self.storage.move_runs(runs, disjoint)
         self.storage.synchronize()
+        copy_seconds = time.perf_counter() - t_copy
         seconds = time.perf_counter() - t0
         after = self._frag_summary()
         self.blockmap.touch_all()
-        moved = len(src)
+        moved = sum(r[2] for r in runs)
         self.counters["defragmentations"] += 1
         self.counters["moved_blocks"] += moved
-        report = DefragReport(moved, moved * self.block_bytes, seconds, before, after)
+        report = DefragReport(moved, moved * self.block_bytes, seconds, before, after, copy_seconds)
         self.events.record("defragment", moved, moved * self.block_bytes, seconds, before, after)
         return report
 

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .blockmap import NO_OWNER
 from .errors import InvalidRequest
-from .pool import Pool
+from .pool import Pool, pair_runs
 
 # Block size of each tier in units (the pool's block_bytes) and its share of the units. The
 # article used 64 MiB / 256 MiB / 1 GiB blocks: ratios 1 : 4 : 16.
@@ -176,35 +177,39 @@ class TieredPool(Pool):
     def _tier_name(self, aid: int) -> str | None:
         return self.tiers[self._allocs[aid][1]].name
 
-    def _compact(self) -> tuple[list[int], list[int]]:
-        """Within each tier, renumber live blocks 0..k-1; returns the unit moves."""
-        src: list[int] = []
-        dst: list[int] = []
-        bm = self.blockmap
-        states = {aid: bm.state[self._block_ids(aid)[0]] for aid in self._allocs}
+    def _compact(self) -> tuple[list[tuple[int, int, int]], bool]:
+        """Within each tier, two-finger compaction: live blocks above the tier's `used` line move
+        into its free holes below it. Sources and destinations are disjoint."""
+        runs: list[tuple[int, int, int]] = []
+        owners = self.blockmap.owners_np()
+        states = self.blockmap.states_np()
         moved = 0
-        for i, tier in enumerate(self.tiers):
-            cursor = 0
-            live = sorted((aid for aid, r in self._allocs.items() if r[1] == i),
-                          key=lambda a: self._allocs[a][2][0])
-            for aid in live:
+        for tier in self.tiers:
+            u, base = tier.units, tier.start
+            first_units = owners[base : base + tier.count * u : u]  # owner of each tier block
+            used = tier.count - len(tier.free)
+            src = np.flatnonzero(first_units[used:] != NO_OWNER) + used
+            dst = np.flatnonzero(first_units[:used] == NO_OWNER)
+            assert src.size == dst.size, f"tier {tier.name}: live blocks above the line != holes"
+            if src.size == 0:
+                continue
+            remap = np.arange(tier.count, dtype=np.int32)
+            remap[src] = dst
+            touched = np.unique(first_units[src]).tolist()
+            for aid in touched:
                 rec = self._allocs[aid]
-                old = rec[2]
-                new = array("i", range(cursor, cursor + len(old)))
-                if old != new:
-                    for a, b in zip(tier.unit_rows(old), tier.unit_rows(new)):
-                        if a != b:  # a block already in place is not copied onto itself
-                            src.append(a)
-                            dst.append(b)
-                    moved += 1
-                rec[2] = new
-                cursor += len(old)
-            tier.free = array("i", np.arange(tier.count - 1, cursor - 1, -1, dtype=np.int32).tobytes())
-        bm.clear()
-        for aid in self._allocs:
-            bm.assign(self._block_ids(aid), aid, states[aid])
+                rec[2] = array("i", remap[np.frombuffer(rec[2], dtype=np.int32)].tobytes())
+            src_rows = (base + src[:, None] * u + np.arange(u)[None, :]).ravel()
+            dst_rows = (base + dst[:, None] * u + np.arange(u)[None, :]).ravel()
+            owners[dst_rows] = owners[src_rows]
+            states[dst_rows] = states[src_rows]
+            owners[src_rows] = NO_OWNER
+            states[src_rows] = 0
+            tier.free = array("i", np.arange(tier.count - 1, used - 1, -1, dtype=np.int32).tobytes())
+            runs += pair_runs(src_rows, dst_rows)
+            moved += len(touched)
         self.counters["moves"] += moved
-        return src, dst
+        return runs, True
 
     def _free_lengths(self) -> np.ndarray:
         return self.blockmap.free_runs()[1]

@@ -202,8 +202,15 @@ def metadata() -> dict:
 
 
 def defrag_bandwidth() -> dict:
-    blocks, bb = 2048, 4096  # 8 MiB
-    best, ref = 0.0, 0.0
+    """Compaction of a pool with every other block live, KV-sized blocks (64 KiB, 128 MiB pool).
+
+    Reported twice: the copy alone (slice copies of the moved runs, or batched gather/scatter
+    for small runs) and the whole defragment() call with its bookkeeping, both against one
+    contiguous tensor copy_ of the same bytes into touched memory (a memcpy: the ceiling),
+    measured in the same run; best of 5 each.
+    """
+    blocks, bb = 2048, 64 * 1024
+    copy_bw = total_bw = ref = 0.0
     for _ in range(5):
         pool = create_pool("paged", num_blocks=blocks, block_bytes=bb, device="cpu")
         pool.storage.data.fill_(1)
@@ -211,14 +218,19 @@ def defrag_bandwidth() -> dict:
         for aid in ids[::2]:
             pool.free(aid)  # ~50% live, every other block
         report = pool.defragment()
-        best = max(best, report.moved_bytes / report.seconds / 1e9)
-        src = pool.storage.data[: report.moved_blocks]
+        copy_bw = max(copy_bw, report.moved_bytes / report.copy_seconds / 1e9)
+        total_bw = max(total_bw, report.moved_bytes / report.seconds / 1e9)
+        src = pool.storage.data[blocks - report.moved_blocks:]
+        out = torch.empty_like(src)
+        out.fill_(0)  # touch the pages first: the reference is the copy alone, like ours
         t0 = time.perf_counter()
-        src.clone()
+        out.copy_(src)
         ref = max(ref, report.moved_bytes / (time.perf_counter() - t0) / 1e9)
-    print(f"defragment copy: {best:.2f} GB/s ({report.moved_bytes / 2**20:.1f} MiB moved); "
-          f"tensor.clone() of the same bytes {ref:.2f} GB/s; ratio {best / ref:.2f}")
-    return {"defrag_gbps": best, "clone_gbps": ref, "ratio": best / ref}
+    print(f"defragment: {report.moved_bytes / 2**20:.0f} MiB moved in {report.moved_blocks} blocks of "
+          f"{bb // 1024} KiB; copy {copy_bw:.2f} GB/s, whole call {total_bw:.2f} GB/s; "
+          f"contiguous copy_ of the same bytes {ref:.2f} GB/s; ratio copy/memcpy {copy_bw / ref:.2f}")
+    return {"defrag_copy_gbps": copy_bw, "defrag_call_gbps": total_bw, "clone_gbps": ref,
+            "ratio": copy_bw / ref}
 
 
 def run() -> dict:
