@@ -28,8 +28,14 @@ class EventLog:
     """Bounded ring of typed events with a monotonically increasing `seq`.
 
     Invariant: `seq` of the newest event == `last_seq`; events older than the ring's capacity are
-    dropped (readers see a gap in seq, never a reordering). Events are stored as tuples, turned
-    into dicts only when read, since recording sits on every allocator hot path.
+    dropped (readers see a gap in seq, never a reordering). Events are stored as flat tuples
+    `(seq, ts, type, *values)`, turned into dicts only when read, since recording sits on every
+    allocator hot path.
+
+    NOTE: flat, not `(seq, ts, type, values)`: a tuple of atomic values is untracked by the
+    cyclic GC at its first young-generation pass, while a nested one survives into older
+    generations and, 10,000 events at a time, triggers full collections that scan every
+    object in the process (torch's included), which once cost more than the allocator itself.
     """
 
     __slots__ = ("_ring", "_append", "last_seq")
@@ -42,7 +48,7 @@ class EventLog:
     def record(self, kind: str, *values: object) -> int:
         """Append one event; `values` follow EVENT_FIELDS[kind]. Returns its seq."""
         self.last_seq = seq = self.last_seq + 1
-        self._append((seq, _now(), kind, values))
+        self._append((seq, _now(), kind, *values))
         return seq
 
     def after(self, seq: int = 0, limit: int = 1000, kinds: set[str] | None = None) -> list[dict]:
@@ -53,11 +59,12 @@ class EventLog:
             return out
         start = max(0, len(ring) - (ring[-1][0] - seq))
         for i in range(start, len(ring)):
-            s, ts, kind, values = ring[i]
+            row = ring[i]
+            kind = row[2]
             if kinds is not None and kind not in kinds:
                 continue
-            event = {"seq": s, "ts": ts, "type": kind}
-            event.update(zip(EVENT_FIELDS[kind], values))
+            event = {"seq": row[0], "ts": row[1], "type": kind}
+            event.update(zip(EVENT_FIELDS[kind], row[3:]))
             out.append(event)
             if len(out) >= limit:
                 break

@@ -165,6 +165,36 @@ class Pool:
         self._record(aid)
         self._release(aid)
 
+    def allocate_many(self, sizes: list[int], state: int = USED) -> list[int]:
+        """Allocate each of `sizes` (bytes), all or nothing; returns the ids in order.
+
+        The batched form of `allocate` for schedulers that place a whole step's requests at
+        once. Raises InvalidRequest or OutOfMemory; on either, nothing was allocated.
+        """
+        ids: list[int] = []
+        try:
+            for nbytes in sizes:
+                ids.append(self.allocate(nbytes, state))
+        except Exception:
+            for aid in reversed(ids):
+                self.free(aid)
+            raise
+        return ids
+
+    def free_many(self, ids: list[int]) -> None:
+        """Free every id in `ids`, all or nothing. Raises NotFound (unknown or repeated id)."""
+        self._check_ids(ids)
+        for aid in ids:
+            self.free(aid)
+
+    def _check_ids(self, ids: list[int]) -> None:
+        seen: set[int] = set()
+        for aid in ids:
+            if aid in seen:
+                raise NotFound("allocation", aid)  # the second free of a double free
+            self._record(aid)
+            seen.add(aid)
+
     def allocation(self, aid: int) -> Allocation:
         rec = self._record(aid)
         blocks = self._block_ids(aid)

@@ -28,7 +28,8 @@ from bench import seed_baseline as seed
 BLOCK = 256
 POOL_BLOCKS = 65_536
 PHASE_S = 1.0
-TARGETS = {"single": 1.2e6, "batch16": 5e6, "churn": None, "cache_evict": 1e6}
+TARGETS = {"single": 1.2e6, "single_many": 1.2e6, "batch16": 5e6, "churn": None, "cache_evict": 1e6,
+           "cache_evict16": 1e6}
 
 
 def timed(step, blocks_per_step: float, budget_s: float = PHASE_S) -> float:
@@ -68,6 +69,26 @@ def seed_single():
 
     def step():
         a.free(a.allocate(BLOCK))
+    return step
+
+
+def kv_single_many():
+    """Single-block requests placed 64 per call, as a scheduler places one step's requests."""
+    pool = create_pool("paged", num_blocks=POOL_BLOCKS, block_bytes=BLOCK, device="cpu")
+    alloc_many, free_many = pool.allocate_many, pool.free_many
+    sizes = [BLOCK] * 64
+
+    def step():
+        free_many(alloc_many(sizes))
+    return step
+
+
+def seed_single_64():
+    a = seed_allocator(POOL_BLOCKS)
+
+    def step():
+        for blocks in [a.allocate(BLOCK) for _ in range(64)]:
+            a.free(blocks)
     return step
 
 
@@ -123,32 +144,44 @@ def seed_churn():
     return churn(a.allocate, a.free, 16 * BLOCK)  # k blocks of its large pool
 
 
-def kv_cache():
+def kv_cache(entry_blocks: int = 1):
     pool = create_pool("paged", num_blocks=POOL_BLOCKS, block_bytes=BLOCK, device="cpu")
     cache = KVCache(pool, 4096 * BLOCK, "lru")
     keys = [f"k{i}" for i in range(1_000_000)]
     state = {"i": 0}
     put = cache.put
-    for i in range(4096):
-        put(f"warm{i}", BLOCK)
+    size = entry_blocks * BLOCK
+    for i in range(4096 // entry_blocks):
+        put(f"warm{i}", size)
 
     def step():
         i = state["i"] = state["i"] + 1
-        put(keys[i % 1_000_000], BLOCK)
+        put(keys[i % 1_000_000], size)
     return step
 
 
-def seed_cache():
+def seed_cache(entry_blocks: int = 1):
+    # Entries of k blocks use the seed's tier that holds them in one block (small for 1 block,
+    # large for 16), as its allocator would.
     lru = seed.KVCacheLRU(seed_allocator(8192), 4096 * BLOCK)
     keys = [f"k{i}" for i in range(1_000_000)]
     state = {"i": 0}
-    for i in range(4096):
-        lru.put(f"warm{i}", BLOCK)
+    size = entry_blocks * BLOCK
+    for i in range(4096 // entry_blocks):
+        lru.put(f"warm{i}", size)
 
     def step():
         i = state["i"] = state["i"] + 1
-        lru.put(keys[i % 1_000_000], BLOCK)
+        lru.put(keys[i % 1_000_000], size)
     return step
+
+
+def kv_cache16():
+    return kv_cache(16)
+
+
+def seed_cache16():
+    return seed_cache(16)
 
 
 def throughput() -> dict:
@@ -156,9 +189,11 @@ def throughput() -> dict:
     churn_blocks = mean_churn_blocks()
     cases = [
         ("single", "single-block allocate+free", kv_single, seed_single, 1),
+        ("single_many", "  the same, 64 per allocate_many", kv_single_many, seed_single_64, 64),
         ("batch16", "16-block allocate+free", kv_batch16, seed_batch16, 16),
         ("churn", "churn of 1-32-block requests", kv_churn, seed_churn, churn_blocks),
         ("cache_evict", "cache put evicting on every put", kv_cache, seed_cache, 1),
+        ("cache_evict16", "  the same, 16-block entries", kv_cache16, seed_cache16, 16),
     ]
     for name, label, kv, base, blocks in cases:
         ours = timed(kv(), blocks)
