@@ -31,6 +31,7 @@ class Entry:
     created_at: float = 0.0
     last_access: float = 0.0
     hits: int = 0
+    data_bytes: int = 0  # length of the payload last written; reads return exactly that
 
     def to_dict(self, now: float, pool: Pool | None = None) -> dict:
         out = {
@@ -45,6 +46,7 @@ class Entry:
             "age_s": now - self.created_at,
             "idle_s": now - self.last_access,
             "hits": self.hits,
+            "data_bytes": self.data_bytes,
         }
         if pool is not None:
             out["blocks"] = runs_of(pool._block_ids(self.id))
@@ -301,14 +303,18 @@ class KVCache:
         return self._key_of.get(aid)
 
     def write(self, key: str, payload: bytes) -> None:
+        """Store `payload` in the entry's device blocks. Raises NotFound, InvalidRequest."""
         entry = self.peek(key)
         if len(payload) > entry.nbytes:
             raise InvalidRequest(f"{len(payload)} bytes do not fit in entry {key!r} of {entry.nbytes} bytes")
         self.pool.write(entry.id, payload)
+        entry.data_bytes = len(payload)
 
     def read(self, key: str) -> bytes:
+        """Exactly the bytes last written (empty if none): never the stale memory of the
+        blocks' previous owners. Raises NotFound."""
         entry = self.peek(key)
-        return self.pool.read(entry.id, entry.nbytes)
+        return self.pool.read(entry.id, entry.data_bytes) if entry.data_bytes else b""
 
     def clear(self) -> int:
         keys = list(self._entries)
@@ -523,6 +529,7 @@ class KVCache:
             self.pinned_bytes += held - entry.allocated_bytes
         entry.allocated_bytes = held
         entry.nbytes = nbytes
+        entry.data_bytes = min(entry.data_bytes, nbytes)
         self._shed_excess(entry.key, evicted)
 
     def _evict(self, key: str, reason: str) -> None:
