@@ -4,7 +4,8 @@ Every `interval_s` (50 ms) a pool's task asks `blockmap.changes_since(v)` and th
 what is new, encodes ONE delta frame and one `events` message, and fans them out to every
 client's bounded queue. A client whose queue is full has its backlog dropped and is sent a fresh
 snapshot instead, so a slow client never makes the server buffer without bound. `stats` go out
-about 4 times a second when something changed, `order` (cache pools) about once a second.
+about 4 times a second when something changed and once a second when nothing did (the page's
+charts are time series), `order` (cache pools) about once a second.
 
 Binary layout (docs/STREAM.md, protocol 1; reader: static/js/frames.js `decodeFrame`), all
 little-endian:
@@ -50,6 +51,7 @@ PAD = (b"", b"\0\0\0", b"\0\0", b"\0")
 
 QUEUE_LIMIT = 64  # messages a client may have queued before it is resynced with a snapshot
 STATS_EVERY_S = 0.25
+STATS_IDLE_S = 1.0  # unchanged stats still go out this often, so the page's charts keep time
 ORDER_EVERY_S = 1.0
 ORDER_LIMIT = 5_000
 EVENTS_PER_TICK = 1_000
@@ -202,7 +204,7 @@ class PoolStream:
             self.send_json(msg)
         if now - self._stats_at >= STATS_EVERY_S:
             mark = (self.deltas, events.last_seq)
-            if mark != self._stats_mark:
+            if mark != self._stats_mark or now - self._stats_at >= STATS_IDLE_S:
                 self._stats_mark, self._stats_at = mark, now
                 self.send_json({"type": "stats", "stats": pool.stats()})
         cache = pool.cache
