@@ -71,3 +71,25 @@ def test_slow_client_gets_a_snapshot_instead_of_a_backlog():
         assert owners == list(pool.blockmap.owner)
 
     asyncio.run(go())
+
+
+def test_stats_go_out_when_something_changed_and_once_a_second_when_idle():
+    async def go():
+        stream = make_stream()
+        client = stream.join()
+        drain(client)
+
+        def stats_sent(now: float) -> bool:
+            stream.tick(now)
+            return any(isinstance(m, str) and '"type":"stats"' in m for m in drain(client))
+
+        stream.handle.pool.allocate(64)
+        assert stats_sent(10.0)          # a change: stats at once
+        assert not stats_sent(10.1)      # nothing changed, too soon
+        assert not stats_sent(10.9)
+        assert stats_sent(11.05)         # idle heartbeat after a second
+        stream.handle.pool.allocate(64)
+        assert not stats_sent(11.1)      # changes still wait for the 0.25 s spacing
+        assert stats_sent(11.35)
+
+    asyncio.run(go())
