@@ -181,7 +181,7 @@ class KVCache:
         evicted: list[str] = []
         self._make_room(need, exclude=None, evicted=evicted)
         aid = self._allocate(nbytes, PINNED if pinned else CACHED, None, evicted)
-        held = self.pool.held_bytes(aid)
+        held = need if self.pool.exact_footprint else self.pool.held_bytes(aid)
         entry = Entry(key, aid, nbytes, held, priority, pinned, ttl_s,
                       None if ttl_s is None else now + ttl_s, now, now)
         self._entries[key] = entry

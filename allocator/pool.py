@@ -82,6 +82,9 @@ class Pool:
     """
 
     strategy = "base"
+    # Whether `footprint(n)` is always what an allocation of n bytes ends up holding (tiered
+    # pools may fall back to a larger tier, so theirs is only a first estimate).
+    exact_footprint = True
 
     def __init__(
         self,
