@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response, status
+from fastapi import APIRouter, Depends, Query, Request, Response, status
 
 from allocator.errors import NotFound
 
+from ..auth import check_token
 from ..deps import CacheDep, EntryKey, PoolDep, valid_key
 from ..schemas import EntryList, EntryOut, EntryPut, PutOut
 
@@ -37,7 +38,8 @@ async def put_entry(key: EntryKey, body: EntryPut, cache: CacheDep, response: Re
     return {"entry": result.entry.to_dict(cache.clock(), cache.pool), "evicted": result.evicted}
 
 
-@router.get("/{key}", response_model=EntryOut, description="A hit touches the entry; a miss is 404.")
+@router.get("/{key}", response_model=EntryOut, dependencies=[Depends(check_token)],
+            description="A hit touches the entry; a miss is 404. Needs the token when one is set.")
 async def get_entry(key: EntryKey, cache: CacheDep) -> dict:
     entry = cache.get(valid_key(key))
     if entry is None:

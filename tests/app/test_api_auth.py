@@ -1,4 +1,5 @@
-"""Auth: with a token set, mutations need it (401 missing, 403 wrong); reads stay open."""
+"""Auth: with a token set, mutations need it (401 missing, 403 wrong); reads stay open, except
+the entry GET, which touches the entry."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ MUTATIONS = [
     ("PUT", "/api/pools/default/cache/policy", {"policy": "lfu"}),
     ("POST", "/api/pools/default/workload", {"kind": "scenario", "name": "burst"}),
     ("DELETE", "/api/pools/default/workload", None),
+    ("GET", "/api/pools/default/entries/a", None),
+    ("POST", "/api/pools/default/ops", {"ops": [{"op": "get", "key": "a"}]}),
 ]
 
 
@@ -33,6 +36,23 @@ def test_mutations_need_the_token(authed, method, path, body):
     assert state_of(authed) == before
 
 
+def test_entry_get_needs_the_token_and_touches_nothing_without_it(authed):
+    h = {"Authorization": "Bearer s3cret"}
+    authed.put("/api/pools/default/entries/a", json={"bytes": 1}, headers=h)
+    before = authed.get("/api/pools/default/stats").json()["cache"]
+    assert_error(authed.get("/api/pools/default/entries/a"), 401, "unauthorized")
+    assert_error(authed.get("/api/pools/default/entries/zz"), 401, "unauthorized")
+    assert authed.get("/api/pools/default/stats").json()["cache"] == before
+    assert authed.get("/api/pools/default/entries/a", headers=h).json()["hits"] == 1
+
+
+@pytest.mark.parametrize("authorization", ["Bearer", "Bearer ", "Bearer    "])
+def test_empty_bearer_value_is_401_missing_not_403(authed, authorization):
+    r = authed.post("/api/pools/default/reset", headers={"Authorization": authorization})
+    assert_error(r, 401, "unauthorized")
+    assert r.headers["www-authenticate"] == "Bearer"
+
+
 def test_right_token_passes(authed):
     h = {"Authorization": "Bearer s3cret"}
     assert authed.post("/api/pools/default/allocations", json={"bytes": 1}, headers=h).status_code == 201
@@ -40,7 +60,8 @@ def test_right_token_passes(authed):
 
 
 @pytest.mark.parametrize("path", ["/api/pools", "/api/pools/default", "/api/pools/default/stats",
-                                  "/api/pools/default/blockmap", "/metrics", "/healthz", "/openapi.json"])
+                                  "/api/pools/default/blockmap", "/api/pools/default/entries",
+                                  "/api/pools/default/events", "/metrics", "/healthz", "/openapi.json"])
 def test_reads_stay_open(authed, path):
     assert authed.get(path).status_code == 200
 
