@@ -120,17 +120,22 @@ class KVCache:
 
     @policy.setter
     def policy(self, name: str) -> None:
-        """Switch policy at runtime; entries are re-inserted oldest access first."""
+        """Switch policy at runtime. Entries are re-filed in the order the new policy would have
+        seen them: insertion order for fifo and s3fifo, last access for lru, and for lfu their
+        hit counts (ties by last access)."""
         self._check_policy(name)
         self._policy = name
         self._by_priority = {}
-        for e in sorted(self._entries.values(), key=lambda e: e.last_access):
-            if not e.pinned:
-                self._struct(e.priority).insert(e.key)
-                if name == "lfu" and e.hits:
-                    s = self._by_priority[e.priority]
-                    s.remove(e.key)
-                    s.insert(e.key, freq=e.hits + 1)
+        by_insertion = name in ("fifo", "s3fifo")
+        for e in sorted(self._entries.values(),
+                        key=(lambda e: e.created_at) if by_insertion else (lambda e: e.last_access)):
+            if e.pinned:
+                continue
+            s = self._struct(e.priority)
+            if name == "lfu":
+                s.insert(e.key, freq=e.hits + 1)
+            else:
+                s.insert(e.key)
         self.pool.events.record("policy", name)
 
     def _struct(self, priority: int):
@@ -179,7 +184,7 @@ class KVCache:
         if entry is not None:
             return self._refresh(entry, nbytes, priority, ttl_s, pinned, now)
         evicted: list[str] = []
-        self._make_room(need, exclude=None, evicted=evicted)
+        self._make_room(need, None, evicted, self.pool.victim_filter(nbytes))
         aid = self._allocate(nbytes, PINNED if pinned else CACHED, None, evicted)
         held = need if self.pool.exact_footprint else self.pool.held_bytes(aid)
         entry = Entry(key, aid, nbytes, held, priority, pinned, ttl_s,
@@ -399,7 +404,14 @@ class KVCache:
         ):
             raise InvalidRequest(f"ttl_s must be a positive finite number of seconds, got {ttl_s!r}")
 
-    def _next_victim(self, exclude: str | None) -> str | None:
+    def _next_victim(self, exclude: str | None, helps=None) -> str | None:
+        """The next key to evict (never `exclude`, never pinned). With `helps`, a predicate on
+        allocation ids, the first such key in eviction order whose memory `helps` accepts."""
+        if helps is not None:
+            for e in self.entries():
+                if not e.pinned and e.key != exclude and helps(e.id):
+                    return e.key
+            return None
         heap = self._ttl_heap
         now = self.clock() if heap else 0.0
         skipped: list[tuple[float, str, int]] = []
@@ -438,9 +450,11 @@ class KVCache:
             spare -= self._entries[exclude].allocated_bytes
         return spare
 
-    def _make_room(self, need: int, exclude: str | None, evicted: list[str]) -> None:
+    def _make_room(self, need: int, exclude: str | None, evicted: list[str], helps=None) -> None:
         """Evict (reason capacity, or ttl for expired entries) until `need` more bytes fit
-        under the capacity; refuse up front when even evicting every candidate would not do."""
+        under the capacity; refuse up front when even evicting every candidate would not do.
+        With `helps` (see `Pool.victim_filter`), victims whose memory the request can also use
+        go first, so one eviction frees both budget and placement."""
         pool = self.pool
         over = self.used_bytes + need - self.capacity_bytes
         short = need - (pool.num_blocks - pool.used_blocks) * pool.block_bytes
@@ -451,7 +465,7 @@ class KVCache:
             raise self._refuse(need, "capacity")
         entries = self._entries
         while self.used_bytes + need > self.capacity_bytes:
-            key = self._next_victim(exclude)
+            key = (helps is not None and self._next_victim(exclude, helps)) or self._next_victim(exclude)
             expires_at = entries[key].expires_at
             expired = expires_at is not None and expires_at <= self.clock()
             self._evict(key, "ttl" if expired else "capacity")
@@ -463,12 +477,14 @@ class KVCache:
         return pool._oom(need, free, pool.largest_free_bytes(), cause)
 
     def _allocate(self, nbytes: int, state: int, exclude: str | None, evicted: list[str]) -> int:
-        """Allocate, evicting (reason oom) while the pool says out of memory."""
+        """Allocate, evicting (reason oom) while the pool says out of memory, but only entries
+        whose memory could serve this request (on a tiered pool, those in a usable tier)."""
+        helps = self.pool.victim_filter(nbytes)
         while True:
             try:
                 return self.pool.allocate(nbytes, state)
             except OutOfMemory:
-                key = self._next_victim(exclude)
+                key = self._next_victim(exclude, helps)
                 if key is None:
                     raise
                 self._evict(key, "oom")
@@ -497,32 +513,25 @@ class KVCache:
         return PutResult(entry, False, evicted)
 
     def _resize(self, entry: Entry, nbytes: int, evicted: list[str]) -> None:
-        """Grow in place with the pool's `extend`; shrink by reallocating. Data prefix kept."""
+        """Grow in place with the pool's `extend` (evicting only entries whose memory the growth
+        can use); shrink with `truncate`, which never needs memory. Data prefix kept."""
         need = self.pool.footprint(nbytes)
-        if need > entry.allocated_bytes:
-            self._make_room(need - entry.allocated_bytes, entry.key, evicted)
         if nbytes > entry.nbytes:
+            helps = self.pool.victim_filter(nbytes - entry.nbytes, grow=entry.id)
+            if need > entry.allocated_bytes:
+                self._make_room(need - entry.allocated_bytes, entry.key, evicted, helps)
             while True:
                 try:
                     self.pool.extend(entry.id, nbytes - entry.nbytes)
                     break
                 except OutOfMemory:
-                    victim = self._next_victim(entry.key)
+                    victim = self._next_victim(entry.key, helps)
                     if victim is None:
                         raise
                     self._evict(victim, "oom")
                     evicted.append(victim)
         else:
-            state = PINNED if entry.pinned else CACHED
-            data = self.pool.read(entry.id, nbytes)
-            new_id = self._allocate(nbytes, state, entry.key, evicted)
-            self.pool.write(new_id, data)
-            self.pool.free(entry.id)
-            del self._key_of[entry.id]
-            self._key_of[new_id] = entry.key
-            entry.id = new_id
-            if entry.expires_at is not None:
-                heapq.heappush(self._ttl_heap, (entry.expires_at, entry.key, new_id))
+            self.pool.truncate(entry.id, nbytes)
         held = self.pool.held_bytes(entry.id)
         self.used_bytes += held - entry.allocated_bytes
         if entry.pinned:

@@ -188,6 +188,23 @@ class ContiguousPool(Pool):
         if ext + length > start + units:
             self._add_free(start + units, ext + length - start - units)
 
+    def _cursor(self) -> int:
+        return self._rover
+
+    def _restore_cursor(self, cursor: int) -> None:
+        self._rover = cursor
+
+    def _truncate(self, aid: int, nbytes: int) -> None:
+        rec = self._allocs[aid]
+        requested, start, units = rec
+        keep = -(-nbytes // self.block_bytes)
+        if keep < units:
+            self._add_free(start + keep, units - keep)
+            self.blockmap.assign_range(start + keep, units - keep, -1, 0)
+            rec[2] = keep
+        rec[0] = nbytes
+        self.requested_total += nbytes - requested
+
     def _release(self, aid: int) -> None:
         requested, start, units = self._allocs.pop(aid)
         self._add_free(start, units)

@@ -11,6 +11,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "allocate": ("id", "requested_bytes", "allocated_bytes", "blocks"),
     "extend": ("id", "requested_bytes", "allocated_bytes", "moved"),
     "free": ("id", "blocks"),
+    "truncate": ("id", "requested_bytes", "allocated_bytes"),
     "oom": ("requested_bytes", "free_bytes", "largest_free_bytes", "cause"),
     "defragment": ("moved_blocks", "moved_bytes", "seconds", "before", "after"),
     "reset": ("freed",),
@@ -50,6 +51,13 @@ class EventLog:
         self.last_seq = seq = self.last_seq + 1
         self._append((seq, _now(), kind, *values))
         return seq
+
+    def truncate(self, seq: int) -> None:
+        """Forget events after `seq` (a rolled-back batch that no reader has seen yet)."""
+        ring = self._ring
+        while ring and ring[-1][0] > seq:
+            ring.pop()
+        self.last_seq = seq
 
     def after(self, seq: int = 0, limit: int = 1000, kinds: set[str] | None = None) -> list[dict]:
         """Events with seq > `seq`, oldest first, at most `limit`."""

@@ -208,6 +208,18 @@ class PagedPool(Pool):
 
     _release = free
 
+    def _truncate(self, aid: int, nbytes: int) -> None:
+        requested, blocks = self._allocs[aid]
+        keep = -(-nbytes // self.block_bytes)
+        tail = blocks[keep:]
+        if tail:
+            del blocks[keep:]
+            self.blockmap.assign(tail, NO_OWNER, FREE)
+            tail.reverse()
+            self._free.extend(tail)
+        self._allocs[aid] = (nbytes, blocks)
+        self.requested_total += nbytes - requested
+
     def _block_ids(self, aid: int):
         return self._allocs[aid][1]
 

@@ -119,6 +119,7 @@ class Pool:
         self.requested_total = 0
         self.counters = {
             "extends": 0,
+            "truncates": 0,
             "moves": 0,
             "moved_blocks": 0,
             "defragmentations": 0,
@@ -168,21 +169,59 @@ class Pool:
         self._record(aid)
         self._release(aid)
 
+    def truncate(self, aid: int, nbytes: int) -> None:
+        """Shrink allocation `aid` to `nbytes` (at most its current size), returning the blocks
+        past the new end; the data before it stays in place. Never needs memory.
+
+        Raises NotFound, InvalidRequest (not a positive int, or larger than the allocation).
+        """
+        if nbytes.__class__ is not int or nbytes <= 0:
+            self._bad_size(nbytes)
+        rec = self._record(aid)
+        if nbytes > rec[0]:
+            raise InvalidRequest(
+                f"truncate to {nbytes} bytes would grow allocation {aid} of {rec[0]} bytes; use extend"
+            )
+        self._truncate(aid, nbytes)
+        self.counters["truncates"] += 1
+        self.events.record("truncate", aid, nbytes, self.held_bytes(aid))
+
+    def victim_filter(self, nbytes: int, grow: int | None = None):
+        """Which allocations, freed, could let a request of `nbytes` (or the growth of `grow` by
+        that much) succeed: a predicate on ids, or None when any freed memory may help."""
+        return None
+
     def allocate_many(self, sizes: list[int], state: int = USED) -> list[int]:
         """Allocate each of `sizes` (bytes), all or nothing; returns the ids in order.
 
         The batched form of `allocate` for schedulers that place a whole step's requests at
-        once. Raises InvalidRequest or OutOfMemory; on either, nothing was allocated.
+        once. Raises InvalidRequest or OutOfMemory; on either, nothing was allocated and only
+        the OOM itself is counted and logged.
         """
+        for nbytes in sizes:
+            if nbytes.__class__ is not int or nbytes <= 0:
+                self._bad_size(nbytes)
+        mark = (self._last_id, self._frees, self.events.last_seq, self._cursor())
         ids: list[int] = []
         try:
             for nbytes in sizes:
                 ids.append(self.allocate(nbytes, state))
-        except Exception:
-            for aid in reversed(ids):
-                self.free(aid)
+        except OutOfMemory as exc:
+            for aid in reversed(ids):  # LIFO: every free structure returns to where it was
+                self._release(aid)
+            self._last_id, self._frees, seq, cursor = mark
+            self.events.truncate(seq)
+            self._restore_cursor(cursor)
+            self.events.record("oom", exc.requested, exc.free, exc.largest_free, exc.cause)
             raise
         return ids
+
+    def _cursor(self):
+        """Placement state beyond the free structure (next fit's rover), for rollbacks."""
+        return None
+
+    def _restore_cursor(self, cursor) -> None:
+        pass
 
     def free_many(self, ids: list[int]) -> None:
         """Free every id in `ids`, all or nothing. Raises NotFound (unknown or repeated id)."""

@@ -159,6 +159,33 @@ class TieredPool(Pool):
         self.events.record("extend", aid, rec[0], len(blocks) * tier.units * self.block_bytes, False)
         return False
 
+    def _truncate(self, aid: int, nbytes: int) -> None:
+        rec = self._allocs[aid]
+        requested, i, blocks = rec
+        tier = self.tiers[i]
+        keep = self._blocks_needed(tier, nbytes)
+        tail = blocks[keep:]
+        if tail:
+            del blocks[keep:]
+            self.blockmap.assign(tier.unit_rows(tail), -1, 0)
+            tail.reverse()
+            tier.free.extend(tail)
+            self.used_blocks -= len(tail) * tier.units
+        rec[0] = nbytes
+        self.requested_total += nbytes - requested
+
+    def victim_filter(self, nbytes: int, grow: int | None = None):
+        """Only blocks of a tier the request can use help it: the allocation's own tier when it
+        grows (extend stays in its tier), else the first fitting tier and, with fallback, the
+        larger ones."""
+        if grow is not None:
+            usable = {self._allocs[grow][1]}
+        else:
+            first = self._first_tier(nbytes)
+            usable = set(range(first, len(self.tiers))) if self.fallback else {first}
+        allocs = self._allocs
+        return lambda aid: aid in allocs and allocs[aid][1] in usable
+
     def _release(self, aid: int) -> None:
         requested, i, blocks = self._allocs.pop(aid)
         tier = self.tiers[i]

@@ -51,8 +51,13 @@ def test_a_refused_batch_changes_nothing(strategy):
     pool = fresh(strategy)
     keep = pool.allocate_many([100, 200])
     before = pool_snapshot(pool)
+    counters, seq = pool.stats()["counters"], pool.events.last_seq
     with pytest.raises(OutOfMemory):
         pool.allocate_many([16, 16, 64 * 16])  # the last one cannot fit
+    after = pool.stats()["counters"]
+    assert (after["allocations"], after["frees"]) == (counters["allocations"], counters["frees"])
+    assert pool.events.last_seq == seq + 1  # the OOM alone is logged, not the rolled-back work
+    assert pool.events.after(seq)[0]["type"] == "oom"
     with pytest.raises(InvalidRequest):
         pool.allocate_many([16, 0])
     with pytest.raises(NotFound):

@@ -282,8 +282,10 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache.policy = policy
         self.policy = policy
         self.order, self.freq = [], {}
-        # Documented: entries are re-inserted oldest access first (ties keep entry order).
-        for k in sorted(self.model, key=lambda k: self.model[k].last_access):
+        # Documented: re-filed in the order the new policy would have seen them: insertion for
+        # fifo and s3fifo, last access otherwise (ties keep entry order).
+        by = "created" if policy in ("fifo", "s3fifo") else "last_access"
+        for k in sorted(self.model, key=lambda k: getattr(self.model[k], by)):
             if not self.model[k].pinned:
                 self.p_insert(k, self.model[k].hits + 1)
 
