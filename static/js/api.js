@@ -78,3 +78,13 @@ export async function listPools() {
   const items = Array.isArray(data) ? data : (data && (data.pools || data.items)) || [];
   return items.map((p) => (typeof p === "string" ? p : p.name || (p.config && p.config.name))).filter(Boolean);
 }
+
+/**
+ * Events of a pool with seq in (gap.after, ...], at most gap.limit, oldest first: what a page
+ * missed while the server dropped its backlog (a `resync`) or while it was disconnected.
+ * @param {string} pool @param {import("./model.js").EventGap} gap
+ * @returns {Promise<import("./model.js").EventPage>}
+ */
+export function fetchEvents(pool, gap) {
+  return api("GET", `${poolPath(pool)}/events?after=${gap.after}&limit=${gap.limit}`);
+}

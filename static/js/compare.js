@@ -1,7 +1,7 @@
 // Compare view: the same scenario on two or three pools of equal size, side by side, so that
 // external fragmentation visibly forms on the contiguous arena and not on the paged pool.
 
-import { ApiError, api, getToken, listPools, poolPath } from "./api.js";
+import { ApiError, api, fetchEvents, getToken, listPools, poolPath } from "./api.js";
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { createHeatmap } from "./heatmap.js";
 import { PoolModel, formatBytes, parseSize, pct } from "./model.js";
@@ -105,6 +105,13 @@ export function createCompare(grid, env) {
       fetchAllocation: (id) => api("GET", `${poolPath(name)}/allocations/${id}`),
     });
     const conn = /** @type {HTMLElement} */ (box.querySelector(".conn"));
+    /** The panes have no log, but missed oom/defragment events decide their banner. */
+    const backfill = (gap) => {
+      if (!gap) return;
+      fetchEvents(name, gap)
+        .catch(() => ({ events: [], last_seq: gap.upto }))
+        .then((page) => (model.applyBackfill(gap, page), scheduleRender()));
+    };
     const socket = createPoolSocket(
       name,
       {
@@ -112,8 +119,10 @@ export function createCompare(grid, env) {
           if (msg.type === "hello") {
             model.applyHello(msg);
             heatmap.relayout();
-          } else if (msg.type === "stats") model.applyStats(msg.stats);
-          else if (msg.type === "events") model.applyEvents(msg.events || []);
+            backfill(model.gapUpTo(msg.last_event_seq));
+          } else if (msg.type === "resync") backfill(model.gapUpTo(msg.last_event_seq));
+          else if (msg.type === "stats") model.applyStats(msg.stats);
+          else if (msg.type === "events") model.applyEvents(msg.events || [], msg.skipped || 0);
           else if (msg.type === "progress") model.applyProgress(msg.workload);
           else if (msg.type === "order") model.applyOrder(msg);
           scheduleRender();

@@ -168,6 +168,20 @@ export function createControls(env) {
       return `deleted ${key}`;
     });
   });
+  $("#b-evict").addEventListener("click", () => {
+    const key = $("#f-put [name=key]").value.trim();
+    act("evict", async () => {
+      if (!key) throw new Error("type the key of the entry to evict");
+      try {
+        await api("POST", `${pool()}/entries/${encodeURIComponent(key)}/evict`);
+      } catch (err) {
+        if (err instanceof ApiError && err.status === 409) throw new Error(`${key} is pinned: pinned entries are never evicted (Delete removes it)`);
+        if (err instanceof ApiError && err.status === 404) throw new Error(`no entry ${key}`);
+        throw err;
+      }
+      return `evicted ${key}`;
+    });
+  });
   $("#b-fill").addEventListener("click", () =>
     act("put ×50", async () => {
       const bb = (env.getModel().config || {}).block_bytes || 4096;

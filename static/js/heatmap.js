@@ -65,6 +65,8 @@ export function ownerCss(owner) {
 }
 
 const STATE_NAMES = ["free", "used", "cached", "pinned"];
+/** Tooltip state of an allocation freed after its cell was painted (the map catches up next frame). */
+const FREED = Object.freeze({ freed: true });
 
 /**
  * @param {HTMLElement} root   the element to fill (toolbar + canvas + legend + tooltip)
@@ -294,7 +296,8 @@ export function createHeatmap(root, model, opts = {}) {
       const rank = model.orderRank.get(owner);
       if (rank !== undefined) lines.push(`eviction rank ${rank + 1} of ${model.orderLength}`);
       if (alloc === undefined) lines.push(`<span class="muted">loading…</span>`);
-      else if (alloc === null) lines.push(`<span class="muted">allocation gone</span>`);
+      else if (alloc === FREED) lines.push(`<span class="muted">just freed</span>`);
+      else if (alloc === null) lines.push(`<span class="muted">details unavailable</span>`);
       else {
         const nblocks = (alloc.blocks || []).reduce((a, r) => a + (r[1] || 0), 0);
         lines.push(`size ${formatBytes(alloc.requested_bytes)} of ${formatBytes(alloc.allocated_bytes)} · ${nblocks} blocks`);
@@ -308,33 +311,45 @@ export function createHeatmap(root, model, opts = {}) {
     return lines.join("<br>");
   }
 
+  /** What the tooltip knows of `owner`: FREED, fetched data, or undefined (not yet / stale). */
+  function knownAlloc(owner) {
+    if (model.isGone(owner)) return FREED;
+    const cached = allocCache.get(owner);
+    if (!cached) return undefined;
+    return cached.data === FREED || performance.now() - cached.t < HOVER_CACHE_MS ? cached.data : undefined;
+  }
+
   function showTip(ev, i) {
     const owner = model.owner[i];
-    const cached = owner >= 0 ? allocCache.get(owner) : null;
-    const fresh = cached && performance.now() - cached.t < HOVER_CACHE_MS;
-    tip.innerHTML = tipHtml(i, owner >= 0 ? (fresh ? cached.data : undefined) : null);
+    const known = owner >= 0 ? knownAlloc(owner) : null;
+    tip.innerHTML = tipHtml(i, known);
     tip.hidden = false;
     const box = root.getBoundingClientRect();
     let x = ev.clientX - box.left + 14;
     const y = ev.clientY - box.top + 14;
     if (x + 260 > box.width) x = Math.max(0, x - 290);
     tip.style.transform = `translate(${x}px, ${y}px)`;
-    if (owner >= 0 && !fresh && opts.fetchAllocation) {
-      window.clearTimeout(hoverTimer);
+    window.clearTimeout(hoverTimer);
+    if (owner >= 0 && known === undefined && opts.fetchAllocation) {
       const want = owner;
-      hoverTimer = window.setTimeout(async () => {
-        let data = null;
-        try {
-          data = await opts.fetchAllocation(want);
-        } catch {
-          data = null;
-        }
-        allocCache.set(want, { t: performance.now(), data });
-        if (hoverBlock >= 0 && model.owner[hoverBlock] === want && !tip.hidden) {
-          tip.innerHTML = tipHtml(hoverBlock, data);
-        }
-      }, HOVER_FETCH_DEBOUNCE_MS);
+      hoverTimer = window.setTimeout(() => fetchTip(want), HOVER_FETCH_DEBOUNCE_MS);
     }
+  }
+
+  /** @param {number} want owner id under the pointer when the debounce started */
+  async function fetchTip(want) {
+    // the block may have been freed (or reused) during the debounce: a look-up would only 404
+    if (hoverBlock < 0 || model.owner[hoverBlock] !== want || model.isGone(want)) return;
+    let data = null;
+    try {
+      data = await /** @type {(id:number) => Promise<any>} */ (opts.fetchAllocation)(want);
+    } catch (err) {
+      // freed on the server before the stream told us: a normal race, not an error
+      data = err && /** @type {any} */ (err).status === 404 ? FREED : null;
+    }
+    allocCache.set(want, { t: performance.now(), data });
+    if (allocCache.size > 4096) allocCache.delete(/** @type {number} */ (allocCache.keys().next().value));
+    if (hoverBlock >= 0 && model.owner[hoverBlock] === want && !tip.hidden) tip.innerHTML = tipHtml(hoverBlock, knownAlloc(want) ?? data);
   }
 
   canvas.addEventListener("mousemove", (ev) => {

@@ -1,6 +1,6 @@
 // Wiring: one pool's stream -> model -> heatmap / charts / panels; controls; views.
 
-import { api, getToken, listPools, poolPath } from "./api.js";
+import { api, fetchEvents, getToken, listPools, poolPath } from "./api.js";
 import { createCharts } from "./charts.js";
 import { createCompare } from "./compare.js";
 import { createControls, promptToken } from "./controls.js";
@@ -86,9 +86,13 @@ function onJson(msg) {
       model.applyHello(msg);
       describePool();
       heatmap && heatmap.relayout();
+      backfill(model.gapUpTo(msg.last_event_seq)); // events missed while disconnected
+      break;
+    case "resync":
+      backfill(model.gapUpTo(msg.last_event_seq)); // the server dropped our backlog
       break;
     case "events":
-      model.applyEvents(msg.events || []);
+      model.applyEvents(msg.events || [], msg.skipped || 0);
       logDirty = true;
       break;
     case "stats":
@@ -108,6 +112,25 @@ function onJson(msg) {
     default:
       break;
   }
+  schedulePanels();
+}
+
+/**
+ * Fetch the events of a hole in the log and slot them in; a failed fetch leaves a "skipped" row.
+ * @param {import("./model.js").EventGap|null} gap
+ */
+async function backfill(gap) {
+  if (!gap) return;
+  const forModel = model;
+  let page = { events: [], last_seq: gap.upto };
+  try {
+    page = await fetchEvents(poolName, gap);
+  } catch {
+    // the hole is then reported as skipped events: nothing else to do
+  }
+  if (forModel !== model) return; // the user switched pools meanwhile
+  model.applyBackfill(gap, page);
+  logDirty = true;
   schedulePanels();
 }
 

@@ -12,6 +12,10 @@ export const HISTORY_CAPACITY = 1200;
 export const EVENT_CAPACITY = 500;
 /** Creation times kept for tooltips; past this many live ids the oldest knowledge is dropped. */
 export const MAX_TRACKED_ALLOCATIONS = 200_000;
+/** Freed allocation ids remembered, so that hovering their stale cells never asks the server. */
+export const MAX_GONE_IDS = 50_000;
+/** Events asked for when filling a gap after a resync or a reconnect (the log keeps fewer anyway). */
+export const BACKFILL_LIMIT = 1000;
 /** Past this many separate dirty ranges, repainting their union is cheaper than tracking them. */
 export const MAX_DIRTY_RANGES = 256;
 
@@ -66,7 +70,10 @@ export const DEFAULT_THRESHOLDS = Object.freeze({
  */
 
 /** @typedef {{type:"hello", protocol:number, pool:PoolConfig, states:Object<string,string>, last_event_seq:number}} HelloMessage */
-/** @typedef {{type:"events", events:PoolEvent[]}} EventsMessage */
+/** @typedef {{type:"events", events:PoolEvent[], skipped?:number}} EventsMessage  skipped: events the server left out just before this batch */
+/** @typedef {{type:"resync", last_event_seq:number}} ResyncMessage  after a resync snapshot: queued events up to last_event_seq were dropped */
+/** @typedef {{events:PoolEvent[], last_seq:number}} EventPage  GET /api/pools/{pool}/events?after=&limit= */
+/** @typedef {{after:number, upto:number, limit:number, skipped:number}} EventGap  what to fetch: seq in (after, upto], `skipped` older ones given up */
 /** @typedef {{type:"stats", stats:PoolStats}} StatsMessage */
 /** @typedef {{type:"order", ids:number[], keys:string[], truncated:boolean}} OrderMessage */
 /** @typedef {{name:string, state:string, done:number, total:number}} WorkloadProgress */
@@ -140,8 +147,15 @@ export function filterEvents(events, types) {
   if (!types) return events.slice();
   const set = types instanceof Set ? types : new Set(types);
   if (set.size === 0) return events.slice();
-  return events.filter((e) => set.has(e.type));
+  // a "skipped" marker says the log has a hole, whatever the filter: it stays
+  return events.filter((e) => set.has(e.type) || e.type === SKIPPED);
 }
+
+/** Type of the log's own marker rows: `count` events the page never received. */
+export const SKIPPED = "skipped";
+
+/** @param {number} seq just below the first event after the hole @param {number} ts @param {number} count */
+const skippedMarker = (seq, ts, count) => /** @type {PoolEvent} */ ({ seq, ts, type: SKIPPED, count });
 
 /**
  * Alerts for the banner, from the latest stats and the "OOM with memory free" latch.
@@ -227,6 +241,12 @@ export class PoolModel {
     this.createdAt = new Map();
     /** @type {Map<number, string>} allocation id -> cache key, learnt from put events and order */
     this.keyById = new Map();
+    /** Newest event seq received (stream or backfill); gaps are measured from it. */
+    this.lastSeq = 0;
+    /** Seq of the newest oom/defragment/reset applied: an older one (from a backfill) never overrides it. */
+    this.latchSeq = -1;
+    /** @type {Set<number>} ids seen freed, oldest first (a Set keeps insertion order) */
+    this.goneIds = new Set();
     /** @type {WorkloadProgress|null} */
     this.workload = null;
     this.thresholds = { ...DEFAULT_THRESHOLDS };
@@ -237,6 +257,54 @@ export class PoolModel {
     this.config = hello.pool;
     this.resize(hello.pool.num_blocks);
     this.lastFrame = -1;
+    const seq = Number(hello.last_event_seq) || 0;
+    if (seq < this.lastSeq) {
+      // a restarted server numbers events and allocations from scratch: our old ones mean nothing
+      this.lastSeq = seq;
+      this.latchSeq = -1;
+      this.goneIds.clear();
+    } else if (this.lastSeq === 0) this.lastSeq = seq;
+  }
+
+  /**
+   * The events to fetch so that the log has no hole up to `upto` (a `resync` message's, or a
+   * reconnect's `hello` `last_event_seq`); null when nothing is missing. Only the newest
+   * BACKFILL_LIMIT are asked for; the older ones are reported as `skipped`.
+   * @param {number} upto
+   * @returns {EventGap|null}
+   */
+  gapUpTo(upto) {
+    if (!(upto > this.lastSeq)) return null;
+    const after = Math.max(this.lastSeq, upto - BACKFILL_LIMIT);
+    return { after, upto, limit: BACKFILL_LIMIT, skipped: after - this.lastSeq };
+  }
+
+  /**
+   * Fill a hole in the log with fetched events. Live batches may have arrived meanwhile: only
+   * events inside the gap and not already held are added, in seq order with the rest.
+   * @param {EventGap} gap @param {EventPage|PoolEvent[]} page
+   */
+  applyBackfill(gap, page) {
+    const list = Array.isArray(page) ? page : (page && page.events) || [];
+    const have = new Set(this.events.map((e) => e.seq));
+    const fresh = list.filter((e) => e.seq > gap.after && e.seq <= gap.upto && !have.has(e.seq));
+    this.noteEvents(fresh);
+    const got = fresh.length ? fresh[fresh.length - 1].seq : gap.after;
+    const added = fresh.slice().reverse();
+    // events the server no longer holds, or beyond the page: say so rather than hide the hole
+    const missingOld = gap.skipped + (fresh.length ? fresh[0].seq - gap.after - 1 : 0);
+    const missingNew = gap.upto - got;
+    if (missingNew > 0 && fresh.length) added.unshift(skippedMarker(got + 0.5, fresh[fresh.length - 1].ts, missingNew));
+    if (!fresh.length && gap.upto > gap.after) added.push(skippedMarker(gap.after + 0.5, Date.now() / 1000, gap.upto - gap.after + gap.skipped));
+    else if (missingOld > 0) added.push(skippedMarker(gap.after - 0.5, fresh[0].ts, missingOld));
+    this.events = this.events.concat(added).sort((a, b) => b.seq - a.seq);
+    if (this.events.length > EVENT_CAPACITY) this.events.length = EVENT_CAPACITY;
+    if (gap.upto > this.lastSeq) this.lastSeq = gap.upto;
+  }
+
+  /** Was allocation `id` seen freed (so asking the server about it would only 404)? @param {number} id */
+  isGone(id) {
+    return this.goneIds.has(id);
   }
 
   /** @param {number} blocks */
@@ -318,7 +386,9 @@ export class PoolModel {
     const frag = stats.ooms ? stats.ooms.fragmentation : 0;
     if (this.lastFragOomCounter != null && frag > this.lastFragOomCounter && !this.fragmentationOom) {
       // The event itself may have fallen out of a dropped batch; the counter is authoritative.
-      this.fragmentationOom = { seq: 0, ts: now, type: "oom", cause: "fragmentation", requested_bytes: undefined, free_bytes: stats.free_bytes, largest_free_bytes: stats.largest_free_bytes };
+      // newer than every event seen so far, so a backfilled older defragment cannot clear it
+      this.latchSeq = this.lastSeq;
+      this.fragmentationOom = { seq: this.lastSeq, ts: now, type: "oom", cause: "fragmentation", requested_bytes: undefined, free_bytes: stats.free_bytes, largest_free_bytes: stats.largest_free_bytes };
     }
     this.lastFragOomCounter = frag;
     let evictionsPerSec = NaN;
@@ -348,41 +418,70 @@ export class PoolModel {
     return h.columns[4][(h.head - 1 + h.capacity) % h.capacity];
   }
 
-  /** @param {PoolEvent[]} events oldest first, as the server sends them */
-  applyEvents(events) {
+  /**
+   * @param {PoolEvent[]} events oldest first, as the server sends them
+   * @param {number} [skipped] events the server left out just before this batch
+   */
+  applyEvents(events, skipped = 0) {
+    this.noteEvents(events);
+    const fresh = events.slice().reverse();
+    if (skipped > 0 && events.length) fresh.push(skippedMarker(events[0].seq - 0.5, events[0].ts, skipped));
+    this.events = fresh.concat(this.events);
+    if (this.events.length > EVENT_CAPACITY) this.events.length = EVENT_CAPACITY;
+  }
+
+  /** Side effects of events on the model (counters, latches, what is known per id); any order. @param {PoolEvent[]} events */
+  noteEvents(events) {
     for (const e of events) {
+      if (e.seq > this.lastSeq) this.lastSeq = e.seq;
       switch (e.type) {
         case "evict":
           this.evictionCount++;
           break;
         case "oom":
-          if (e.cause === "fragmentation") this.fragmentationOom = e;
+          if (e.cause === "fragmentation") this.latch(e, e);
           break;
         case "defragment":
-          this.fragmentationOom = null;
+          this.latch(e, null);
           break;
         case "reset":
-          this.fragmentationOom = null;
+          this.latch(e, null);
           this.createdAt.clear();
           break;
         case "put":
+          if (e.id != null && this.goneIds.has(e.id)) break; // freed since (a backfill is late)
           if (e.id != null && e.key != null) this.keyById.set(e.id, e.key);
           if (e.id != null) this.trackCreated(e.id, e.ts);
           break;
         case "allocate":
-          if (e.id != null) this.trackCreated(e.id, e.ts);
+          if (e.id != null && !this.goneIds.has(e.id)) this.trackCreated(e.id, e.ts);
           break;
         case "free":
           this.createdAt.delete(/** @type {number} */ (e.id));
           this.keyById.delete(/** @type {number} */ (e.id));
+          this.markGone(/** @type {number} */ (e.id));
           break;
         default:
           break;
       }
     }
-    const fresh = events.slice().reverse();
-    this.events = fresh.concat(this.events);
-    if (this.events.length > EVENT_CAPACITY) this.events.length = EVENT_CAPACITY;
+  }
+
+  /** The OOM banner follows the newest of oom/defragment/reset by seq, whatever order they came in. @param {PoolEvent} e @param {PoolEvent|null} value */
+  latch(e, value) {
+    if (e.seq <= this.latchSeq) return;
+    this.latchSeq = e.seq;
+    this.fragmentationOom = value;
+  }
+
+  /** @param {number} id */
+  markGone(id) {
+    if (id == null) return;
+    if (this.goneIds.size >= MAX_GONE_IDS) {
+      const oldest = this.goneIds.values().next().value;
+      this.goneIds.delete(/** @type {number} */ (oldest));
+    }
+    this.goneIds.add(id);
   }
 
   /** @param {number} id @param {number} ts */

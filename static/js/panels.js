@@ -1,7 +1,7 @@
 // DOM renderers for the read-only panels: current numbers, alert banner, event log.
 
 import { escapeHtml } from "./heatmap.js";
-import { filterEvents, formatBytes, hitRateOf, pct } from "./model.js";
+import { SKIPPED, filterEvents, formatBytes, hitRateOf, pct } from "./model.js";
 
 /** The log shows at most this many rows; rebuilding more on every batch costs frames. */
 export const LOG_ROWS = 200;
@@ -85,6 +85,13 @@ export function renderLog(tbody, events, types) {
   const shown = types.size ? filterEvents(events, types) : [];
   for (let i = 0; i < shown.length && rows.length < LOG_ROWS; i++) {
     const e = shown[i];
+    if (e.type === SKIPPED) {
+      // holes with none of the selected events between them read as one
+      let n = /** @type {any} */ (e).count;
+      while (i + 1 < shown.length && shown[i + 1].type === SKIPPED) n += /** @type {any} */ (shown[++i]).count;
+      rows.push(`<tr class="ev-skipped" data-type="${SKIPPED}"><td colspan="5">${Number(n).toLocaleString()} event${n === 1 ? "" : "s"} not shown (too many at once, or missed while catching up)</td></tr>`);
+      continue;
+    }
     const [what, size, why] = describeEvent(e);
     const t = new Date((e.ts || 0) * 1000).toLocaleTimeString([], { hour12: false });
     const hot = e.type === "oom" && e.cause === "fragmentation" ? " hot" : "";

@@ -15,7 +15,8 @@ export const CLOSE_UNKNOWN_POOL = 4404;
 
 /**
  * @typedef {Object} SocketHandlers
- * @property {(msg: Object) => void} onJson     every JSON message (hello, events, stats, order, progress, closed)
+ * @property {(msg: Object) => void} onJson     every JSON message (hello, resync, events, stats, order, progress, closed);
+ *   a `resync` follows a snapshot that replaced a dropped backlog: the caller refills its event log
  * @property {(frame: import("./frames.js").Frame) => void} onFrame
  * @property {(state: SocketState, detail?: string) => void} [onState]
  * @property {(err: Error) => void} [onError]  a frame that failed to decode

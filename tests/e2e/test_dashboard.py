@@ -144,3 +144,65 @@ def test_compare_view_runs_the_same_scenario_on_each_pool(page, api, artifacts):
     page.wait_for_selector(".compare-pane[data-pool=cmp-contiguous] .alert[data-code=oom-fragmentation]", timeout=3_000)
     page.screenshot(path=str(artifacts / "e2e-compare.png"))
     assert page.console_log.errors == []
+
+
+def block_center(page, i: int) -> tuple[float, float]:
+    """Page coordinates of the middle of block i's cell on the dashboard map."""
+    box = page.locator("#heatmap canvas").bounding_box()
+    painted = page.evaluate("window.kvscope.paintedCounts()")
+    cell = box["width"] / painted["cols"]
+    return box["x"] + (i % painted["cols"] + 0.5) * cell, box["y"] + (i // painted["cols"] + 0.5) * cell
+
+
+def test_hovering_free_and_just_freed_blocks_logs_no_errors(page, api, artifacts):
+    make_pool(api, "e2e-hover", strategy="paged", num_blocks=256, block_bytes=BLOCK)
+    r = api.post("/api/pools/e2e-hover/ops", json={"ops": [{"op": "allocate", "bytes": 4 * BLOCK} for _ in range(8)]})
+    assert r.status_code == 200, r.text
+    ids = [res["id"] for res in r.json()["results"]]
+    open_pool(page, "e2e-hover")
+    painted_matches_stats(page, api, "e2e-hover")
+    tip = page.locator("#heatmap .hm-tip")
+    # a used block: the look-up answers, then the tooltip is cached
+    page.mouse.move(*block_center(page, 1))
+    page.wait_for_function("document.querySelector('#heatmap .hm-tip').textContent.includes('blocks')", timeout=3_000)
+    # free it while the pointer rests on it, then wiggle: the cell is free now, nothing is fetched
+    api.delete(f"/api/pools/e2e-hover/allocations/{ids[0]}")
+    painted_matches_stats(page, api, "e2e-hover")
+    x, y = block_center(page, 1)
+    page.mouse.move(x + 1, y)
+    page.wait_for_function("document.querySelector('#heatmap .hm-tip').textContent.includes('free')", timeout=3_000)
+    # every other freed allocation, and the never-used tail, hovered one after another
+    for aid in ids[1::2]:
+        api.delete(f"/api/pools/e2e-hover/allocations/{aid}")
+    painted_matches_stats(page, api, "e2e-hover")
+    for i in list(range(4, 32, 3)) + [100, 200, 255]:
+        page.mouse.move(*block_center(page, i))
+        page.wait_for_timeout(160)  # past the look-up debounce
+    assert "loading" not in tip.inner_text()
+    page.wait_for_timeout(300)
+    assert page.console_log.errors == []
+
+
+def test_evict_button_evicts_the_entry_with_reason_manual(page, api, artifacts):
+    make_pool(api, "e2e-evict", strategy="paged", num_blocks=256, block_bytes=BLOCK,
+              cache={"capacity_bytes": 64 * BLOCK, "policy": "lru"})
+    if "/api/pools/{pool}/entries/{key}/evict" not in api.get("/openapi.json").json()["paths"]:
+        pytest.skip("this server has no POST /entries/{key}/evict yet")
+    assert api.put("/api/pools/e2e-evict/entries/victim", json={"bytes": 2 * BLOCK}).status_code in (200, 201)
+    assert api.put("/api/pools/e2e-evict/entries/stays", json={"bytes": BLOCK, "pinned": True}).status_code in (200, 201)
+    open_pool(page, "e2e-evict")
+    page.click(".controls-panel [data-tab=cache]")
+    page.fill("#f-put [name=key]", "victim")
+    page.click("#b-evict")
+    page.wait_for_selector("#control-status[data-kind=ok]", timeout=5_000)
+    row = page.locator("#log tr.ev-evict").first
+    row.wait_for(timeout=5_000)
+    assert "victim" in row.inner_text() and "manual" in row.inner_text()
+    assert api.get("/api/pools/e2e-evict/entries").json()["total"] == 1
+    # a pinned entry refuses, and the status line says why
+    page.fill("#f-put [name=key]", "stays")
+    page.click("#b-evict")
+    page.wait_for_selector("#control-status[data-kind=err]", timeout=5_000)
+    assert "pinned" in page.locator("#control-status").inner_text()
+    # the refusal is an expected 409: the only console error allowed is its network line
+    assert all("409" in e for e in page.console_log.errors), page.console_log.errors

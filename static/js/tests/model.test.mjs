@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { decodeFrame, encodeFrame } from "../frames.js";
-import { EVENT_CAPACITY, HistoryRing, MAX_DIRTY_RANGES, PoolModel, computeAlerts, filterEvents, parseSize } from "../model.js";
+import { BACKFILL_LIMIT, EVENT_CAPACITY, HistoryRing, MAX_DIRTY_RANGES, PoolModel, computeAlerts, filterEvents, parseSize } from "../model.js";
 
 const hello = (n) => ({ type: "hello", protocol: 1, pool: { name: "p", strategy: "paged", num_blocks: n, block_bytes: 4096 }, states: {}, last_event_seq: 0 });
 
@@ -171,4 +171,64 @@ test("creation times of allocations are learnt from events and forgotten on free
   assert.equal(m.keyById.get(6), "k");
   m.applyEvents([{ seq: 3, ts: 102, type: "free", id: 5 }]);
   assert.equal(m.createdAt.has(5), false);
+});
+
+test("a batch the server shortened gets a 'skipped' row that every filter keeps", () => {
+  const m = new PoolModel();
+  m.applyEvents([{ seq: 41, ts: 5, type: "free", id: 1 }, { seq: 42, ts: 5, type: "evict", key: "x" }], 30);
+  assert.deepEqual(m.events.map((e) => [e.type, e.count]), [["evict", undefined], ["free", undefined], ["skipped", 30]]);
+  assert.deepEqual(filterEvents(m.events, ["evict"]).map((e) => e.type), ["evict", "skipped"]);
+  assert.equal(m.lastSeq, 42);
+});
+
+test("a resync asks for the dropped events and the backfill slots them under newer live ones", () => {
+  const m = new PoolModel();
+  m.applyHello({ ...hello(4), last_event_seq: 10 });
+  m.applyEvents([{ seq: 11, ts: 1, type: "allocate", id: 1 }]);
+  const gap = m.gapUpTo(20);
+  assert.deepEqual(gap, { after: 11, upto: 20, limit: BACKFILL_LIMIT, skipped: 0 });
+  // a live batch arrives before the fetch returns
+  m.applyEvents([{ seq: 21, ts: 3, type: "evict", key: "k" }]);
+  const page = Array.from({ length: 10 }, (_, i) => ({ seq: 12 + i, ts: 2, type: i === 0 ? "free" : "hit", id: 1, key: "k" }));
+  m.applyBackfill(gap, { events: page, last_seq: 21 }); // 21 is already held
+  assert.deepEqual(m.events.map((e) => e.seq), [21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11]);
+  assert.equal(m.isGone(1), true);
+  assert.equal(m.lastSeq, 21);
+  assert.equal(m.gapUpTo(21), null);
+});
+
+test("a gap wider than one page fetches its newest events and counts the rest as skipped", () => {
+  const m = new PoolModel();
+  m.applyHello({ ...hello(4), last_event_seq: 5 });
+  const gap = m.gapUpTo(5 + BACKFILL_LIMIT + 200);
+  assert.equal(gap.after, 205);
+  assert.equal(gap.skipped, 200);
+  // the server's ring holds only the last 10 of what was asked for
+  const page = Array.from({ length: 10 }, (_, i) => ({ seq: gap.upto - 9 + i, ts: 1, type: "hit", key: "k" }));
+  m.applyBackfill(gap, page);
+  assert.equal(m.events.length, 11);
+  const marker = m.events[10];
+  assert.equal(marker.type, "skipped");
+  assert.equal(marker.count, BACKFILL_LIMIT + 200 - 10);
+});
+
+test("a backfilled older OOM does not raise the banner over a newer defragment", () => {
+  const m = new PoolModel();
+  m.applyHello({ ...hello(4), last_event_seq: 1 });
+  const gap = m.gapUpTo(3);
+  m.applyEvents([{ seq: 4, ts: 2, type: "defragment", moved_blocks: 1 }]);
+  m.applyBackfill(gap, [{ seq: 2, ts: 1, type: "oom", cause: "fragmentation", requested_bytes: 1, free_bytes: 2, largest_free_bytes: 1 }]);
+  assert.deepEqual(m.alerts(), []);
+  assert.equal(m.events.some((e) => e.type === "oom"), true);
+});
+
+test("a restarted server's hello forgets old seqs and freed ids", () => {
+  const m = new PoolModel();
+  m.applyHello({ ...hello(4), last_event_seq: 100 });
+  m.applyEvents([{ seq: 101, ts: 1, type: "free", id: 7 }]);
+  assert.equal(m.isGone(7), true);
+  m.applyHello({ ...hello(4), last_event_seq: 3 });
+  assert.equal(m.isGone(7), false);
+  assert.equal(m.lastSeq, 3);
+  assert.equal(m.gapUpTo(3), null);
 });
