@@ -7,7 +7,7 @@ from bisect import bisect_left, insort
 import numpy as np
 
 from .errors import InvalidRequest
-from .pool import Pool
+from .pool import Pool, free_mismatch
 
 FITS = ("first", "best", "worst", "next")
 
@@ -267,11 +267,7 @@ class ContiguousPool(Pool):
             problems.append("free extent end index has stale entries")
         if int(in_free.sum()) != self._free_units:
             problems.append(f"free unit counter is {self._free_units}, extents hold {int(in_free.sum())}")
-        diff = np.flatnonzero(in_free != expected_free)
-        if diff.size:
-            b = int(diff[0])
-            what = "is in a free extent but owned" if in_free[b] else "is neither free nor owned"
-            problems.append(f"unit {b} {what}")
+        problems += free_mismatch(in_free, expected_free, "unit", "a free extent")
         return problems
 
     def _extra_stats(self) -> dict:

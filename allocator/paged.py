@@ -9,7 +9,7 @@ import numpy as np
 
 from .blockmap import CHUNK_SHIFT, FREE, NO_OWNER, USED
 from .errors import NotFound
-from .pool import Pool, pair_runs
+from .pool import Pool, free_mismatch, pair_runs
 
 
 class PagedPool(Pool):
@@ -260,11 +260,7 @@ class PagedPool(Pool):
             problems.append("a block appears twice in the free stack")
         in_stack = np.zeros(self.num_blocks, dtype=bool)
         in_stack[free] = True
-        diff = np.flatnonzero(in_stack != expected_free)
-        if diff.size:
-            b = int(diff[0])
-            what = "is in the free stack but owned" if in_stack[b] else "is neither free nor owned"
-            problems.append(f"block {b} {what}")
+        problems += free_mismatch(in_stack, expected_free, "block", "the free stack")
         return problems
 
 

@@ -56,6 +56,16 @@ def pair_runs(src: np.ndarray, dst: np.ndarray, rows: int = 1) -> list[tuple[int
             for i, c in zip(starts.tolist(), counts.tolist())]
 
 
+def free_mismatch(in_free: np.ndarray, expected_free: np.ndarray, unit: str, where: str) -> list[str]:
+    """The first block the free structure and the allocations disagree on, as a problem."""
+    diff = np.flatnonzero(in_free != expected_free)
+    if not diff.size:
+        return []
+    b = int(diff[0])
+    what = f"is in {where} but owned" if in_free[b] else "is neither free nor owned"
+    return [f"{unit} {b} {what} ({diff.size} differ)"]
+
+
 def runs_of(block_ids) -> list[list[int]]:
     """[start, count] runs of consecutive ascending block ids, in the given order."""
     runs: list[list[int]] = []

@@ -9,7 +9,7 @@ import numpy as np
 
 from .blockmap import NO_OWNER
 from .errors import InvalidRequest
-from .pool import Pool, pair_runs
+from .pool import Pool, free_mismatch, pair_runs
 
 # Block size of each tier in units (the pool's block_bytes) and its share of the units. The
 # article used 64 MiB / 256 MiB / 1 GiB blocks: ratios 1 : 4 : 16.
@@ -254,11 +254,7 @@ class TieredPool(Pool):
                 continue
             rows = (t.start + free[:, None] * t.units + np.arange(t.units)[None, :]).ravel()
             in_free[rows] = True
-        diff = np.flatnonzero(in_free != expected_free)
-        if diff.size:
-            b = int(diff[0])
-            what = "is in a tier's free stack but owned" if in_free[b] else "is neither free nor owned"
-            problems.append(f"unit {b} {what}")
+        problems += free_mismatch(in_free, expected_free, "unit", "a tier's free stack")
         for aid, (_, i, blocks) in self._allocs.items():
             if any(b >= self.tiers[i].count for b in blocks):
                 problems.append(f"allocation {aid} holds a block outside tier {self.tiers[i].name}")
