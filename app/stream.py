@@ -1,11 +1,14 @@
 """The stream hub: one task per pool turns block-map changes and new events into frames.
 
-Every `interval_s` (50 ms) a pool's task asks `blockmap.changes_since(v)` and the event log for
-what is new, encodes ONE delta frame and one `events` message, and fans them out to every
-client's bounded queue. A client whose queue is full has its backlog dropped and is sent a fresh
-snapshot instead, so a slow client never makes the server buffer without bound. `stats` go out
-about 4 times a second when something changed and once a second when nothing did (the page's
-charts are time series), `order` (cache pools) about once a second.
+Every `interval_s` (50 ms) a pool's task reaps expired TTL entries (listeners or not), then asks
+`blockmap.changes_since(v)` and the event log for what is new, encodes ONE delta frame and one
+`events` message, and fans them out to every client's bounded queue. A client whose queue is
+over its bounds (QUEUE_LIMIT messages or QUEUE_BYTES bytes) has its backlog dropped and is sent
+a fresh snapshot, then `{"type": "resync", "last_event_seq": N}`: the dropped `events` are those
+up to N it had not seen (`GET /api/pools/{pool}/events?after=`), later ones come on the stream;
+the last workload `progress` is re-sent. So a slow client never makes the server buffer without
+bound. `stats` go out about 4 times a second when something changed and once a second when
+nothing did (the page's charts are time series), `order` (cache pools) about once a second.
 
 Binary layout (docs/STREAM.md, protocol 1; reader: static/js/frames.js `decodeFrame`), all
 little-endian:
@@ -50,6 +53,8 @@ FRAME_COUNTER_OFFSET = 4
 PAD = (b"", b"\0\0\0", b"\0\0", b"\0")
 
 QUEUE_LIMIT = 64  # messages a client may have queued before it is resynced with a snapshot
+# Bytes a client may have queued: a 1M-block snapshot is ~5 MB, so 64 of them would be 320 MB.
+QUEUE_BYTES = 8 << 20
 STATS_EVERY_S = 0.25
 STATS_IDLE_S = 1.0  # unchanged stats still go out this often, so the page's charts keep time
 ORDER_EVERY_S = 1.0
@@ -99,9 +104,15 @@ def dumps(msg: dict) -> str:
 
 @dataclass(eq=False)
 class Client:
-    """One websocket's outgoing side: a bounded queue drained by its sender task."""
+    """One websocket's outgoing side: a queue drained by its sender task, bounded by count and bytes.
+
+    `queued_bytes` is the size of what sits in `queue` (a text message counts its length: the
+    JSON is almost all ASCII). Messages go in with `put` and out with `get`, which keep it true.
+    """
 
     queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(QUEUE_LIMIT))
+    max_bytes: int = QUEUE_BYTES
+    queued_bytes: int = 0
     frames: int = 0  # binary frames sent so far (the next frame counter)
     resyncs: int = 0
 
@@ -109,6 +120,34 @@ class Client:
         n = self.frames
         self.frames = n + 1
         return n
+
+    def fits(self, size: int) -> bool:
+        """Whether a message of `size` may join the queue; an empty queue takes anything (a
+        snapshot may be larger than `max_bytes` on its own)."""
+        q = self.queue
+        return q.empty() or (not q.full() and self.queued_bytes + size <= self.max_bytes)
+
+    def put(self, msg: bytes | str | None) -> None:
+        """Queue `msg` (None tells the sender to close the socket)."""
+        self.queue.put_nowait(msg)
+        if msg is not None:
+            self.queued_bytes += len(msg)
+
+    def get_nowait(self) -> bytes | str | None:
+        msg = self.queue.get_nowait()
+        if msg is not None:
+            self.queued_bytes -= len(msg)
+        return msg
+
+    async def get(self) -> bytes | str | None:
+        msg = await self.queue.get()
+        if msg is not None:
+            self.queued_bytes -= len(msg)
+        return msg
+
+    def clear(self) -> None:
+        while not self.queue.empty():
+            self.get_nowait()
 
 
 class PoolStream:
@@ -141,45 +180,50 @@ class PoolStream:
         if not self.clients:  # the first listener starts from now, not from the last idle tick
             pool = self.handle.pool
             self.since, self.seq = pool.blockmap.checkpoint(), pool.events.last_seq
-        client.queue.put_nowait(dumps(self.hello()))
-        client.queue.put_nowait(snapshot_frame(self.handle.pool.blockmap, client.next_counter()))
-        if self.last_progress is not None:
-            client.queue.put_nowait(dumps({"type": "progress", "workload": self.last_progress}))
+        client.put(dumps(self.hello()))
+        client.put(snapshot_frame(self.handle.pool.blockmap, client.next_counter()))
+        self._put_progress(client)
         self.clients.add(client)
         return client
 
     def leave(self, client: Client) -> None:
         self.clients.discard(client)
 
+    def _put_progress(self, client: Client) -> None:
+        if self.last_progress is not None:
+            client.put(dumps({"type": "progress", "workload": self.last_progress}))
+
     def _resync(self, client: Client) -> None:
-        q = client.queue
-        while not q.empty():
-            q.get_nowait()
+        """Replace `client`'s backlog with a snapshot and a `resync` naming the last event seq
+        the stream had handed out (events up to it that were dropped can be fetched by REST)."""
+        client.clear()
         client.resyncs += 1
-        q.put_nowait(snapshot_frame(self.handle.pool.blockmap, client.next_counter()))
+        client.put(snapshot_frame(self.handle.pool.blockmap, client.next_counter()))
+        client.put(dumps({"type": "resync", "last_event_seq": self.seq}))
+        self._put_progress(client)
 
     def send_frame(self, frame: bytes) -> None:
+        size = len(frame)
         for client in list(self.clients):
-            if client.queue.full():
-                self._resync(client)
+            if client.fits(size):
+                client.put(with_counter(frame, client.next_counter()))
             else:
-                client.queue.put_nowait(with_counter(frame, client.next_counter()))
+                self._resync(client)
 
     def send_json(self, msg: dict) -> None:
         text = dumps(msg)
+        size = len(text)
         for client in list(self.clients):
-            if client.queue.full():
-                self._resync(client)
+            if client.fits(size):
+                client.put(text)
             else:
-                client.queue.put_nowait(text)
+                self._resync(client)
 
     def close(self, reason: str) -> None:
         for client in list(self.clients):
-            q = client.queue
-            while not q.empty():
-                q.get_nowait()
-            q.put_nowait(dumps({"type": "closed", "reason": reason}))
-            q.put_nowait(None)  # tells the sender to close the socket
+            client.clear()
+            client.put(dumps({"type": "closed", "reason": reason}))
+            client.put(None)  # tells the sender to close the socket
         self.clients.clear()
 
     # -- the tick ------------------------------------------------------------------------------
@@ -187,6 +231,11 @@ class PoolStream:
         """Send what changed since the last tick. Synchronous: the core is read consistently."""
         pool = self.handle.pool
         bm, events = pool.blockmap, pool.events
+        cache = pool.cache
+        if cache is not None:
+            # TTL entries are reaped here, listeners or not; cheap: it pops only the heap's
+            # expired top. Run by the tick, so serialized with the handlers on the event loop.
+            cache.expire()
         if not self.clients:  # nobody listens; `join` takes a fresh checkpoint
             return
         # Chunks stamped since the last checkpoint; a numpy scan of one u32 per 64 blocks.
@@ -207,7 +256,6 @@ class PoolStream:
             if mark != self._stats_mark or now - self._stats_at >= STATS_IDLE_S:
                 self._stats_mark, self._stats_at = mark, now
                 self.send_json({"type": "stats", "stats": pool.stats()})
-        cache = pool.cache
         if cache is not None and now - self._order_at >= ORDER_EVERY_S:
             mark = (self.deltas, events.last_seq, cache.policy)
             if mark != self._order_mark:

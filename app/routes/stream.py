@@ -18,9 +18,8 @@ CLOSE_UNKNOWN_POOL = 4404
 
 
 async def _send_loop(ws: WebSocket, client: Client) -> None:
-    queue = client.queue
     while True:
-        msg = await queue.get()
+        msg = await client.get()
         if msg is None:
             await ws.close(1000)
             return

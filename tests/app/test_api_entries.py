@@ -145,6 +145,20 @@ def test_ttl_expired_entry_misses():
         assert evicts and evicts[-1]["reason"] == "ttl"
 
 
+def test_ttl_entries_are_reaped_without_being_asked_for():
+    import time
+
+    with make_client() as c:
+        c.put(f"{BASE}/t", json={"bytes": 10, "ttl_s": 0.2})
+        c.put(f"{BASE}/keep", json={"bytes": 10})
+        time.sleep(0.5)  # no GET of the key: only the server's own reaping can remove it
+        listed = c.get(BASE).json()
+        assert [e["key"] for e in listed["entries"]] == ["keep"] and listed["total"] == 1
+        evicts = [e for e in c.get("/api/pools/default/events").json()["events"] if e["type"] == "evict"]
+        assert [(e["key"], e["reason"]) for e in evicts] == [("t", "ttl")]
+        assert c.get("/api/pools/default/stats").json()["cache"]["evictions"]["ttl"] == 1
+
+
 def test_unwritten_entry_reads_empty_never_a_previous_owners_bytes(client):
     client.put(f"{BASE}/old", json={"bytes": 4096})
     client.put(f"{BASE}/old/data", content=b"secret" * 100, headers={"content-type": "application/octet-stream"})

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 from framecodec import decode_frame
 
 from allocator import KVCache, create_pool
 from app.registry import PoolHandle
-from app.stream import QUEUE_LIMIT, PoolStream, encode_frame
+from app.stream import QUEUE_BYTES, QUEUE_LIMIT, Hub, PoolStream, encode_frame
 
 
 def make_stream(blocks: int = 1024) -> PoolStream:
@@ -20,7 +21,7 @@ def make_stream(blocks: int = 1024) -> PoolStream:
 def drain(client) -> list:
     out = []
     while not client.queue.empty():
-        out.append(client.queue.get_nowait())
+        out.append(client.get_nowait())
     return out
 
 
@@ -91,5 +92,81 @@ def test_stats_go_out_when_something_changed_and_once_a_second_when_idle():
         stream.handle.pool.allocate(64)
         assert not stats_sent(11.1)      # changes still wait for the 0.25 s spacing
         assert stats_sent(11.35)
+
+    asyncio.run(go())
+
+
+def test_running_hub_reaps_ttl_entries_with_nobody_listening():
+    async def go():
+        pool = create_pool("paged", num_blocks=64, block_bytes=64)
+        cache = KVCache(pool)
+        handle = PoolHandle("t", pool)
+        hub = Hub(0.01)
+        stream = hub.attach(handle)
+        cache.put("short", 64, ttl_s=0.2)
+        cache.put("long", 64)
+        await asyncio.sleep(0.4)
+        assert not stream.clients
+        assert "short" not in cache and "long" in cache
+        assert pool.used_blocks == 1
+        evicts = [e for e in pool.events.after(0) if e["type"] == "evict"]
+        assert [(e["key"], e["reason"]) for e in evicts] == [("short", "ttl")]
+        await hub.detach(handle, "done")
+
+    asyncio.run(go())
+
+
+def test_resync_names_the_last_event_seq_so_dropped_events_can_be_fetched():
+    async def go():
+        stream = make_stream()
+        slow = stream.join()
+        drain(slow)
+        pool = stream.handle.pool
+        seen: list[int] = []
+        for i in range(QUEUE_LIMIT + 5):
+            pool.allocate(1)
+            stream.tick(float(i))
+        msgs = drain(slow)
+        assert slow.resyncs >= 1 and isinstance(msgs[0], bytes) and decode_frame(msgs[0])["kind"] == 1
+        resync = json.loads(msgs[1])
+        assert resync == {"type": "resync", "last_event_seq": resync["last_event_seq"]}
+        n = resync["last_event_seq"]
+        for m in msgs[2:]:
+            if isinstance(m, str) and json.loads(m)["type"] == "events":
+                seen += [e["seq"] for e in json.loads(m)["events"]]
+        # What the client missed is exactly what REST gives up to N; the rest came on the stream.
+        fetched = [e["seq"] for e in pool.events.after(0, 10_000) if e["seq"] <= n]
+        assert fetched + seen == list(range(1, pool.events.last_seq + 1))
+        assert seen and min(seen) == n + 1
+
+    asyncio.run(go())
+
+
+def test_resync_resends_the_last_workload_progress():
+    async def go():
+        stream = make_stream()
+        client = stream.join()
+        stream.last_progress = {"name": "burst", "state": "running", "done": 3, "total": 9}
+        stream._resync(client)
+        msgs = drain(client)
+        types = [json.loads(m)["type"] for m in msgs if isinstance(m, str)]
+        assert types == ["resync", "progress"]
+
+    asyncio.run(go())
+
+
+def test_queued_bytes_are_capped_not_only_the_message_count():
+    async def go():
+        pool = create_pool("paged", num_blocks=1_000_000, block_bytes=64)
+        stream = PoolStream(PoolHandle("big", pool), 0.05)
+        slow = stream.join()  # hello + a ~5 MB snapshot, never drained
+        snapshot = len(encode_frame(pool.blockmap, 1, [(0, pool.num_blocks)]))
+        for i in range(4):
+            pool.allocate(64 * 200_000)  # a ~1 MB delta each tick
+            stream.tick(float(i))
+            queued = [slow.queue._queue[j] for j in range(slow.queue.qsize())]
+            assert slow.queued_bytes == sum(len(m) for m in queued)
+            assert slow.queued_bytes <= QUEUE_BYTES + snapshot
+        assert slow.queue.qsize() < QUEUE_LIMIT and slow.resyncs >= 1
 
     asyncio.run(go())
