@@ -69,16 +69,21 @@ class LiveWorkload:
             self._event("stopped")
 
     def progress(self) -> dict:
+        """`done` of `total` steps. While running, done < total always (`total` may be an
+        estimate that grows when exceeded); once finished, done == total == the steps run."""
         done, total = self._counts()
         if self.state == "finished":
+            total = done
+        elif self.state == "running":
+            total = max(total, done + 1)
+        else:
             total = max(total, done)
-            done = total
         return {"name": self.name, "kind": self.kind, "state": self.state,
-                "done": done, "total": max(total, done)}
+                "done": done, "total": total}
 
     def _event(self, state: str) -> None:
-        done, total = self._counts()
-        self.pool.events.record("workload", self.name, state, done, total)
+        p = self.progress()
+        self.pool.events.record("workload", self.name, state, p["done"], p["total"])
 
     # -- subclass hooks ---------------------------------------------------------------------
     def _step(self, sim_seconds: float) -> bool:
@@ -134,7 +139,10 @@ class ScenarioWorkload(LiveWorkload):
         self._gen.close()
 
     def _counts(self) -> tuple[int, int]:
-        return self._runner.ops, self._total
+        done = self._runner.ops
+        if done >= self._total:  # the estimate was exceeded (e.g. the pool was reset): grow it
+            self._total = done + max(16, done // 4)
+        return done, self._total
 
     def summary(self) -> dict:
         return self._runner.summary()

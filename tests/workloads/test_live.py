@@ -110,3 +110,30 @@ def test_chat_without_a_cache_is_rejected_at_build_time():
 def test_server_style_spec_with_null_fields_is_accepted():
     wl = build_live_workload(make_pool(), {"kind": "trace", "name": None, "seed": 0, "speed": 1.0, "limit": None})
     assert wl.progress()["total"] == 500
+
+
+@pytest.mark.parametrize("strategy", ["paged", "contiguous"])
+def test_progress_stays_below_total_while_running_even_after_a_reset(strategy):
+    pool = make_pool(strategy, cache=False)
+    wl = build_live_workload(pool, {"kind": "scenario", "name": "fragmentation", "seed": 0, "speed": 4.0})
+    estimate = wl.progress()["total"]
+    reset_done = False
+    seen = []
+    for _ in range(20_000):
+        more = wl.advance(0.05)
+        p = wl.progress()
+        seen.append(p)
+        if not more:
+            break
+        assert p["state"] == "running" and 0 <= p["done"] < p["total"], p
+        if not reset_done and pool.used_blocks > pool.num_blocks // 2:
+            pool.reset()  # the fill phase starts over: more ops than estimated
+            reset_done = True
+    assert reset_done
+    p = wl.progress()
+    assert p["state"] == "finished" and p["done"] == p["total"] > estimate
+    totals = [q["total"] for q in seen[:-1]]
+    assert all(b >= a for a, b in zip(totals, totals[1:]))  # the estimate only grows
+    last = [e for e in pool.events.after(0, kinds={"workload"})][-1]
+    assert last["state"] == "finished"
+    assert len(pool) == 0 and pool.check() == []
