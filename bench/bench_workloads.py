@@ -7,6 +7,9 @@ simulated requests per wall second and the allocator/baseline ratio. Then replay
 strategies and writes the full-trace report (report.json, report.md, report.png) to
 `docs/report/`, plus the cache policy study, and prints the headline table.
 
+The files in `docs/report/` are committed, so they hold no run timings: re-running the bench on
+the same code rewrites them byte for byte. Timings are printed only.
+
     .venv/bin/python -m bench.bench_workloads [--no-report]
 """
 
@@ -96,6 +99,7 @@ def run(write: bool = True, limit: int | None = None) -> dict:
             s = Simulator(trace, SimConfig(strategy=name, pool_gib=20.0))
             s.run()
             sims.append(s)
+            print(f"  {name:<18} {s.wall_s:6.2f} s wall")
         report = build_report(sims, trace.summary())
         paths = write_report(report, REPORT_DIR)
         from workloads.policy_study import markdown as study_md

@@ -17,6 +17,8 @@ a "slot" is one token's KV; memory is reported in the model's bytes, tokens * by
   whole pool did useful work), and `memory_utilization`: allocated / capacity.
 - `throughput_rps`: completed requests / simulated seconds; `queueing_delay_s` p50/p99: first
   admission minus arrival; `latency_s` p50/p99: completion minus arrival.
+- Run timings (`Simulator.wall_s`) are deliberately not part of the report: the same replay
+  must write the same files. The CLI and the bench print them instead.
 - `ooms`: failed pool calls by cause, as the pool counted them (admissions retried after a
   change, and growths); `blocked_admissions` / `failed_growths` split them by where they arose.
 """
@@ -102,7 +104,6 @@ def strategy_report(sim: Simulator) -> dict:
         "moved_bytes": sim.strategy.moved_tokens * bpt,
         "pool_moves": sim.pool.counters["moves"],
         "steps": c.steps,
-        "wall_s": sim.wall_s,
     }
 
 
