@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 from allocator import MODEL_PRESETS, InvalidRequest
 
 from .report import build_report, markdown, write_report
-from .scenarios import SCENARIOS, run_scenario
+from .scenarios import SCENARIOS, compare_scenario, comparison_text, run_scenario
 from .simulator import STRATEGIES, SimConfig, Simulator
 from .trace import load_trace
 
@@ -48,7 +49,7 @@ class ProgressBar:
 
 
 def _strategies(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
+    names = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
     bad = [s for s in names if s not in STRATEGIES]
     if bad or not names:
         raise InvalidRequest(f"unknown strategies {bad}; choose from {','.join(STRATEGIES)}")
@@ -92,40 +93,111 @@ def run_replay(args: argparse.Namespace, stream=None) -> dict:
     return report
 
 
+FLAG_NAMES = ("pool_tokens", "pool_gib", "tokens_per_block", "max_len", "max_batch", "limit")
+
+
+def _flag_message(exc: Exception) -> str:
+    """An error message that names the command-line flag (`--pool-tokens`), not the field."""
+    text = str(exc)
+    for name in FLAG_NAMES:
+        if text.startswith(name + " "):
+            return "--" + name.replace("_", "-") + text[len(name):]
+    return text
+
+
+def _out_dir(path: str) -> Path:
+    """Check the output directory up front (without creating it), so a bad --out fails before
+    a long run: it, or the nearest part of it that exists, must be a writable directory."""
+    out = Path(path)
+    probe = out
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        why = "is not a directory" if probe.exists() and not probe.is_dir() else "is not writable"
+        raise InvalidRequest(f"cannot write to output directory {str(out)!r}: {str(probe)!r} {why}")
+    return out
+
+
+def _mkdir(out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def replay_main(argv: list[str] | None = None) -> int:
     args = replay_parser().parse_args(argv)
     try:
+        out = _out_dir(args.out)
         report = run_replay(args)
-        paths = write_report(report, args.out, png=not args.no_png)
+        paths = write_report(report, out, png=not args.no_png)
     except InvalidRequest as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_flag_message(exc)}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        print(f"error: cannot write the report to {args.out!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     print(markdown(report))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
 
-def scenario_main(argv: list[str] | None = None) -> int:
+SCENARIO_STRATEGIES = ("paged", "contiguous", "tiered")
+
+
+def scenario_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvscope scenario", description=(
-        "Run a scenario to completion on a fresh CPU pool and print its report as JSON."))
-    p.add_argument("name", choices=SCENARIOS)
-    p.add_argument("--strategy", default="paged", choices=("paged", "contiguous", "tiered"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--blocks", type=int, default=1024, help="pool size in blocks")
-    p.add_argument("--policy", default="lru", help="cache policy (chat)")
-    p.add_argument("--out", help="directory to write scenario.json into")
-    args = p.parse_args(argv)
+        "Run a scenario to completion on a fresh CPU pool. fragmentation: fill the pool with "
+        "mixed sizes, free every other allocation, then ask for one large request (less than "
+        "the free total, more than any hole); without --strategy it runs on a contiguous and a "
+        "paged pool and prints them side by side. chat: multi-turn conversations on the pool's "
+        "cache (hit rate, evictions). burst: waves of arrivals that overfill the pool. A single "
+        "strategy's report is printed as JSON."))
+    p.add_argument("name", choices=SCENARIOS, help="which scenario")
+    p.add_argument("--strategy", choices=SCENARIO_STRATEGIES, help=(
+        "allocation strategy of the pool (default: fragmentation compares contiguous and paged; "
+        "chat and burst run on paged)"))
+    p.add_argument("--seed", type=int, default=0, help="random seed (>= 0); the same seed gives the same ops")
+    p.add_argument("--blocks", type=int, default=1024, help="pool size in blocks (1 KiB each; default 1024)")
+    p.add_argument("--policy", default="lru", help="cache eviction policy (chat only; default lru)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of text")
+    p.add_argument("--out", help="directory to write scenario.json (and scenario.txt for a comparison) into")
+    return p
+
+
+def scenario_main(argv: list[str] | None = None) -> int:
+    args = scenario_parser().parse_args(argv)
+    compare = args.strategy is None and args.name == "fragmentation"
+    out = None
     try:
-        report = run_scenario(args.name, args.strategy, args.seed, args.blocks, args.policy)
+        if args.out:
+            out = _out_dir(args.out)
+        if args.seed < 0:
+            raise InvalidRequest(f"--seed must be >= 0, got {args.seed}")
+        if args.blocks < 8:
+            raise InvalidRequest(f"--blocks must be at least 8, got {args.blocks}")
+        if compare:
+            report = compare_scenario(args.name, args.seed, args.blocks, args.policy)
+        else:
+            report = run_scenario(args.name, args.strategy or "paged", args.seed, args.blocks, args.policy)
     except InvalidRequest as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     text = json.dumps(report, indent=2)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "scenario.json").write_text(text + "\n")
-    print(text)
+    shown = comparison_text(report) if compare and not args.json else text + "\n"
+    if out is not None:
+        try:
+            (_mkdir(out) / "scenario.json").write_text(text + "\n")
+            if compare:
+                (out / "scenario.txt").write_text(comparison_text(report))
+        except OSError as exc:
+            print(f"error: cannot write to {str(out)!r}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+    sys.stdout.write(shown)
     return 0
 
 
@@ -140,16 +212,21 @@ def policy_main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, help="use only the first N trace rows")
     p.add_argument("--out", help="directory to write policy_study.json / .md into")
     args = p.parse_args(argv)
+    out = None
     try:
+        if args.seed < 0:
+            raise InvalidRequest(f"--seed must be >= 0, got {args.seed}")
+        out = _out_dir(args.out) if args.out else None
         result = run_study(args.seed, load_trace(limit=args.limit))
     except InvalidRequest as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_flag_message(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     text = study_markdown(result)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "policy_study.json").write_text(json.dumps(result, indent=2) + "\n")
+    if out is not None:
+        (_mkdir(out) / "policy_study.json").write_text(json.dumps(result, indent=2) + "\n")
         (out / "policy_study.md").write_text(text)
     print(text)
     return 0
@@ -160,7 +237,17 @@ COMMANDS = {"replay": replay_main, "scenario": scenario_main, "policy-study": po
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    usage = (f"usage: python -m workloads {{{','.join(COMMANDS)}}} [options]\n"
+             "  replay        replay an LLM request trace through the serving simulator\n"
+             "  scenario      run a fragmentation / chat / burst scenario on a fresh pool\n"
+             "  policy-study  hit rate of each cache eviction policy next to Belady's MIN\n"
+             "(python -m workloads COMMAND -h for a command's options)")
+    if argv and argv[0] in ("-h", "--help"):
+        print(usage)
+        return 0
     if not argv or argv[0] not in COMMANDS:
-        print(f"usage: python -m workloads {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
+        if argv:
+            print(f"unknown command {argv[0]!r}", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     return COMMANDS[argv[0]](argv[1:])

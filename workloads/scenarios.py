@@ -15,6 +15,11 @@ react ("allocate until the pool is full"). Everything random comes from `numpy.r
   for a random lifetime, with quiet gaps in which the pool drains.
 
 `Op.dt` is the simulated time before the op: it paces a live run (speed 1.0 gives 20-200 ops/s).
+An op marked `probe` (fragmentation's large request) is the one the scenario exists for: the
+runner records the pool as it stood when it was asked (free bytes, largest free extent,
+utilization) and whether it was served. `compare_scenario` runs one seeded scenario on a fresh
+pool of each strategy (`kvscope scenario fragmentation`: contiguous next to paged) and
+`comparison_text` prints them side by side.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Op:
     ref: int | str = 0
     nbytes: int = 0
     dt: float = 0.04
+    probe: bool = False  # the op the scenario exists for: OpRunner records the pool around it
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +91,7 @@ def fragmentation(seed: int, geo: Geometry) -> ScenarioGen:
     yield Op("wait", dt=1.0)
     free_blocks = max(1, n - sum(sizes.values()))
     big = max(1, int(free_blocks * 0.6))  # 3. less than the free total, more than any hole
-    result = yield Op("allocate", ref, big * bb, dt=0.5)
+    result = yield Op("allocate", ref, big * bb, dt=0.5, probe=True)
     if not isinstance(result, OutOfMemory):
         kept.append(ref)
     yield Op("wait", dt=3.0)  # hold the picture
@@ -192,6 +198,7 @@ class OpRunner:
     failures: list = field(default_factory=list)
     peak_utilization: float = 0.0
     peak_external_fragmentation: float = 0.0
+    probes: list = field(default_factory=list)
 
     def apply(self, op: Op) -> object:
         """Run `op`; returns the id, hit flag or the OutOfMemory it raised."""
@@ -199,6 +206,8 @@ class OpRunner:
         pool, kind = self.pool, op.kind
         if self.ops % 8 == 0:
             self._peak()
+        if op.probe:
+            return self._probe(op)
         try:
             if kind == "allocate":
                 aid = pool.allocate(op.nbytes)
@@ -218,12 +227,44 @@ class OpRunner:
         except OutOfMemory as exc:
             self.ooms[exc.cause] += 1
             if len(self.failures) < 20:
-                self.failures.append({"op": kind, **exc.details()})
+                self.failures.append({"op": kind, **exc.details(), **self._pool_state()})
             return exc
         except NotFound:  # someone else freed it (a live pool reset): forget it
             self.lost += 1
             self.held.pop(op.ref, None)
             return None
+
+    def _pool_state(self) -> dict:
+        """Utilization and external fragmentation now (an O(pool) scan: failures and probes only)."""
+        stats = self._stats()
+        frag = stats["external_fragmentation"]
+        self.peak_external_fragmentation = max(self.peak_external_fragmentation, frag)
+        return {"utilization": stats["utilization"], "external_fragmentation": frag}
+
+    def _stats(self) -> dict:
+        """pool.stats(), with a paged pool's fragmentation read as what it can serve: any free
+        blocks serve a request, so its largest usable extent is the free total and nothing is
+        stranded (its block map still shows the scatter; the pool's own stats report that)."""
+        stats = self.pool.stats()
+        if self.pool.strategy == "paged":
+            stats = {**stats, "external_fragmentation": 0.0, "largest_free_bytes": stats["free_bytes"]}
+        return stats
+
+    def _probe(self, op: Op) -> object:
+        """Run a probe op (an allocation) and record the pool as it stood when it was asked."""
+        self.ops -= 1  # counted again by apply()
+        stats = self._stats()
+        before = {"op": op.kind, "requested_bytes": op.nbytes, "free_bytes": stats["free_bytes"],
+                  "largest_free_bytes": stats["largest_free_bytes"],
+                  "utilization": stats["utilization"],
+                  "external_fragmentation": stats["external_fragmentation"]}
+        self.peak_external_fragmentation = max(self.peak_external_fragmentation,
+                                               before["external_fragmentation"])
+        result = self.apply(Op(op.kind, op.ref, op.nbytes, op.dt))
+        failed = isinstance(result, OutOfMemory)
+        self.probes.append({**before, "served": not failed,
+                            "cause": result.cause if failed else None})
+        return result
 
     def _cache_op(self, op: Op) -> object:
         cache: KVCache | None = self.pool.cache
@@ -251,7 +292,7 @@ class OpRunner:
         if util > self.peak_utilization:
             self.peak_utilization = util
         if pool.strategy != "paged" and self.ops % 8 == 0:  # an O(pool) scan: every 8th op only
-            frag = pool.stats()["external_fragmentation"]
+            frag = self._stats()["external_fragmentation"]
             self.peak_external_fragmentation = max(self.peak_external_fragmentation, frag)
 
     def release_all(self) -> int:
@@ -280,6 +321,7 @@ class OpRunner:
             "peak_external_fragmentation": self.peak_external_fragmentation,
             "held": len(self.held),
             "lost": self.lost,
+            "probes": list(self.probes),
         }
 
 
@@ -330,3 +372,85 @@ def run_scenario(name: str, strategy: str = "paged", seed: int = 0, num_blocks: 
     out["pool_counters"] = dict(pool.counters)
     out["check"] = pool.check() + (pool.cache.check() if pool.cache is not None else [])
     return out
+
+
+COMPARE_STRATEGIES = ("contiguous", "paged")
+
+
+def compare_scenario(name: str, seed: int = 0, num_blocks: int = 1024, policy: str = "lru",
+                     strategies: tuple[str, ...] = COMPARE_STRATEGIES) -> dict:
+    """Run the same seeded scenario on a fresh pool of each strategy; returns the reports side
+    by side (same geometry, so the same ops up to where the pools answer differently)."""
+    runs = {s: run_scenario(name, s, seed, num_blocks, policy) for s in strategies}
+    first = runs[strategies[0]]
+    return {"scenario": name, "seed": seed, "num_blocks": first["num_blocks"],
+            "block_bytes": first["block_bytes"], "strategies": runs}
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def comparison_text(cmp: dict) -> str:
+    """A side-by-side plain-text report of `compare_scenario`'s result."""
+    runs = cmp["strategies"]
+    names = list(runs)
+    bb, blocks = cmp["block_bytes"], cmp["num_blocks"]
+    rows: list[tuple[str, list[str]]] = [
+        ("ops run", [str(r["ops"]) for r in runs.values()]),
+        ("OOMs, capacity", [str(r["ooms"]["capacity"]) for r in runs.values()]),
+        ("OOMs, fragmentation", [str(r["ooms"]["fragmentation"]) for r in runs.values()]),
+        ("peak utilization", [f"{r['peak_utilization']:.1%}" for r in runs.values()]),
+        ("peak external fragmentation", [f"{r['peak_external_fragmentation']:.1%}" for r in runs.values()]),
+    ]
+    probes = {n: (r["probes"][0] if r["probes"] else None) for n, r in runs.items()}
+    if any(probes.values()):
+        def cell(n: str, fn) -> str:
+            p = probes[n]
+            return fn(p) if p else "-"
+        rows += [
+            ("large request", [cell(n, lambda p: "served" if p["served"] else f"FAILED ({p['cause']})")
+                               for n in names]),
+            ("  requested", [cell(n, lambda p: _size(p["requested_bytes"])) for n in names]),
+            ("  free at the time", [cell(n, lambda p: _size(p["free_bytes"])) for n in names]),
+            ("  largest free extent", [cell(n, lambda p: _size(p["largest_free_bytes"])) for n in names]),
+            ("  utilization at the time", [cell(n, lambda p: f"{p['utilization']:.1%}") for n in names]),
+            ("  external fragmentation", [cell(n, lambda p: f"{p['external_fragmentation']:.1%}") for n in names]),
+        ]
+    rows.append(("pool check", ["ok" if not r["check"] else "; ".join(r["check"]) for r in runs.values()]))
+    w0 = max(len(label) for label, _ in rows) + 2
+    widths = [max(len(n), *(len(vals[i]) for _, vals in rows)) + 2 for i, n in enumerate(names)]
+    lines = [
+        f"{cmp['scenario']} scenario, seed {cmp['seed']}: the same ops on a fresh pool of each "
+        f"strategy ({blocks} blocks of {_size(bb)} = {_size(blocks * bb)})",
+        "",
+        " " * w0 + "".join(n.rjust(w) for n, w in zip(names, widths)),
+    ]
+    for label, vals in rows:
+        lines.append(label.ljust(w0) + "".join(v.rjust(w) for v, w in zip(vals, widths)))
+    lines.append("")
+    verdict = []
+    for n in names:
+        p, r = probes[n], runs[n]
+        if p is None:
+            continue
+        if p["served"]:
+            frag = r["ooms"]["fragmentation"]
+            verdict.append(f"{n} served it" + ("" if frag else " and never failed for fragmentation") + ".")
+        else:
+            verdict.append(
+                f"{n} failed a {_size(p['requested_bytes'])} request with {_size(p['free_bytes'])} "
+                f"free ({p['requested_bytes'] / max(1, p['free_bytes']):.0%} of it), because the "
+                f"largest free extent was {_size(p['largest_free_bytes'])}: {p['cause']}.")
+    if verdict:
+        lines.append("Verdict: " + " ".join(verdict))
+    if "paged" in runs:
+        lines.append("(paged: any free blocks serve a request, so its largest usable extent is its "
+                     "whole free total and no memory is stranded.)")
+    if cmp["scenario"] == "fragmentation":
+        lines.append("(Each pool's capacity OOM is the fill phase's deliberate \"allocate until the "
+                     "pool refuses\".)")
+    return "\n".join(lines) + "\n"
