@@ -11,10 +11,10 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 
 from allocator import KVCache
-from allocator.errors import Conflict, InvalidRequest
+from allocator.errors import Conflict
 
 from .registry import PoolHandle, Registry
-from .schemas import KEY_PATTERN, POOL_NAME_PATTERN
+from .schemas import POOL_NAME_PATTERN, Key
 from .settings import Settings
 from .stream import Hub
 
@@ -35,8 +35,7 @@ RegistryDep = Annotated[Registry, Depends(get_registry)]
 HubDep = Annotated[Hub, Depends(get_hub)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
 PoolName = Annotated[str, Path(pattern=POOL_NAME_PATTERN, description="pool name", examples=["default"])]
-EntryKey = Annotated[str, Path(min_length=1, max_length=256, pattern=KEY_PATTERN,
-                               description="cache key", examples=["session-1"])]
+EntryKey = Annotated[Key, Path(description="cache key", examples=["session-1"])]
 
 
 async def get_pool(pool: PoolName, registry: RegistryDep) -> PoolHandle:
@@ -56,8 +55,3 @@ async def get_cache(handle: PoolDep) -> KVCache:
 
 CacheDep = Annotated[KVCache, Depends(get_cache)]
 
-
-def valid_key(key: str) -> str:
-    if not key.isprintable():
-        raise InvalidRequest("key must be printable characters")
-    return key

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 POOL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 # Printable: no control characters (C0, DEL, C1). '/' cannot reach a path parameter anyway.
@@ -13,7 +13,22 @@ MAX_BYTES = 1 << 60
 MAX_TOKENS = 1 << 40
 
 PoolName = Annotated[str, Field(pattern=POOL_NAME_PATTERN, examples=["default"])]
-Key = Annotated[str, Field(min_length=1, max_length=256, pattern=KEY_PATTERN, examples=["session-1"])]
+KEY_FIELD = Field(min_length=1, max_length=256, pattern=KEY_PATTERN, description="cache key",
+                  examples=["session-1"])
+
+
+def check_key(key: str) -> str:
+    """The checks a pattern cannot say: printable (no unassigned or separator characters), and
+    no U+FFFD, which is what invalid UTF-8 in a URL path decodes to (`%FF` and `%FE` alike)."""
+    if not key.isprintable():
+        raise ValueError("key must be printable characters")
+    if "\ufffd" in key:
+        raise ValueError("key must be valid UTF-8 without U+FFFD (invalid bytes in a path decode to it)")
+    return key
+
+
+# The one key type, for path parameters (app/deps.py `EntryKey`) and batch ops alike.
+Key = Annotated[str, KEY_FIELD, AfterValidator(check_key)]
 Bytes = Annotated[int, Field(gt=0, le=MAX_BYTES, examples=[65536])]
 Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS, examples=[128])]
 Priority = Annotated[int, Field(ge=-(1 << 31), le=(1 << 31) - 1)]
@@ -70,6 +85,11 @@ class PoolCreate(Strict):
         _exactly_one(self, "num_blocks", "capacity_bytes")
         if self.block_bytes is None and self.model is None:
             raise ValueError("give 'block_bytes', or 'model' (with optional 'tokens_per_block')")
+        # Options of another strategy are refused rather than silently ignored.
+        if self.fit is not None and self.strategy != "contiguous":
+            raise ValueError(f"'fit' applies only to strategy 'contiguous', not {self.strategy!r}")
+        if self.tiers is not None and self.strategy != "tiered":
+            raise ValueError(f"'tiers' applies only to strategy 'tiered', not {self.strategy!r}")
         return self
 
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response, status
 from allocator.errors import NotFound
 
 from ..auth import check_token
-from ..deps import CacheDep, EntryKey, PoolDep, valid_key
+from ..deps import CacheDep, EntryKey, PoolDep
 from ..schemas import EntryList, EntryOut, EntryPut, PutOut
 
 router = APIRouter(prefix="/api/pools/{pool}/entries", tags=["entries"])
@@ -33,7 +33,7 @@ async def list_entries(
 )
 async def put_entry(key: EntryKey, body: EntryPut, cache: CacheDep, response: Response) -> dict:
     nbytes = cache.pool.to_bytes(body.bytes, body.tokens)
-    result = cache.put(valid_key(key), nbytes, body.priority, body.ttl_s, body.pinned)
+    result = cache.put(key, nbytes, body.priority, body.ttl_s, body.pinned)
     response.status_code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
     return {"entry": result.entry.to_dict(cache.clock(), cache.pool), "evicted": result.evicted}
 
@@ -41,7 +41,7 @@ async def put_entry(key: EntryKey, body: EntryPut, cache: CacheDep, response: Re
 @router.get("/{key}", response_model=EntryOut, dependencies=[Depends(check_token)],
             description="A hit touches the entry; a miss is 404. Needs the token when one is set.")
 async def get_entry(key: EntryKey, cache: CacheDep) -> dict:
-    entry = cache.get(valid_key(key))
+    entry = cache.get(key)
     if entry is None:
         raise NotFound("entry", key)
     return entry.to_dict(cache.clock(), cache.pool)
@@ -49,7 +49,7 @@ async def get_entry(key: EntryKey, cache: CacheDep) -> dict:
 
 @router.delete("/{key}", status_code=status.HTTP_204_NO_CONTENT)
 async def delete_entry(key: EntryKey, cache: CacheDep) -> Response:
-    cache.remove(valid_key(key))
+    cache.remove(key)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -61,7 +61,6 @@ async def delete_entry(key: EntryKey, cache: CacheDep) -> Response:
     description="Raw bytes written into the entry's device blocks (at most the entry's size).",
 )
 async def put_data(key: EntryKey, request: Request, handle: PoolDep, cache: CacheDep) -> Response:
-    valid_key(key)
     cache.peek(key)  # 404 before reading a body that has nowhere to go
     payload = await request.body()
     async with handle.lock:  # the body was awaited: re-resolve the entry under the lock
@@ -75,4 +74,4 @@ async def put_data(key: EntryKey, request: Request, handle: PoolDep, cache: Cach
     responses={200: {"content": {OCTET: {"schema": {"type": "string", "format": "binary"}}}}},
 )
 async def get_data(key: EntryKey, cache: CacheDep) -> Response:
-    return Response(cache.read(valid_key(key)), media_type=OCTET)
+    return Response(cache.read(key), media_type=OCTET)

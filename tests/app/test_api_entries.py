@@ -78,6 +78,17 @@ def test_key_validation(client):
     assert client.get(f"{BASE}/caf%C3%A9 1").json()["key"] == "café 1"
 
 
+@pytest.mark.parametrize("raw", ["a%FFb", "a%FEb", "%EF%BF%BD", "%C3", "a%E2%80%A8b"])
+def test_invalid_utf8_and_unprintable_keys_are_422_on_every_route(client, raw):
+    client.put(f"{BASE}/a", json={"bytes": 1})
+    before = state_of(client)
+    for method, suffix, kw in (("PUT", "", {"json": {"bytes": 1}}), ("GET", "", {}), ("DELETE", "", {}),
+                               ("PUT", "/data", {"content": b"x"}), ("GET", "/data", {})):
+        err = assert_error(client.request(method, f"{BASE}/{raw}{suffix}", **kw), 422, "invalid_request")
+        assert err["details"]["field"] == "key"
+    assert state_of(client) == before
+
+
 def test_delete_then_404(client):
     client.put(f"{BASE}/a", json={"bytes": 10})
     assert client.delete(f"{BASE}/a").status_code == 204

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import assert_error, assert_ok_check, state_of
 
 OPS = "/api/pools/default/ops"
@@ -57,6 +58,16 @@ def test_malformed_batch_is_422_and_runs_nothing(client):
                  {"ops": [{"op": "allocate", "bytes": 1}, {"op": "free"}]},
                  {"ops": "nope"}, {}, {"ops": [], "x": 1}):
         assert_error(client.post(OPS, json=body), 422, "invalid_request")
+    assert state_of(client) == before
+
+
+@pytest.mark.parametrize("op", ["put", "get", "delete"])
+@pytest.mark.parametrize("key", ["a\u2028b", "\ufffd", "a\U000e0001", "a\x85"])
+def test_batch_keys_are_validated_like_path_keys(client, op, key):
+    before = state_of(client)
+    body = {"ops": [{"op": "allocate", "bytes": 1}, {"op": op, "key": key, **({"bytes": 1} if op == "put" else {})}]}
+    err = assert_error(client.post(OPS, json=body), 422, "invalid_request")
+    assert err["details"]["field"] == f"ops.1.{op}.key"
     assert state_of(client) == before
 
 

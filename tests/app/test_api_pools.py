@@ -84,6 +84,21 @@ def test_validation_message_names_the_field(client):
     assert err["details"]["field"] == "num_blocks"
 
 
+@pytest.mark.parametrize("spec,field", [
+    ({"strategy": "paged", "fit": "best"}, "fit"),
+    ({"strategy": "tiered", "fit": "first"}, "fit"),
+    ({"fit": "worst"}, "fit"),  # paged by default
+    ({"strategy": "paged", "tiers": [{"name": "s", "units": 1, "share": 1.0}]}, "tiers"),
+    ({"strategy": "contiguous", "tiers": [{"name": "s", "units": 1, "share": 1.0}]}, "tiers"),
+])
+def test_options_of_another_strategy_are_refused_not_ignored(client, spec, field):
+    before = state_of(client)
+    err = assert_error(client.post("/api/pools", json={"name": "x", "num_blocks": 8, "block_bytes": 64, **spec}),
+                       422, "invalid_request")
+    assert f"'{field}'" in err["message"]
+    assert state_of(client) == before
+
+
 def test_pool_count_is_capped(client):
     for i in range(7):
         assert client.post("/api/pools", json={"name": f"p{i}", "num_blocks": 4, "block_bytes": 64}).status_code == 201
