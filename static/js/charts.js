@@ -18,6 +18,9 @@ function xRange(_u, min, max) {
   return max - min < 1 ? [max - 60, max + 1] : [min, max];
 }
 
+const EXT_LABEL = "external frag";
+const PAGED_EXT_LABEL = "free scatter (harmless when paged)";
+
 /** Chart definitions: which history columns (see model.HISTORY_SERIES) each one shows. */
 const CHARTS = [
   {
@@ -27,7 +30,7 @@ const CHARTS = [
     series: [
       { label: "utilization", stroke: "#4fc3f7", fill: "rgba(79,195,247,0.10)", width: 1.5 },
       { label: "internal frag", stroke: "#ffb74d", width: 1.5 },
-      { label: "external frag", stroke: "#ef5350", width: 1.5 },
+      { label: EXT_LABEL, stroke: "#ef5350", width: 1.5 },
     ],
     range: [0, 1],
     axis: pctAxis,
@@ -94,9 +97,20 @@ export function createCharts(root, model) {
 
   let lastDraw = 0;
   let pending = 0;
+  let labelledFor = "";
+
+  /** On a paged pool "external frag" is only scatter: it never fails a request; say so in the legend. */
+  function labelFor(strategy) {
+    if (strategy === labelledFor) return;
+    labelledFor = strategy;
+    const labels = Array.from(plots[0].box.querySelectorAll(".u-legend .u-series .u-label"));
+    const label = labels.find((el) => el.textContent === EXT_LABEL || el.textContent === PAGED_EXT_LABEL);
+    if (label) label.textContent = strategy === "paged" ? PAGED_EXT_LABEL : EXT_LABEL;
+  }
 
   function draw() {
     pending = 0;
+    if (model.config) labelFor(model.config.strategy);
     lastDraw = performance.now();
     const cols = model.history.toArrays();
     for (const { def, plot } of plots) {

@@ -45,7 +45,7 @@ const poolNameFor = (strategy) => `cmp-${strategy}`;
  * @param {{status: (msg: string, kind?: string) => void}} env
  */
 export function createCompare(grid, env) {
-  /** @type {{name:string, strategy:string, model:PoolModel, socket:any, heatmap:any, spark:any, peakExt:number, numbers:HTMLElement, alerts:HTMLElement, conn:HTMLElement}[]} */
+  /** @type {{name:string, strategy:string, model:PoolModel, socket:any, heatmap:any, spark:any, peakExt:number, numbers:HTMLElement, alerts:HTMLElement, verdict:HTMLElement, conn:HTMLElement}[]} */
   let panes = [];
   let visible = false;
   let timer = 0;
@@ -70,16 +70,27 @@ export function createCompare(grid, env) {
       if (s) p.peakExt = Math.max(p.peakExt, s.external_fragmentation || 0);
       const cols = p.model.history.toArrays();
       p.spark.setData([cols[0], cols[1], cols[3]]);
+      const paged = p.strategy === "paged";
+      // On a paged pool scattered free space never fails a request: show it, but as what it is.
+      const extCls = (v) => (paged ? "calm" : v >= 0.5 ? "hot" : "");
       p.numbers.innerHTML = s
         ? `<span><label>util</label><b>${pct(s.utilization)}</b></span>
-           <span><label>ext frag</label><b class="${s.external_fragmentation >= 0.5 && p.strategy !== "paged" ? "hot" : ""}">${pct(s.external_fragmentation)}</b></span>
-           <span><label>peak ext frag</label><b class="${p.peakExt >= 0.5 && p.strategy !== "paged" ? "hot" : ""}">${pct(p.peakExt)}</b></span>
+           <span><label>${paged ? "scatter (never fails)" : "ext frag"}</label><b class="${extCls(s.external_fragmentation)}">${pct(s.external_fragmentation)}</b></span>
+           <span><label>${paged ? "peak scatter" : "peak ext frag"}</label><b class="${extCls(p.peakExt)}">${pct(p.peakExt)}</b></span>
            <span><label>largest free</label><b>${formatBytes(s.largest_free_bytes)}</b></span>
            <span><label>OOM cap / frag</label><b class="${o.fragmentation ? "hot" : ""}">${o.capacity} / ${o.fragmentation}</b></span>
            <span><label>int frag</label><b>${pct(s.internal_fragmentation)}</b></span>
            <span><label>free extents</label><b>${s.free_extent_count ?? "—"}</b></span>
            <span><label>workload</label><b class="small">${w ? `${w.state} ${w.done}/${w.total}` : "—"}</b></span>`
         : `<span class="muted">waiting for stats…</span>`;
+      const fragOom = p.model.alerts().some((a) => a.code === "oom-fragmentation");
+      p.verdict.hidden = fragOom || !s;
+      if (!fragOom && s) {
+        p.verdict.className = `cmp-verdict ${paged || o.fragmentation === 0 && w && w.state !== "running" ? "ok" : "wait"}`;
+        p.verdict.textContent = paged
+          ? "No OOM with memory free, ever: any free block serves any request."
+          : w && w.state !== "running" ? "No OOM with memory free in this run." : "No OOM with memory free so far.";
+      }
       renderAlerts(p.alerts, p.model.alerts().filter((a) => a.code === "oom-fragmentation"));
     }
   }
@@ -95,8 +106,8 @@ export function createCompare(grid, env) {
     box.className = "panel compare-pane";
     box.dataset.pool = name;
     box.innerHTML = `<div class="panel-head"><h2>${name}</h2><span class="conn small" data-state="connecting"><i></i><span></span></span></div>
-      <div class="cmp-alerts"></div><div class="cmp-numbers"></div>
-      <div class="cmp-spark"><span class="hint"><i class="sw" style="background:#4fc3f7"></i> utilization <i class="sw" style="background:#ef5350"></i> external fragmentation</span></div>
+      <div class="cmp-alerts"></div><div class="cmp-verdict" hidden></div><div class="cmp-numbers"></div>
+      <div class="cmp-spark"><span class="hint"><i class="sw" style="background:#4fc3f7"></i> utilization <i class="sw" style="background:#ef5350"></i> ${strategy === "paged" ? "free-space scatter (harmless here)" : "external fragmentation"}</span></div>
       <div class="cmp-map"></div>`;
     grid.appendChild(box);
     const model = new PoolModel();
@@ -148,6 +159,7 @@ export function createCompare(grid, env) {
       peakExt: 0,
       numbers: /** @type {HTMLElement} */ (box.querySelector(".cmp-numbers")),
       alerts: /** @type {HTMLElement} */ (box.querySelector(".cmp-alerts")),
+      verdict: /** @type {HTMLElement} */ (box.querySelector(".cmp-verdict")),
       conn,
     });
   }

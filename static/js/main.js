@@ -206,6 +206,7 @@ function showView(view) {
   document.querySelectorAll("[data-view]").forEach((b) => b.classList.toggle("on", /** @type {HTMLElement} */ (b).dataset.view === view));
   $("#view-dashboard").hidden = view !== "dashboard";
   $("#view-compare").hidden = view !== "compare";
+  $("#alerts").hidden = view !== "dashboard"; // they are about the dashboard's pool, not the compared ones
   if (view === "compare") compare.show();
   else compare.hide();
   if (window.location.hash !== `#${view}`) window.history.replaceState(null, "", view === "dashboard" ? window.location.pathname + window.location.search : `#${view}`);

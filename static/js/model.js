@@ -158,6 +158,18 @@ export const SKIPPED = "skipped";
 const skippedMarker = (seq, ts, count) => /** @type {PoolEvent} */ ({ seq, ts, type: SKIPPED, count });
 
 /**
+ * Share of the pool's blocks that cannot be reclaimed (used or pinned): a cache pool full of
+ * evictable entries is working as intended, not close to failing.
+ * @param {PoolStats|null} stats
+ */
+export function pressureOf(stats) {
+  if (!stats) return 0;
+  const by = /** @type {any} */ (stats).blocks_by_state;
+  if (!by || !stats.total_blocks) return stats.utilization || 0;
+  return ((by.used || 0) + (by.pinned || 0)) / stats.total_blocks;
+}
+
+/**
  * Alerts for the banner, from the latest stats and the "OOM with memory free" latch.
  * @param {PoolStats|null} stats
  * @param {PoolEvent|null} fragmentationOom the latest oom event with cause fragmentation since the last defragment/reset
@@ -176,11 +188,12 @@ export function computeAlerts(stats, fragmentationOom, thresholds = DEFAULT_THRE
     });
   }
   if (!stats) return alerts;
-  const u = stats.utilization;
+  const u = pressureOf(stats);
+  const what = stats.cache ? `${pct(u)} of the pool is held by allocations the cache cannot evict` : `Utilization ${pct(u)}`;
   if (u >= thresholds.utilizationCritical) {
-    alerts.push({ code: "utilization", level: "critical", message: `Utilization ${pct(u)}: the pool is full.` });
+    alerts.push({ code: "utilization", level: "critical", message: `${what}: the pool is full.` });
   } else if (u >= thresholds.utilizationWarn) {
-    alerts.push({ code: "utilization", level: "warn", message: `Utilization ${pct(u)}: close to full.` });
+    alerts.push({ code: "utilization", level: "warn", message: `${what}: close to full.` });
   }
   const ext = stats.external_fragmentation;
   if (stats.strategy !== "paged" && ext >= thresholds.externalFragmentationWarn && stats.free_blocks > 0) {

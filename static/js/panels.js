@@ -1,7 +1,7 @@
 // DOM renderers for the read-only panels: current numbers, alert banner, event log.
 
 import { escapeHtml } from "./heatmap.js";
-import { SKIPPED, filterEvents, formatBytes, hitRateOf, pct } from "./model.js";
+import { SKIPPED, filterEvents, formatBytes, hitRateOf, pct, pressureOf } from "./model.js";
 
 /** The log shows at most this many rows; rebuilding more on every batch costs frames. */
 export const LOG_ROWS = 200;
@@ -22,10 +22,16 @@ export function numbersHtml(s, evictionsPerSec) {
   const c = s.cache;
   const cell = (label, value, sub = "", cls = "") => `<div class="num ${cls}"><label>${label}</label><b>${value}</b><small>${sub}</small></div>`;
   const ooms = s.ooms || { capacity: 0, fragmentation: 0 };
+  const cached = /** @type {any} */ (s).blocks_by_state ? /** @type {any} */ (s).blocks_by_state.cached || 0 : 0;
+  const blocks = `${(s.used_blocks ?? 0).toLocaleString()} / ${(s.total_blocks ?? 0).toLocaleString()} blocks`;
+  // paged pools serve any request from any free blocks: scattered free space costs nothing there
+  const ext = s.strategy === "paged"
+    ? cell("free scatter", pct(s.external_fragmentation), `${s.free_extent_count ?? "?"} free extents · harmless when paged`, "calm")
+    : cell("external frag", pct(s.external_fragmentation), `${s.free_extent_count ?? "?"} free extents`, s.external_fragmentation >= 0.5 ? "hot" : "");
   return [
-    cell("utilization", pct(s.utilization), `${(s.used_blocks ?? 0).toLocaleString()} / ${(s.total_blocks ?? 0).toLocaleString()} blocks`, s.utilization >= 0.9 ? "hot" : ""),
+    cell("utilization", pct(s.utilization), cached ? `${blocks} · ${cached.toLocaleString()} evictable` : blocks, pressureOf(s) >= 0.9 ? "hot" : ""),
     cell("internal frag", pct(s.internal_fragmentation), `${formatBytes((s.allocated_bytes || 0) - (s.requested_bytes || 0))} wasted in blocks`),
-    cell("external frag", pct(s.external_fragmentation), `${s.free_extent_count ?? "?"} free extents`, s.external_fragmentation >= 0.5 && s.strategy !== "paged" ? "hot" : ""),
+    ext,
     cell("largest free", formatBytes(s.largest_free_bytes), `of ${formatBytes(s.free_bytes ?? (s.free_blocks || 0) * (s.block_bytes || 0))} free`),
     cell("OOMs", `${ooms.capacity + ooms.fragmentation}`, `capacity ${ooms.capacity} · fragmentation ${ooms.fragmentation}`, ooms.fragmentation > 0 ? "hot" : ""),
     cell("hit rate", hr == null ? "—" : pct(hr), c ? `${c.hits ?? 0} hits · ${c.misses ?? 0} misses` : "no cache on this pool"),

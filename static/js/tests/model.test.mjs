@@ -232,3 +232,13 @@ test("a restarted server's hello forgets old seqs and freed ids", () => {
   assert.equal(m.lastSeq, 3);
   assert.equal(m.gapUpTo(3), null);
 });
+
+test("a cache pool full of evictable entries raises no utilization alert", async () => {
+  const { pressureOf } = await import("../model.js");
+  const full = stats({ utilization: 0.95, used_blocks: 95, free_blocks: 5, blocks_by_state: { free: 5, used: 3, cached: 90, pinned: 2 }, cache: { hits: 1, misses: 0 } });
+  assert.equal(pressureOf(full), 0.05);
+  assert.deepEqual(computeAlerts(full, null), []);
+  const stuck = stats({ utilization: 0.95, blocks_by_state: { free: 5, used: 80, cached: 5, pinned: 10 }, cache: {} });
+  assert.deepEqual(computeAlerts(stuck, null).map((a) => [a.code, a.level]), [["utilization", "warn"]]);
+  assert.match(computeAlerts(stuck, null)[0].message, /cannot evict/);
+});
