@@ -1,8 +1,8 @@
 """The one place that turns failures into HTTP errors: `{"error": {code, message, details}}`.
 
 Core errors map by type (NotFound 404, Conflict 409, TooLarge 413, InvalidRequest 422,
-OutOfMemory 507); FastAPI's validation errors become 422 naming the field; auth errors are
-`ApiError`s. Routes never catch core errors themselves.
+OutOfMemory 507); FastAPI's validation errors, and bodies that are not JSON, become 422
+naming the field (`body` for unparsable JSON); auth errors are `ApiError`s. Routes never catch core errors themselves.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ STATUS_OF: tuple[tuple[type[KVScopeError], int], ...] = (
 HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
               405: "method_not_allowed", 406: "not_acceptable", 409: "conflict",
               413: "too_large", 415: "unsupported_media_type", 422: "invalid_request"}
+
+
+# FastAPI's detail on the 400 it raises when reading a JSON body fails other than by a decode error.
+BODY_PARSE_FAILED = "There was an error parsing the body"
 
 
 class ApiError(Exception):
@@ -65,8 +69,20 @@ def _jsonable(details: dict) -> dict:
 
 
 def _field_of(err: dict) -> str:
+    if err.get("type") == "json_invalid":  # its loc is ("body", character offset)
+        return "body"
     loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
     return ".".join(loc) or "body"
+
+
+def _message_of(err: dict) -> str:
+    msg = str(err.get("msg", "invalid value"))
+    if err.get("type") == "json_invalid":
+        loc = err.get("loc", ())
+        reason = (err.get("ctx") or {}).get("error")
+        where = f" at position {loc[-1]}" if len(loc) > 1 else ""
+        return f"{msg}{where}" + (f": {reason}" if reason else "")
+    return msg
 
 
 async def handle_core(request: Request, exc: KVScopeError) -> JSONResponse:
@@ -82,15 +98,32 @@ async def handle_validation(request: Request, exc: RequestValidationError) -> JS
     errors = exc.errors()
     first = errors[0] if errors else {}
     field = _field_of(first) if first else "body"
-    message = f"{field}: {first.get('msg', 'invalid value')}" if first else "invalid request"
-    problems = [{"field": _field_of(e), "message": str(e.get("msg", ""))} for e in errors[:20]]
+    message = f"{field}: {_message_of(first)}" if first else "invalid request"
+    problems = [{"field": _field_of(e), "message": _message_of(e)} for e in errors[:20]]
     return JSONResponse(error_body("invalid_request", message, {"field": field, "errors": problems}), 422)
 
 
 async def handle_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 400 and exc.detail == BODY_PARSE_FAILED:
+        return _unparsable_body(exc.__cause__)
     code = HTTP_CODES.get(exc.status_code, "error")
     return JSONResponse(error_body(code, str(exc.detail)), exc.status_code,
                         headers=getattr(exc, "headers", None))
+
+
+def _unparsable_body(cause: BaseException | None) -> JSONResponse:
+    """FastAPI's 400 for a body `json.loads` gave up on with something other than a decode
+    error (nesting past the recursion limit, an integer past int's digit limit): it is invalid
+    input like any other, so 422 `invalid_request` on the field `body`."""
+    if isinstance(cause, RecursionError):
+        reason = "nested too deeply"
+    elif isinstance(cause, ValueError) and "digits" in str(cause):
+        reason = "an integer has too many digits"
+    else:
+        reason = "not parsable"
+    problem = f"invalid JSON ({reason})"
+    return JSONResponse(error_body("invalid_request", f"body: {problem}", {
+        "field": "body", "errors": [{"field": "body", "message": problem}]}), 422)
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:

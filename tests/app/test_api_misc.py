@@ -47,6 +47,25 @@ def test_unknown_route_and_method_use_the_error_shape(client):
     assert_error(client.patch("/api/pools"), 405, "method_not_allowed")
 
 
+@pytest.mark.parametrize("body,reason", [
+    ("[" * 100_000, "nested too deeply"),
+    ('{"bytes": ' + "9" * 5000 + "}", "too many digits"),
+])
+def test_unparsable_json_is_422_on_the_body_field_not_400(client, body, reason):
+    r = client.post("/api/pools/default/allocations", content=body, headers={"content-type": "application/json"})
+    err = assert_error(r, 422, "invalid_request")
+    assert err["details"]["field"] == "body" and reason in err["message"]
+
+
+@pytest.mark.parametrize("body,pos", [('{"bytes": 1', 11), ('{"bytes": 1}x', 12), ("{,}", 1)])
+def test_malformed_json_names_the_body_field_with_the_position_in_the_message(client, body, pos):
+    r = client.post("/api/pools/default/ops", content=body, headers={"content-type": "application/json"})
+    err = assert_error(r, 422, "invalid_request")
+    assert err["details"]["field"] == "body"
+    assert [e["field"] for e in err["details"]["errors"]] == ["body"]
+    assert err["message"].startswith(f"body: JSON decode error at position {pos}: ")
+
+
 def test_page_renders_when_installed(client):
     r = client.get("/")
     if r.status_code == 404:
