@@ -282,11 +282,16 @@ class OpDelete(Strict):
     key: Key
 
 
+class OpEvict(Strict):
+    op: Literal["evict"]
+    key: Key
+
+
 class OpDefragment(Strict):
     op: Literal["defragment"]
 
 
-Op = Annotated[OpAllocate | OpExtend | OpFree | OpPut | OpGet | OpDelete | OpDefragment,
+Op = Annotated[OpAllocate | OpExtend | OpFree | OpPut | OpGet | OpDelete | OpEvict | OpDefragment,
                Field(discriminator="op")]
 
 

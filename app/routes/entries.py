@@ -1,4 +1,4 @@
-"""Cache entries: put, get (touch), delete, list in eviction order, and their raw data."""
+"""Cache entries: put, get (touch), delete, evict, list in eviction order, and their raw data."""
 
 from __future__ import annotations
 
@@ -50,6 +50,13 @@ async def get_entry(key: EntryKey, cache: CacheDep) -> dict:
 @router.delete("/{key}", status_code=status.HTTP_204_NO_CONTENT)
 async def delete_entry(key: EntryKey, cache: CacheDep) -> Response:
     cache.remove(key)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{key}/evict", status_code=status.HTTP_204_NO_CONTENT,
+             description="Evict the entry now (an `evict` event, reason `manual`); a pinned entry is 409.")
+async def evict_entry(key: EntryKey, cache: CacheDep) -> Response:
+    cache.evict(key)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -61,12 +61,17 @@ def _delete(pool, op) -> dict:
     return {"ok": True}
 
 
+def _evict(pool, op) -> dict:
+    _cache(pool).evict(op.key)
+    return {"ok": True}
+
+
 def _defragment(pool, op) -> dict:
     return {"ok": True, **pool.defragment().to_dict()}
 
 
 RUNNERS = {"allocate": _allocate, "extend": _extend, "free": _free, "put": _put, "get": _get,
-           "delete": _delete, "defragment": _defragment}
+           "delete": _delete, "evict": _evict, "defragment": _defragment}
 
 
 def run_ops(pool, ops, stop_on_error: bool) -> list[dict]:
@@ -85,7 +90,7 @@ def run_ops(pool, ops, stop_on_error: bool) -> list[dict]:
 
 
 @router.post("", response_model=BatchOut, description=(
-    "Run ops in order (allocate, extend, free, put, get, delete, defragment). Each result is "
+    "Run ops in order (allocate, extend, free, put, get, delete, evict, defragment). Each result is "
     "`{ok: true, ...}` or `{ok: false, error}`; with stop_on_error the run stops at the first "
     "failure and `results` is shorter than `ops`."))
 async def run_batch(body: BatchIn, handle: PoolDep, settings: SettingsDep) -> Response:

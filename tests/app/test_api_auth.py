@@ -16,6 +16,7 @@ MUTATIONS = [
     ("DELETE", "/api/pools/default/allocations/1", None),
     ("PUT", "/api/pools/default/entries/a", {"bytes": 1}),
     ("DELETE", "/api/pools/default/entries/a", None),
+    ("POST", "/api/pools/default/entries/a/evict", None),
     ("PUT", "/api/pools/default/entries/a/data", None),
     ("POST", "/api/pools/default/ops", {"ops": [{"op": "allocate", "bytes": 1}]}),
     ("PUT", "/api/pools/default/cache/policy", {"policy": "lfu"}),

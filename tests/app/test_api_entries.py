@@ -89,6 +89,27 @@ def test_invalid_utf8_and_unprintable_keys_are_422_on_every_route(client, raw):
     assert state_of(client) == before
 
 
+def test_manual_evict_is_204_with_an_evict_event_of_reason_manual(client):
+    client.put(f"{BASE}/a", json={"bytes": 10})
+    client.put(f"{BASE}/b", json={"bytes": 10})
+    r = client.post(f"{BASE}/a/evict")
+    assert r.status_code == 204 and r.content == b""
+    assert [e["key"] for e in client.get(BASE).json()["entries"]] == ["b"]
+    evicts = [e for e in client.get("/api/pools/default/events").json()["events"] if e["type"] == "evict"]
+    assert [(e["key"], e["reason"]) for e in evicts] == [("a", "manual")]
+    assert client.get("/api/pools/default/stats").json()["cache"]["evictions"]["manual"] == 1
+    assert_error(client.post(f"{BASE}/a/evict"), 404, "not_found")
+    assert_ok_check(client)
+
+
+def test_manual_evict_of_a_pinned_entry_is_409_and_changes_nothing(client):
+    client.put(f"{BASE}/p", json={"bytes": 10, "pinned": True})
+    before = state_of(client)
+    err = assert_error(client.post(f"{BASE}/p/evict"), 409, "conflict")
+    assert "pinned" in err["message"]
+    assert state_of(client) == before
+
+
 def test_delete_then_404(client):
     client.put(f"{BASE}/a", json={"bytes": 10})
     assert client.delete(f"{BASE}/a").status_code == 204

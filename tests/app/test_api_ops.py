@@ -71,6 +71,19 @@ def test_batch_keys_are_validated_like_path_keys(client, op, key):
     assert state_of(client) == before
 
 
+def test_evict_op_evicts_manually_and_fails_per_op_on_pinned_or_missing(client):
+    ops = [{"op": "put", "key": "a", "bytes": 10}, {"op": "put", "key": "p", "bytes": 10, "pinned": True},
+           {"op": "evict", "key": "a"}, {"op": "evict", "key": "p"}, {"op": "evict", "key": "a"}]
+    res = client.post(OPS, json={"ops": ops}).json()["results"]
+    assert res[2] == {"ok": True}
+    assert [r["ok"] for r in res] == [True, True, True, False, False]
+    assert (res[3]["error"]["code"], res[4]["error"]["code"]) == ("conflict", "not_found")
+    assert [e["key"] for e in client.get("/api/pools/default/entries").json()["entries"]] == ["p"]
+    evicts = [e for e in client.get("/api/pools/default/events").json()["events"] if e["type"] == "evict"]
+    assert [(e["key"], e["reason"]) for e in evicts] == [("a", "manual")]
+    assert_ok_check(client)
+
+
 def test_batch_cap_is_413_and_runs_nothing(client):
     before = state_of(client)
     ops = [{"op": "allocate", "bytes": 1}] * 1001
