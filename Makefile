@@ -2,8 +2,8 @@
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
-HOST    ?= 127.0.0.1
-PORT    ?= 8000
+HOST    ?= $(or $(KVSCOPE_HOST),127.0.0.1)
+PORT    ?= $(or $(KVSCOPE_PORT),8000)
 # A CPU build of torch installs from a local wheel here; on a GPU host pick the build you need.
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=

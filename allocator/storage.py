@@ -26,8 +26,8 @@ def resolve_device(device: str = "auto") -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise InvalidRequest(f"unknown device {device!r}: {exc}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidRequest("device 'cuda' requested but no CUDA device is available")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise InvalidRequest(f"device {device!r} requested; CUDA devices here: {torch.cuda.device_count()}")
     if dev.type not in ("cpu", "cuda"):
         raise InvalidRequest(f"device {device!r} is not supported; use auto, cpu or cuda")
     return dev

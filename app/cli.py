@@ -13,9 +13,13 @@ def serve(argv: list[str]) -> int:
     import uvicorn
 
     from .main import create_app
-    from .settings import get_settings
+    from .settings import SettingsError, get_settings
 
-    settings = get_settings()
+    try:
+        settings = get_settings()
+    except SettingsError as exc:
+        print(f"kvscope serve: {exc}", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog="kvscope serve", description="Run the kvscope server.")
     parser.add_argument("--host", default=settings.host)
     parser.add_argument("--port", type=int, default=settings.port)

@@ -84,6 +84,10 @@ class Registry:
     def __len__(self) -> int:
         return len(self._pools)
 
+    def find(self, name: str) -> PoolHandle | None:
+        """The pool named `name`, or None."""
+        return self._pools.get(name)
+
     def get(self, name: str) -> PoolHandle:
         try:
             return self._pools[name]

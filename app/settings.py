@@ -11,9 +11,23 @@ MIB = 1024 * KIB
 GIB = 1024 * MIB
 
 
-def _env_int(name: str, default: int) -> int:
+class SettingsError(ValueError):
+    """An environment variable that cannot be read; the message names it."""
+
+
+def _env_int(name: str, default: int, low: int = 0, high: int | None = None) -> int:
+    """`name` as an int in [low, high], or `default` when unset. Raises SettingsError."""
     raw = os.environ.get(name)
-    return default if raw in (None, "") else int(raw)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
+    if value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise SettingsError(f"{name} must be {bound}, got {value}")
+    return value
 
 
 @dataclass(slots=True)
@@ -38,9 +52,10 @@ class Settings:
 
     @classmethod
     def from_env(cls) -> Settings:
+        """Raises SettingsError naming the first variable that is not a valid number."""
         return cls(
             host=os.environ.get("KVSCOPE_HOST", "127.0.0.1"),
-            port=_env_int("KVSCOPE_PORT", 8000),
+            port=_env_int("KVSCOPE_PORT", 8000, 0, 65535),
             device=os.environ.get("KVSCOPE_DEVICE", "auto") or "auto",
             token=os.environ.get("KVSCOPE_TOKEN") or None,
             default_blocks=_env_int("KVSCOPE_DEFAULT_BLOCKS", 0),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import JSONResponse
@@ -90,10 +90,18 @@ async def pool_events(
     responses={200: {"content": {"application/octet-stream": {
         "schema": {"type": "string", "format": "binary"},
         "description": "a snapshot frame (docs/STREAM.md)"}}}},
+    description="JSON runs, or a binary snapshot frame with `format=binary` (or, without `format`, "
+                "`Accept: application/octet-stream`). `format` is `json` or `binary`; anything else is 422.",
 )
-async def blockmap(handle: PoolDep, accept: Annotated[str | None, Header()] = None) -> Response:
+async def blockmap(
+    handle: PoolDep,
+    format: Annotated[Literal["json", "binary"] | None, Query(description="json or binary")] = None,
+    accept: Annotated[str | None, Header()] = None,
+) -> Response:
     bm = handle.pool.blockmap
-    if accept and "application/octet-stream" in accept:
+    if format is None:
+        format = "binary" if accept and "application/octet-stream" in accept else "json"
+    if format == "binary":
         return Response(snapshot_frame(bm, 0), media_type="application/octet-stream")
     return JSONResponse({
         "num_blocks": bm.num_blocks,

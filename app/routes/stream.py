@@ -38,7 +38,7 @@ async def pool_stream(ws: WebSocket, pool: str) -> None:
         await ws.close(CLOSE_TOKEN_MISSING if problem == 401 else CLOSE_TOKEN_WRONG,
                        "token required" if problem == 401 else "wrong token")
         return
-    handle = ws.app.state.registry._pools.get(pool)
+    handle = ws.app.state.registry.find(pool)
     stream: PoolStream | None = handle.stream if handle is not None else None
     if stream is None:
         await ws.close(CLOSE_UNKNOWN_POOL, "unknown pool")

@@ -112,3 +112,52 @@ def test_cli_dispatches_to_the_workloads_cli(monkeypatch):
     assert calls == [("replay", ["--limit", "5"]), ("scenario", ["chat"])]
     assert cli.main(["bogus"]) == 2
     assert cli.main(["--help"]) == 0
+
+
+@pytest.mark.parametrize("name,value,says", [
+    ("KVSCOPE_PORT", "abc", "KVSCOPE_PORT must be an integer, got 'abc'"),
+    ("KVSCOPE_PORT", "70000", "KVSCOPE_PORT must be from 0 to 65535, got 70000"),
+    ("KVSCOPE_MAX_BODY", "-1", "KVSCOPE_MAX_BODY must be at least 0, got -1"),
+])
+def test_serve_with_a_bad_env_value_says_which_and_exits_2(monkeypatch, capsys, name, value, says):
+    import uvicorn
+
+    def never(*args, **kwargs):
+        raise AssertionError("serve must exit before starting the server")
+
+    monkeypatch.setattr(uvicorn, "run", never)
+    monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    try:
+        assert cli.main(["serve"]) == 2
+    finally:
+        get_settings.cache_clear()
+    err = capsys.readouterr().err
+    assert err == f"kvscope serve: {says}\n"
+
+
+def test_make_run_honours_kvscope_host_and_port():
+    import os
+    import shutil
+    import subprocess
+
+    from conftest import ROOT
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+
+    clean = {k: v for k, v in os.environ.items() if k not in ("HOST", "PORT", "KVSCOPE_HOST", "KVSCOPE_PORT")}
+
+    def run_line(env: dict, *args: str) -> str:
+        out = subprocess.run(["make", "-n", "-s", "run", *args], cwd=ROOT, capture_output=True, text=True,
+                             env=clean | env)
+        return out.stdout.strip().splitlines()[-1]
+
+    assert run_line({}).endswith("serve --host 127.0.0.1 --port 8000")
+    assert run_line({"KVSCOPE_HOST": "0.0.0.0", "KVSCOPE_PORT": "9123"}).endswith("--host 0.0.0.0 --port 9123")
+    assert run_line({"KVSCOPE_PORT": "9123"}, "PORT=9000").endswith("--port 9000")
+
+
+def test_registry_find_is_none_for_an_unknown_pool(client):
+    registry = client.app.state.registry
+    assert registry.find("nope") is None and registry.find("default").name == "default"

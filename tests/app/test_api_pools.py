@@ -177,6 +177,27 @@ def test_blockmap_json_runs_and_binary_snapshot(client):
     assert len(r.content) == 16 + 8 + 5 * 256
 
 
+def test_blockmap_format_picks_json_or_binary_and_anything_else_is_422(client):
+    binary = client.get("/api/pools/default/blockmap", params={"format": "binary"})
+    assert binary.headers["content-type"] == "application/octet-stream" and binary.content[0] == 0x4B
+    as_json = client.get("/api/pools/default/blockmap", params={"format": "json"},
+                         headers={"Accept": "application/octet-stream"})
+    assert as_json.json()["num_blocks"] == 256
+    for bad in ("xml", "BINARY", ""):
+        err = assert_error(client.get("/api/pools/default/blockmap", params={"format": bad}), 422, "invalid_request")
+        assert err["details"]["field"] == "format"
+    described = client.get("/openapi.json").json()["paths"]["/api/pools/{pool}/blockmap"]["get"]["description"]
+    assert "format=binary" in described
+
+
+def test_unknown_cuda_device_is_422_echoing_what_was_asked(client):
+    before = state_of(client)
+    err = assert_error(client.post("/api/pools", json={"name": "g", "num_blocks": 8, "block_bytes": 64,
+                                                      "device": "cuda:99"}), 422, "invalid_request")
+    assert "'cuda:99'" in err["message"]
+    assert state_of(client) == before
+
+
 def test_check_reports_ok(client):
     assert client.get("/api/pools/default/check").json() == {"ok": True, "problems": []}
 
