@@ -1,32 +1,9 @@
-"""Fixtures for the server tests: an in-process app (TestClient) and a real uvicorn subprocess."""
+"""Fixtures for the server tests (the helpers live in apputil.py)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import warnings
-from pathlib import Path
-
-import httpx
 import pytest
-
-warnings.filterwarnings("ignore", "Using `httpx` with `starlette.testclient`")
-from fastapi.testclient import TestClient  # noqa: E402
-
-from app.main import create_app  # noqa: E402
-from app.settings import Settings  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-
-SMALL = dict(default_blocks=256, default_block_bytes=4096, max_pool_bytes=64 << 20,
-             max_blocks=1 << 20, max_pools=8, max_batch=1000, max_body=1 << 20)
-
-
-def make_client(**overrides) -> TestClient:
-    return TestClient(create_app(Settings(**{**SMALL, **overrides})))
+from apputil import Server, make_client
 
 
 @pytest.fixture
@@ -39,75 +16,6 @@ def client():
 def authed():
     with make_client(token="s3cret") as c:
         yield c
-
-
-def state_of(client, pool: str = "default") -> dict:
-    """What a rejected request must leave unchanged: the block map and the books."""
-    stats = client.get(f"/api/pools/{pool}/stats").json()
-    keep = ("used_blocks", "free_blocks", "requested_bytes", "allocated_bytes", "allocation_count",
-            "blocks_by_state")
-    cache = stats.get("cache") or {}
-    return {
-        "stats": {k: stats[k] for k in keep},
-        "cache": {k: cache.get(k) for k in ("used_bytes", "pinned_bytes", "entries", "policy")},
-        "runs": client.get(f"/api/pools/{pool}/blockmap").json()["runs"],
-        "pools": sorted(p["name"] for p in client.get("/api/pools").json()["pools"]),
-    }
-
-
-def assert_ok_check(client, pool: str = "default") -> None:
-    r = client.get(f"/api/pools/{pool}/check").json()
-    assert r["ok"], r["problems"]
-
-
-def assert_error(r, status: int, code: str) -> dict:
-    assert r.status_code == status, (r.status_code, r.text)
-    body = r.json()
-    assert set(body) == {"error"}, body
-    assert body["error"]["code"] == code, body
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-    assert isinstance(body["error"]["details"], dict)
-    return body["error"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A real `python -m app.cli serve` on a free loopback port."""
-
-    def __init__(self, env: dict | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}"
-        full_env = {**os.environ, "KVSCOPE_DEFAULT_BLOCKS": "4096", **(env or {})}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port)],
-            cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stdout.read().decode()}")
-            try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError("server did not start in 30 s")
-
-    def stop(self) -> str:
-        self.proc.terminate()
-        try:
-            out, _ = self.proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, _ = self.proc.communicate()
-        return out.decode(errors="replace")
 
 
 @pytest.fixture(scope="module")

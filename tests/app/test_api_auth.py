@@ -4,7 +4,7 @@ the entry GET, which touches the entry."""
 from __future__ import annotations
 
 import pytest
-from conftest import assert_error, state_of
+from apputil import assert_error, state_of
 
 MUTATIONS = [
     ("POST", "/api/pools", {"name": "x", "num_blocks": 4, "block_bytes": 64}),

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
-from conftest import assert_error, make_client
+from apputil import assert_error, make_client
 
 from app import cli
 from app.settings import Settings, get_settings
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository (conftest modules share one name)
 
 
 def test_healthz(client):
@@ -140,8 +143,6 @@ def test_make_run_honours_kvscope_host_and_port():
     import os
     import shutil
     import subprocess
-
-    from conftest import ROOT
 
     if shutil.which("make") is None:
         pytest.skip("make is not installed")

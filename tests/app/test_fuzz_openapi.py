@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
-from conftest import SMALL  # noqa: E402
+from apputil import SMALL  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from app.main import create_app  # noqa: E402
