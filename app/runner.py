@@ -2,8 +2,10 @@
 
 Every TICK_S the runner takes the pool's lock and calls `advance(TICK_S)`, which does what should
 happen in that much wall time at the workload's speed; progress goes to the stream as a
-`progress` message and into the pool's event log as `workload` events (on start, on every state
-change and about once a second).
+`progress` message. The workload logs its own lifecycle (`workload` events: running, finished,
+stopped); the runner adds one progress event about once a second while it runs, and the
+failure event when `advance` raises. Stopping calls the workload's `stop()`, which frees what
+it still holds.
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ async def start_workload(handle, hub, spec: dict) -> dict:
     workload = build(handle.pool, spec)
     handle.workload = workload
     progress = dict(workload.progress())
-    _record(handle, progress)
     hub.progress(handle, progress)
     handle.workload_task = asyncio.get_running_loop().create_task(
         _drive(handle, hub, workload), name=f"workload:{handle.name}")
@@ -55,7 +56,7 @@ async def start_workload(handle, hub, spec: dict) -> dict:
 
 async def _drive(handle, hub, workload) -> None:
     loop = asyncio.get_running_loop()
-    last_state, last_event = None, loop.time()
+    last_event = loop.time()
     running = True
     try:
         while running:
@@ -74,13 +75,13 @@ async def _drive(handle, hub, workload) -> None:
                 progress["state"] = "finished"
             hub.progress(handle, progress)
             now = loop.time()
-            if progress.get("state") != last_state or now - last_event >= EVENT_EVERY_S or not running:
+            if running and now - last_event >= EVENT_EVERY_S:
                 _record(handle, progress)
-                last_state, last_event = progress.get("state"), now
+                last_event = now
             await asyncio.sleep(max(0.0, TICK_S - (loop.time() - started)))
     except asyncio.CancelledError:
+        workload.stop()  # frees what it holds and logs "stopped"; no await: nothing interleaves
         progress = {**workload.progress(), "state": "stopped"}
-        _record(handle, progress)
         hub.progress(handle, progress)
         raise
 

@@ -19,24 +19,44 @@ WL = "/api/pools/default/workload"
 
 
 class StandIn:
-    """Allocates one block per step, `total` steps, 100 steps per second at speed 1."""
+    """Allocates one block per step, `total` steps, 100 steps per second at speed 1. Like the
+    real engine it logs its own lifecycle (running, finished, stopped) and `stop()` frees what
+    it allocated."""
 
     def __init__(self, pool, spec):
         self.pool, self.spec = pool, spec
         self.done, self.total = 0, spec.get("limit", 20)
         self.carry = 0.0
+        self.ids: list[int] = []
+        self.state = "running"
+        self._event()
+
+    def _event(self) -> None:
+        self.pool.events.record("workload", self.spec.get("name", "trace"), self.state,
+                                self.done, self.total)
 
     def advance(self, dt_s: float) -> bool:
         self.carry += dt_s * 100 * self.spec.get("speed", 1.0)
         while self.carry >= 1 and self.done < self.total:
-            self.pool.allocate(1)
+            self.ids.append(self.pool.allocate(1))
             self.done += 1
             self.carry -= 1
-        return self.done < self.total
+        if self.done < self.total:
+            return True
+        if self.state == "running":
+            self.state = "finished"
+            self._event()
+        return False
+
+    def stop(self) -> None:
+        if self.state == "running":
+            for aid in self.ids:
+                self.pool.free(aid)
+            self.state = "stopped"
+            self._event()
 
     def progress(self) -> dict:
-        state = "running" if self.done < self.total else "finished"
-        return {"name": self.spec.get("name", "trace"), "kind": self.spec["kind"], "state": state,
+        return {"name": self.spec.get("name", "trace"), "kind": self.spec["kind"], "state": self.state,
                 "done": self.done, "total": self.total}
 
 
@@ -81,7 +101,8 @@ def test_start_runs_to_completion_and_streams_progress(client, stand_in):
         assert progress[-1]["state"] == "finished"
     assert client.get("/api/pools/default/stats").json()["allocation_count"] == 30
     events = client.get("/api/pools/default/events", params={"limit": 10000}).json()["events"]
-    assert [e["state"] for e in events if e["type"] == "workload"][-1] == "finished"
+    states = [e["state"] for e in events if e["type"] == "workload"]
+    assert states[-1] == "finished" and states.count("finished") == 1 and states.count("running") >= 1
     assert_ok_check(client)
 
 
@@ -92,6 +113,11 @@ def test_second_start_is_409_and_delete_stops(client, stand_in):
     assert client.delete(WL).status_code == 204
     assert client.get(WL).json()["workload"]["state"] == "stopped"
     assert before_runs["state"] == "running"
+    # stopping frees what the workload allocated, and logs "stopped" once
+    assert client.get("/api/pools/default/stats").json()["allocation_count"] == 0
+    events = client.get("/api/pools/default/events", params={"limit": 10000}).json()["events"]
+    states = [e["state"] for e in events if e["type"] == "workload"]
+    assert states[0] == "running" and states.count("stopped") == 1 and states[-1] == "stopped"
     assert_error(client.delete(WL), 404, "not_found")
     assert client.post(WL, json={"kind": "trace", "limit": 1}).status_code == 202
 
@@ -126,3 +152,5 @@ def test_real_engine_runs_against_the_pool(client, spec):
     time.sleep(0.5)
     client.delete(WL)
     assert_ok_check(client)
+    stats = client.get("/api/pools/default/stats").json()
+    assert stats["allocation_count"] == stats.get("cache", {}).get("entries", 0)  # raw ones freed
