@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(VENV)/bin/kvscope serve --host $(HOST) --port $(PORT)
 
-test: install test-py test-js
+test: install lint test-py test-js
 
 test-py:
 	$(PY) -m pytest -q $(PYTEST_ARGS)
