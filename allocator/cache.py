@@ -106,6 +106,7 @@ class KVCache:
         self.hits = 0
         self.misses = 0
         self.evictions = dict.fromkeys(EVICTION_REASONS, 0)
+        self.refusals = 0  # puts refused because the budget is held by pinned entries
         pool.cache = self
 
     # -- policy ---------------------------------------------------------------------------
@@ -138,6 +139,14 @@ class KVCache:
                 s.insert(e.key)
         self.pool.events.record("policy", name)
 
+    def _unfile(self, key: str, priority: int, evicted: bool = False) -> None:
+        """Take `key` out of its priority's policy structure; an emptied structure goes too, so
+        the priorities scanned for a victim are only those that hold entries."""
+        s = self._by_priority[priority]
+        s.remove(key, evicted)
+        if not len(s):
+            del self._by_priority[priority]
+
     def _struct(self, priority: int):
         s = self._by_priority.get(priority)
         if s is None:
@@ -159,20 +168,21 @@ class KVCache:
         self,
         key: str,
         nbytes: int,
-        priority: int = 0,
+        priority: int | None = None,
         ttl_s: float | None = None,
-        pinned: bool = False,
+        pinned: bool | None = None,
     ) -> PutResult:
         """Insert or refresh `key` with `nbytes`; evict others until it fits.
 
-        An existing key is touched, its priority/ttl/pin updated, and resized if `nbytes`
-        differs. Raises InvalidRequest (bad key/size/ttl, or a size above the capacity) and
+        An existing key is touched and resized if `nbytes` differs; its priority, TTL and pin
+        change only where given (None keeps them; a new entry gets priority 0, no TTL,
+        unpinned). Raises InvalidRequest (bad key/size/ttl, or a size above the capacity) and
         OutOfMemory (nothing evictable is left); on either, existing entries are unchanged
         unless evictions were needed first (see the class NOTE).
         """
         if not (key.__class__ is str and 0 < len(key) <= MAX_KEY_LENGTH and nbytes.__class__ is int
-                and nbytes > 0 and priority.__class__ is int and ttl_s is None):
-            self._validate(key, nbytes, priority, ttl_s)
+                and nbytes > 0 and priority is None and ttl_s is None and pinned is None):
+            self._validate(key, nbytes, priority, ttl_s, pinned)
         need = self.pool.footprint(nbytes)
         if need > self.capacity_bytes:
             raise InvalidRequest(
@@ -183,10 +193,17 @@ class KVCache:
         entry = self._entries.get(key)
         if entry is not None:
             return self._refresh(entry, nbytes, priority, ttl_s, pinned, now)
+        priority = priority or 0
+        pinned = bool(pinned)
         evicted: list[str] = []
         self._make_room(need, None, evicted, self.pool.victim_filter(nbytes))
         aid = self._allocate(nbytes, PINNED if pinned else CACHED, None, evicted)
         held = need if self.pool.exact_footprint else self.pool.held_bytes(aid)
+        if held > need and self.used_bytes + held - self._evictable_bytes(None) > self.capacity_bytes:
+            # A tiered pool fell back to a larger block than the budget can hold even after
+            # evicting everything evictable: refuse rather than overrun the capacity.
+            self.pool.free(aid)
+            raise self._refuse_budget(held)
         entry = Entry(key, aid, nbytes, held, priority, pinned, ttl_s,
                       None if ttl_s is None else now + ttl_s, now, now)
         self._entries[key] = entry
@@ -253,7 +270,7 @@ class KVCache:
         entry = self.peek(key)
         if entry.pinned != pinned:
             if pinned:
-                self._by_priority[entry.priority].remove(key)
+                self._unfile(key, entry.priority)
                 self.pinned_bytes += entry.allocated_bytes
             else:
                 self._struct(entry.priority).insert(key)
@@ -339,6 +356,7 @@ class KVCache:
             "misses": self.misses,
             "hit_rate": self.hits / lookups if lookups else 0.0,
             "evictions": dict(self.evictions),
+            "refusals": self.refusals,
         }
 
     def check(self) -> list[str]:
@@ -391,13 +409,16 @@ class KVCache:
         return problems
 
     # -- internals --------------------------------------------------------------------------
-    def _validate(self, key: object, nbytes: object, priority: object, ttl_s: object) -> None:
+    def _validate(self, key: object, nbytes: object, priority: object, ttl_s: object,
+                  pinned: object = None) -> None:
         if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
             raise InvalidRequest(f"key must be a non-empty string of at most {MAX_KEY_LENGTH} characters")
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
             raise InvalidRequest(f"size must be a positive integer number of bytes, got {nbytes!r}")
-        if isinstance(priority, bool) or not isinstance(priority, int):
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             raise InvalidRequest(f"priority must be an integer, got {priority!r}")
+        if pinned is not None and not isinstance(pinned, bool):
+            raise InvalidRequest(f"pinned must be true or false, got {pinned!r}")
         if ttl_s is not None and (
             isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not ttl_s > 0
             or ttl_s == float("inf")
@@ -461,8 +482,10 @@ class KVCache:
         if over <= 0 and short <= 0:
             return
         spare = self._evictable_bytes(exclude)
-        if over > spare or short > spare:
-            raise self._refuse(need, "capacity")
+        if over > spare:
+            raise self._refuse_budget(need)
+        if short > spare:
+            raise self._refuse_pool(need)
         entries = self._entries
         while self.used_bytes + need > self.capacity_bytes:
             key = (helps is not None and self._next_victim(exclude, helps)) or self._next_victim(exclude)
@@ -471,10 +494,18 @@ class KVCache:
             self._evict(key, "ttl" if expired else "capacity")
             evicted.append(key)
 
-    def _refuse(self, need: int, cause: str) -> OutOfMemory:
+    def _refuse_pool(self, need: int) -> OutOfMemory:
+        """The pool itself cannot hold `need` even with every evictable entry gone."""
         pool = self.pool
         free = (pool.num_blocks - pool.used_blocks) * pool.block_bytes
-        return pool._oom(need, free, pool.largest_free_bytes(), cause)
+        return pool._oom(need, free, pool.largest_free_bytes(), "capacity")
+
+    def _refuse_budget(self, need: int) -> OutOfMemory:
+        """The cache's own budget cannot hold `need` (pinned entries fill it): counted by the
+        cache as a refusal, not as a pool OOM, since the pool may have memory to spare."""
+        self.refusals += 1
+        room = self.capacity_bytes - self.used_bytes + self._evictable_bytes(None)
+        return OutOfMemory(need, room, room, "capacity")
 
     def _allocate(self, nbytes: int, state: int, exclude: str | None, evicted: list[str]) -> int:
         """Allocate, evicting (reason oom) while the pool says out of memory, but only entries
@@ -490,18 +521,18 @@ class KVCache:
                 self._evict(key, "oom")
                 evicted.append(key)
 
-    def _refresh(self, entry: Entry, nbytes: int, priority: int, ttl_s: float | None,
-                 pinned: bool, now: float) -> PutResult:
+    def _refresh(self, entry: Entry, nbytes: int, priority: int | None, ttl_s: float | None,
+                 pinned: bool | None, now: float) -> PutResult:
         key = entry.key
         evicted: list[str] = []
         if nbytes != entry.nbytes:
             self._resize(entry, nbytes, evicted)
-        if priority != entry.priority and not entry.pinned:
-            self._by_priority[entry.priority].remove(key)
+        if priority is not None and priority != entry.priority:
+            if not entry.pinned:
+                self._unfile(key, entry.priority)
+                self._struct(priority).insert(key)
             entry.priority = priority
-            self._struct(priority).insert(key)
-        entry.priority = priority
-        if pinned != entry.pinned:
+        if pinned is not None and pinned != entry.pinned:
             self.pin(key, pinned)
         elif not entry.pinned:
             self._by_priority[entry.priority].touch(key)
@@ -515,11 +546,11 @@ class KVCache:
     def _resize(self, entry: Entry, nbytes: int, evicted: list[str]) -> None:
         """Grow in place with the pool's `extend` (evicting only entries whose memory the growth
         can use); shrink with `truncate`, which never needs memory. Data prefix kept."""
-        need = self.pool.footprint(nbytes)
         if nbytes > entry.nbytes:
             helps = self.pool.victim_filter(nbytes - entry.nbytes, grow=entry.id)
-            if need > entry.allocated_bytes:
-                self._make_room(need - entry.allocated_bytes, entry.key, evicted, helps)
+            grow = self.pool.growth_bytes(entry.id, nbytes - entry.nbytes)
+            if grow:
+                self._make_room(grow, entry.key, evicted, helps)
             while True:
                 try:
                     self.pool.extend(entry.id, nbytes - entry.nbytes)
@@ -557,7 +588,7 @@ class KVCache:
         if entry.pinned:
             self.pinned_bytes -= entry.allocated_bytes
         else:
-            self._by_priority[entry.priority].remove(entry.key, evicted)
+            self._unfile(entry.key, entry.priority, evicted)
         self.used_bytes -= entry.allocated_bytes
         self.pool.free(entry.id)
 

@@ -263,6 +263,11 @@ class Pool:
         """Bytes of pool memory a fresh allocation of `nbytes` would hold."""
         return -(-nbytes // self.block_bytes) * self.block_bytes
 
+    def growth_bytes(self, aid: int, extra: int) -> int:
+        """Bytes of pool memory `extend(aid, extra)` would add. Raises NotFound."""
+        rec = self._record(aid)
+        return max(0, self.footprint(rec[0] + extra) - self.held_bytes(aid))
+
     def held_bytes(self, aid: int) -> int:
         """Bytes of pool memory allocation `aid` holds. Raises NotFound."""
         self._record(aid)

@@ -133,10 +133,16 @@ class TieredPool(Pool):
         self.events.record("allocate", aid, nbytes, held * self.block_bytes, held)
 
     def _tier_oom(self, nbytes: int):
-        free_units = self.num_blocks - self.used_blocks
-        free = free_units * self.block_bytes
-        largest = max(len(t.free) * t.units for t in self.tiers) * self.block_bytes
+        free = (self.num_blocks - self.used_blocks) * self.block_bytes
+        largest = self.largest_free_bytes()
         return self._oom(nbytes, free, largest, "fragmentation" if free >= nbytes else "capacity")
+
+    def growth_bytes(self, aid: int, extra: int) -> int:
+        """`extend` stays in the allocation's tier: whole blocks of that tier."""
+        requested, i, blocks = self._record(aid)
+        tier = self.tiers[i]
+        more = self._blocks_needed(tier, requested + extra) - len(blocks)
+        return max(0, more) * tier.units * self.block_bytes
 
     def _extend(self, aid: int, nbytes: int) -> bool:
         rec = self._allocs[aid]
@@ -240,7 +246,15 @@ class TieredPool(Pool):
         return runs, True
 
     def _free_lengths(self) -> np.ndarray:
-        return self.blockmap.free_runs()[1]
+        """Free extents as a request sees them, in units: each free block of a smaller tier is
+        one extent of its size (those tiers serve one-block requests only), while the largest
+        tier's free blocks together are one extent (it serves multi-block requests). Runs of
+        free units in the map would merge blocks, and tiers, that no request can use as one."""
+        *smaller, largest = self.tiers
+        parts = [np.full(len(t.free), t.units, dtype=np.int64) for t in smaller]
+        if len(largest.free):
+            parts.append(np.array([len(largest.free) * largest.units], dtype=np.int64))
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
     def _free_problems(self, expected_free: np.ndarray) -> list[str]:
         problems = []

@@ -174,9 +174,10 @@ class EntryPut(Strict):
 
     bytes: Bytes | None = None
     tokens: Tokens | None = None
-    priority: Priority = 0
-    ttl_s: TtlSeconds | None = None
-    pinned: bool = False
+    priority: Priority | None = Field(
+        None, description="eviction priority (lower goes first); omitted: keep the entry's, 0 when new")
+    ttl_s: TtlSeconds | None = Field(None, description="seconds to live; omitted: keep the entry's, none when new")
+    pinned: bool | None = Field(None, description="never evicted while true; omitted: keep, false when new")
 
     @model_validator(mode="after")
     def _one(self) -> EntryPut:
@@ -267,9 +268,9 @@ class OpPut(Strict):
     key: Key
     bytes: Bytes | None = None
     tokens: Tokens | None = None
-    priority: Priority = 0
+    priority: Priority | None = None  # omitted: keep the entry's (0 when new), as for PUT
     ttl_s: TtlSeconds | None = None
-    pinned: bool = False
+    pinned: bool | None = None
 
 
 class OpGet(Strict):

@@ -35,6 +35,20 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+
+def tier_extents(pool, owner: list[int]) -> list[int]:
+    """Free extents of a tiered pool as a request sees them (in units): every free block of a
+    smaller tier alone (one-block requests only), all free blocks of the largest tier together."""
+    tiers = pool.config()["tiers"]
+    runs: list[int] = []
+    for i, t in enumerate(tiers):
+        free = [b for b in range(t["blocks"]) if owner[t["start"] + b * t["units"]] == -1]
+        if i < len(tiers) - 1:
+            runs += [t["units"]] * len(free)
+        elif free:
+            runs.append(len(free) * t["units"])
+    return runs
+
 class ArenaModel:
     """Contiguous arena: one owner per unit; fits found by scanning the free runs."""
 
@@ -349,7 +363,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert s["utilization"] == used / UNITS
         assert s["internal_fragmentation"] == (1 - requested / (used * BLOCK) if used else 0.0)
         owner = self.arena.owner if self.strategy == "contiguous" else list(pool.blockmap.owner)
-        runs = free_runs_of(owner)
+        runs = tier_extents(pool, owner) if self.strategy == "tiered" else free_runs_of(owner)
         if self.strategy == "contiguous":
             assert list(pool.blockmap.owner) == owner
         assert s["largest_free_bytes"] == max(runs, default=0) * BLOCK

@@ -198,3 +198,13 @@ def test_unwritten_entry_reads_empty_never_a_previous_owners_bytes(client):
     client.put(f"{BASE}/new", json={"bytes": 4096})  # takes the blocks "old" just released
     r = client.get(f"{BASE}/new/data")
     assert r.status_code == 200 and r.content == b""
+
+
+def test_put_on_an_existing_key_keeps_what_it_does_not_name(client):
+    client.put(f"{BASE}/keep", json={"bytes": 4096, "priority": 3, "pinned": True, "ttl_s": 600})
+    entry = client.put(f"{BASE}/keep", json={"bytes": 8192}).json()["entry"]  # only resized
+    assert (entry["priority"], entry["pinned"], entry["ttl_s"]) == (3, True, 600)
+    entry = client.put(f"{BASE}/keep", json={"bytes": 8192, "pinned": False}).json()["entry"]
+    assert (entry["priority"], entry["pinned"]) == (3, False)
+    fresh = client.put(f"{BASE}/new-one", json={"bytes": 4096}).json()["entry"]
+    assert (fresh["priority"], fresh["pinned"], fresh["ttl_s"]) == (0, False, None)
