@@ -120,6 +120,3 @@ class BlockMap:
     def counts(self) -> dict[str, int]:
         counts = np.bincount(np.frombuffer(self.state, dtype=np.uint8), minlength=4)
         return {STATE_NAMES[i]: int(counts[i]) for i in STATE_NAMES}
-
-    def nbytes(self) -> int:
-        return self.owner.itemsize * len(self.owner) + len(self.state) + 4 * len(self.chunk_version)

@@ -55,6 +55,8 @@ class Entry:
 
 @dataclass(slots=True)
 class PutResult:
+    """The entry a put left, whether it was created, and the keys evicted to make room."""
+
     entry: Entry
     created: bool
     evicted: list[str] = field(default_factory=list)

@@ -142,7 +142,6 @@ class ContiguousPool(Pool):
                     raise self._fail(extra * bb, extra)
                 self._move_extent(aid, rec, new_start, new_units, state)
                 moved = True
-            if moved:
                 self.counters["moves"] += 1
                 self.counters["moved_blocks"] += units
         rec[0] += nbytes

@@ -56,7 +56,8 @@ class OutOfMemory(KVScopeError):
     """Not enough memory for a request.
 
     `cause` is "capacity" when the free total is below the request, "fragmentation" when the
-    free total would suffice but no free extent is large enough (contiguous pools only).
+    free total would suffice but no free extent is large enough (a contiguous arena's holes, or
+    a tiered pool's memory sitting in tiers the request cannot use).
     All sizes are bytes.
     """
 

@@ -80,6 +80,3 @@ class EventLog:
 
     def __len__(self) -> int:
         return len(self._ring)
-
-    def clear(self) -> None:
-        self._ring.clear()

@@ -29,7 +29,7 @@ class PagedPool(Pool):
 
     def __init__(self, num_blocks: int, block_bytes: int, **kw) -> None:
         super().__init__(num_blocks, block_bytes, **kw)
-        self._allocs: dict[int, list] = {}
+        self._allocs: dict[int, tuple[int, array]] = {}
         self._reset_free_structure()
 
     def _reset_free_structure(self) -> None:

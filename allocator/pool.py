@@ -14,8 +14,6 @@ from .geometry import ModelGeometry, size_in_bytes
 from .metrics import fragmentation_stats
 from .storage import BlockStorage
 
-STATE_CODES = {name: code for code, name in STATE_NAMES.items()}
-
 
 @dataclass(slots=True)
 class Allocation:
@@ -34,6 +32,9 @@ class Allocation:
 
 @dataclass(slots=True)
 class DefragReport:
+    """What a defragment did: blocks and bytes moved, time (whole call and copy alone), and the
+    fragmentation summary before and after."""
+
     moved_blocks: int
     moved_bytes: int
     seconds: float
@@ -80,11 +81,12 @@ def runs_of(block_ids) -> list[list[int]]:
 class Pool:
     """Base of the strategies: one tensor (`storage`), its `blockmap`, `events` and counters.
 
-    Subclasses keep their own free structure and per-allocation records and implement
-    `_allocate`, `_extend`, `_release`, `_block_ids`, `_compact` (returns the data moves as
-    (src, dst, count) runs in an order safe to apply one after another, and whether sources and
-    destinations are disjoint), `_free_lengths` and
-    `_free_problems`. Allocation ids are positive ints, never reused within a pool's life.
+    Subclasses keep their own free structure and per-allocation records (`_allocs`: id ->
+    record whose first item is the requested bytes) and implement `_allocate`, `_extend`,
+    `_truncate`, `_release`, `_block_ids`, `_compact` (returns the data moves as (src, dst,
+    count) runs in an order safe to apply one after another, and whether sources and
+    destinations are disjoint), `_free_lengths`, `_free_problems`, `_reset_free_structure` and
+    `used_blocks`. Allocation ids are positive ints, never reused within a pool's life.
 
     Invariants (see `check`): the blocks of live allocations and the free structure partition
     the pool; the block map's owner of each block is the allocation holding it (or -1);
@@ -481,4 +483,4 @@ class Pool:
         return {}
 
 
-__all__ = ["Allocation", "DefragReport", "Pool", "runs_of", "FREE", "USED", "CACHED", "PINNED", "STATE_CODES"]
+__all__ = ["Allocation", "DefragReport", "Pool", "runs_of", "FREE", "USED", "CACHED", "PINNED"]

@@ -49,10 +49,6 @@ class BlockStorage:
         self.device = resolve_device(device)
         self.data = torch.empty((num_blocks, block_bytes), dtype=torch.uint8, device=self.device)
 
-    @property
-    def nbytes(self) -> int:
-        return self.num_blocks * self.block_bytes
-
     def _index(self, blocks: Sequence[int]) -> torch.Tensor:
         return torch.as_tensor(blocks, dtype=torch.long).to(self.device, non_blocking=True)
 
@@ -126,11 +122,6 @@ class BlockStorage:
             return
         for s, d, n in runs:
             self.move_range(s, d, n)
-
-    def checksum(self, blocks: Sequence[int], nbytes: int) -> int:
-        import zlib
-
-        return zlib.crc32(self.read(blocks, nbytes))
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

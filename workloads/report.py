@@ -67,9 +67,9 @@ def strategy_report(sim: Simulator) -> dict:
     """The figures of one finished replay, as plain JSON values."""
     ig, c, cfg = sim.integrals, sim.counters, sim.cfg
     bpt = get_model(cfg.model).bytes_per_token
-    served = [r for r in sim.requests if r.admitted_at >= 0]
+    served = [r for r in sim.requests if r.admitted_at is not None]
     waits = [r.admitted_at - r.arrival for r in served]
-    done = [r.finished_at - r.arrival for r in served if r.finished_at >= 0]
+    done = [r.finished_at - r.arrival for r in served if r.finished_at is not None]
     ooms = {"capacity": sim.pool.counters["ooms_capacity"],
             "fragmentation": sim.pool.counters["ooms_fragmentation"]}
     seconds = ig.seconds
@@ -88,7 +88,7 @@ def strategy_report(sim: Simulator) -> dict:
         "rejected_too_long": c.rejected_too_long,
         "simulated_seconds": seconds,
         "throughput_rps": _ratio(c.completed, seconds),
-        "tokens_per_s": _ratio(sum(r.final - r.prompt for r in served if r.finished_at >= 0), seconds),
+        "tokens_per_s": _ratio(sum(r.final - r.prompt for r in served if r.finished_at is not None), seconds),
         "queueing_delay_p50_s": _pct(waits, 50),
         "queueing_delay_p99_s": _pct(waits, 99),
         "queueing_delay_mean_s": float(np.mean(waits)) if waits else 0.0,
@@ -147,13 +147,10 @@ PAPER_TOKEN_SHARES = {  # Kwon et al. 2023, Fig. 2 (OPT-13B, max length 2048, Sh
 
 def finding(sims: list[Simulator]) -> str:
     """One honest sentence per strategy: the replay's token-state share next to the paper's."""
-    parts = []
-    for s in sims:
-        share = strategy_report(s)["token_state_share"]
-        paper = PAPER_TOKEN_SHARES.get(s.cfg.strategy)
-        parts.append(f"{s.cfg.strategy} {share:.1%} (paper: {paper:.1%})")
-    text = "Token-state share of allocated KV memory on this replay: " + "; ".join(parts) + "."
     shares = {s.cfg.strategy: strategy_report(s)["token_state_share"] for s in sims}
+    parts = [f"{name} {share:.1%} (paper: {PAPER_TOKEN_SHARES.get(name):.1%})"
+             for name, share in shares.items()]
+    text = "Token-state share of allocated KV memory on this replay: " + "; ".join(parts) + "."
     if "paged" in shares:
         waste = 1 - shares["paged"]
         text += f" Paging wastes {waste:.1%}: {'consistent with' if waste < 0.04 else 'NOT consistent with'} the paper's under-4%."

@@ -33,7 +33,6 @@ import numpy as np
 from allocator import InvalidRequest, KVCache, NotFound, OutOfMemory, Pool, create_pool
 
 SCENARIOS = ("fragmentation", "chat", "burst")
-OP_KINDS = ("allocate", "extend", "free", "get", "put", "remove", "wait")
 
 
 @dataclass(frozen=True, slots=True)

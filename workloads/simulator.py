@@ -137,8 +137,8 @@ class Request:
         self.recorded = 0  # tokens the pool was told about (its requested bytes)
         self.aid = 0
         self.epoch = 0  # bumped on preemption: heap events of older epochs are stale
-        self.admitted_at = -1.0
-        self.finished_at = -1.0
+        self.admitted_at: float | None = None  # first admission (simulated s)
+        self.finished_at: float | None = None
         self.preemptions = 0
         self.finish_step = 0
 
@@ -524,7 +524,7 @@ class Simulator:
             self._sync_tokens()
             r.s0 = self.step
             r.finish_step = self.step + r.final - r.context
-            if r.admitted_at < 0:
+            if r.admitted_at is None:
                 r.admitted_at = self.now
                 self.counters.admitted += 1
             running[r.rid] = r

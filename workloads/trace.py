@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,9 +63,13 @@ def parse_timestamp(text: str) -> float:
     the trace has seven, more than `datetime` accepts) or a plain number of seconds."""
     text = text.strip()
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds):
+            raise ValueError(f"timestamp {text!r} is not a finite number of seconds")
+        return seconds
     date, sep, clock = text.replace("T", " ").partition(" ")
     if not sep:
         raise ValueError(f"timestamp {text!r} is neither 'YYYY-MM-DD HH:MM:SS' nor seconds")

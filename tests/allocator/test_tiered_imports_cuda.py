@@ -85,7 +85,7 @@ def test_cuda_pool_write_read_defragment_round_trip(strategy: str) -> None:
     for a in ids[::2]:
         pool.free(a)
     report = pool.defragment()
-    assert report.moved_blocks >= 0
+    assert report.moved_blocks > 0
     for i, a in enumerate(ids):
         if a in pool:
             assert pool.read(a) == payload(pool.allocation(a).requested_bytes, i)

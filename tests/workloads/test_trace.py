@@ -60,3 +60,9 @@ def test_empty_file_and_header_only_are_rejected():
 def test_unreadable_path_is_an_invalid_request(tmp_path):
     with pytest.raises(InvalidRequest, match="cannot read trace"):
         load_trace(tmp_path / "nope.csv")
+
+
+@pytest.mark.parametrize("stamp", ["nan", "inf", "-inf", "1e400"])
+def test_non_finite_timestamps_are_rejected_naming_the_line(stamp):
+    with pytest.raises(InvalidRequest, match="line 3: timestamp"):
+        parse(HEADER + f"1.0,2,3\n{stamp},2,3\n")
