@@ -13,7 +13,7 @@ def serve(argv: list[str]) -> int:
     import uvicorn
 
     from .main import create_app
-    from .settings import SettingsError, get_settings
+    from .settings import SettingsError, check_device, get_settings
 
     try:
         settings = get_settings()
@@ -23,10 +23,18 @@ def serve(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvscope serve", description="Run the kvscope server.")
     parser.add_argument("--host", default=settings.host)
     parser.add_argument("--port", type=int, default=settings.port)
-    parser.add_argument("--device", default=settings.device)
+    parser.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: KVSCOPE_DEVICE, auto)")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
-    settings = dataclasses.replace(settings, host=args.host, port=args.port, device=args.device)
+    device = settings.device if args.device is None else args.device
+    settings = dataclasses.replace(settings, host=args.host, port=args.port, device=device)
+    # What would only fail in the startup hook (with a traceback) is checked here, in one line.
+    try:
+        check_device(device, "KVSCOPE_DEVICE" if args.device is None else "--device")
+        settings.check_default_pool()
+    except SettingsError as exc:
+        print(f"kvscope serve: {exc}", file=sys.stderr)
+        return 2
     app = create_app(settings)
     # Everything imported so far (torch, numpy, FastAPI: hundreds of thousands of objects) lives
     # as long as the process; freezing it keeps the cyclic GC's full collections from rescanning

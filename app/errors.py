@@ -2,7 +2,8 @@
 
 Core errors map by type (NotFound 404, Conflict 409, TooLarge 413, InvalidRequest 422,
 OutOfMemory 507); FastAPI's validation errors, and bodies that are not JSON, become 422
-naming the field (`body` for unparsable JSON); auth errors are `ApiError`s. Routes never catch core errors themselves.
+naming the field (`body` for unparsable JSON); auth and body-size errors are `ApiError`s, also
+when FastAPI wraps one raised while it reads the body. Routes never catch core errors themselves.
 """
 
 from __future__ import annotations
@@ -104,6 +105,10 @@ async def handle_validation(request: Request, exc: RequestValidationError) -> JS
 
 
 async def handle_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    # An ApiError raised while FastAPI reads the body (the body cap, app/limits.py, counting a
+    # chunked body) reaches here wrapped in FastAPI's 400: answer with the ApiError itself.
+    if isinstance(exc.__cause__, ApiError):
+        return await handle_api(request, exc.__cause__)
     if exc.status_code == 400 and exc.detail == BODY_PARSE_FAILED:
         return _unparsable_body(exc.__cause__)
     code = HTTP_CODES.get(exc.status_code, "error")

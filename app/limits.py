@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from .errors import ApiError, error_body
 
 
@@ -42,8 +44,6 @@ class BodyLimitMiddleware:
 
 
 async def _too_large(send, declared: int, limit: int) -> None:
-    import json
-
     body = json.dumps(error_body("too_large", f"request body of {declared} bytes exceeds {limit} bytes",
                                  {"max_bytes": limit, "declared_bytes": declared})).encode()
     await send({"type": "http.response.start", "status": 413,

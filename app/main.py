@@ -51,6 +51,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description="A live KV-cache allocator lab: real pools, an eviction cache, a block-map stream.",
         lifespan=lifespan,
+        docs_url=None,  # served by app/pages.py from the vendored Swagger UI, not a CDN
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.registry = Registry(settings)

@@ -1,10 +1,15 @@
-"""The dashboard page (`GET /`) and its static files."""
+"""The dashboard page (`GET /`), the API docs page (`GET /docs`) and their static files.
+
+Swagger UI is served from `static/vendor/swagger-ui/` (swagger-ui-dist 5, Apache-2.0), never from
+a CDN: the docs must work on an air-gapped cluster like the dashboard does.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from fastapi import APIRouter, Request
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -16,6 +21,10 @@ from .stream import PROTOCOL_VERSION
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = ROOT / "templates"
 STATIC_DIR = ROOT / "static"
+
+SWAGGER_UI = "/static/vendor/swagger-ui"
+# An empty icon: the browser asks for nothing, here or elsewhere.
+NO_FAVICON = "data:,"
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
@@ -30,6 +39,19 @@ async def index(request: Request) -> HTMLResponse:
         "token_required": bool(request.app.state.settings.token),
         "version": __version__,
     })
+
+
+@router.get("/docs", response_class=HTMLResponse)
+async def docs(request: Request) -> HTMLResponse:
+    return get_swagger_ui_html(
+        openapi_url=request.app.openapi_url,
+        title=f"{request.app.title} - API",
+        swagger_js_url=f"{SWAGGER_UI}/swagger-ui-bundle.js",
+        swagger_css_url=f"{SWAGGER_UI}/swagger-ui.css",
+        swagger_favicon_url=NO_FAVICON,
+        # Swagger UI would otherwise fetch a badge from validator.swagger.io.
+        swagger_ui_parameters={"validatorUrl": None},
+    )
 
 
 def mount_static(app) -> None:

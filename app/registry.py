@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from allocator import KVCache, Pool, create_pool, get_model
-from allocator.errors import Conflict, InvalidRequest, NotFound, TooLarge
+from allocator.errors import Conflict, NotFound, TooLarge
 
 from .settings import Settings
 
@@ -16,21 +16,19 @@ from .settings import Settings
 class PoolHandle:
     """One pool as the server holds it.
 
-    `lock` serializes anything that awaits in the middle of a mutation or runs outside the event
-    loop (data uploads, the workload runner). Plain handlers call the synchronous core without
-    awaiting in between, so the event loop already serializes them.
+    `lock` is held by exactly two things: the workload runner around each `advance`, and a data
+    upload (PUT .../data) around writing the body it awaited into the entry. Neither awaits while
+    holding it, so it orders them only should one ever do so. Other handlers do not take it: they
+    call the synchronous core with no await in between, so the event loop serializes them.
     """
 
     name: str
     pool: Pool
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    workload: Any = None  # the running LiveWorkload, if any
+    workload: Any = None  # the latest LiveWorkload started here, running or not
     workload_task: asyncio.Task | None = None
+    workload_error: str | None = None  # why the latest workload failed; None unless it did
     stream: Any = None  # app.stream.PoolStream, attached by the hub
-
-    @property
-    def cache(self) -> KVCache | None:
-        return self.pool.cache
 
     def describe(self) -> dict:
         return {"name": self.name, "config": self.pool.config(), "stats": self.pool.stats()}
@@ -81,9 +79,6 @@ class Registry:
     def __iter__(self):
         return iter(list(self._pools.values()))
 
-    def __len__(self) -> int:
-        return len(self._pools)
-
     def find(self, name: str) -> PoolHandle | None:
         """The pool named `name`, or None."""
         return self._pools.get(name)
@@ -124,11 +119,7 @@ class Registry:
             name=name,
         )
         if cache_spec is not None:
-            try:
-                KVCache(pool, cache_spec.get("capacity_bytes"), cache_spec.get("policy") or "lru")
-            except InvalidRequest:
-                del pool
-                raise
+            KVCache(pool, cache_spec.get("capacity_bytes"), cache_spec.get("policy") or "lru")
         handle = PoolHandle(name, pool)
         self._pools[name] = handle
         return handle

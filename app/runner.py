@@ -4,8 +4,9 @@ Every TICK_S the runner takes the pool's lock and calls `advance(TICK_S)`, which
 happen in that much wall time at the workload's speed; progress goes to the stream as a
 `progress` message. The workload logs its own lifecycle (`workload` events: running, finished,
 stopped); the runner adds one progress event about once a second while it runs, and the
-failure event when `advance` raises. Stopping calls the workload's `stop()`, which frees what
-it still holds.
+failure event when `advance` raises. Stopping, and failing, call the workload's `stop()`, which
+frees what it still holds; a failure is remembered on the handle (`workload_error`) so that
+`workload_progress` says `failed`, with the error, until the next workload starts.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ async def start_workload(handle, hub, spec: dict) -> dict:
         raise Conflict(f"a workload is already running on pool {handle.name!r}; DELETE it first")
     workload = build(handle.pool, spec)
     handle.workload = workload
+    handle.workload_error = None
     progress = dict(workload.progress())
     hub.progress(handle, progress)
     handle.workload_task = asyncio.get_running_loop().create_task(
@@ -66,9 +68,7 @@ async def _drive(handle, hub, workload) -> None:
                     running = bool(workload.advance(TICK_S))
                 except Exception as exc:  # a failing workload stops; the server keeps serving
                     log.exception("workload on pool %s failed", handle.name)
-                    progress = {**workload.progress(), "state": "failed", "error": str(exc)}
-                    _record(handle, progress)
-                    hub.progress(handle, progress)
+                    _fail(handle, hub, workload, exc)
                     return
             progress = dict(workload.progress())
             if not running and progress.get("state") == "running":
@@ -86,12 +86,27 @@ async def _drive(handle, hub, workload) -> None:
         raise
 
 
+def _fail(handle, hub, workload, exc: Exception) -> None:
+    """Free what the failed workload holds, remember why it failed, and say so."""
+    handle.workload_error = str(exc) or type(exc).__name__
+    try:
+        workload.stop()  # logs its own "stopped"; the "failed" event below follows it
+    except Exception:
+        log.exception("stopping the failed workload on pool %s failed too", handle.name)
+    progress = {**workload.progress(), "state": "failed", "error": handle.workload_error}
+    _record(handle, progress)
+    hub.progress(handle, progress)
+
+
 def workload_progress(handle) -> dict | None:
+    """The latest workload's progress (`failed` with its `error` if it raised), or None."""
     if handle.workload is None:
         return None
     progress = dict(handle.workload.progress())
     task = handle.workload_task
-    if task is not None and task.cancelled():
+    if handle.workload_error is not None:
+        progress.update(state="failed", error=handle.workload_error)
+    elif task is not None and task.cancelled():
         progress["state"] = "stopped"
     elif task is not None and task.done() and progress.get("state") == "running":
         progress["state"] = "finished"

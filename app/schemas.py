@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from .settings import DEVICE_PATTERN
 
 POOL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 # Printable: no control characters (C0, DEL, C1). '/' cannot reach a path parameter anyway.
@@ -70,7 +72,7 @@ class PoolCreate(Strict):
 
     name: PoolName
     strategy: Literal["paged", "tiered", "contiguous"] = "paged"
-    device: Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$")] | None = None
+    device: Annotated[str, Field(pattern=DEVICE_PATTERN)] | None = None
     num_blocks: Annotated[int, Field(gt=0, le=1 << 32)] | None = None
     capacity_bytes: Annotated[int, Field(gt=0, le=MAX_BYTES)] | None = None
     block_bytes: Annotated[int, Field(gt=0, le=1 << 36)] | None = None
@@ -117,6 +119,34 @@ class PoolOut(BaseModel):
     name: str
     config: dict
     stats: dict
+
+
+class StatsOut(BaseModel):
+    """The metrics of DESIGN.md section 2. Strategy-specific extras (`fit`, `tiers`) pass through."""
+
+    model_config = ConfigDict(extra="allow")
+
+    strategy: str
+    total_blocks: int
+    used_blocks: int
+    free_blocks: int
+    blocks_by_state: dict[str, int]
+    block_bytes: int
+    capacity_bytes: int
+    utilization: float
+    requested_bytes: int
+    allocated_bytes: int
+    allocation_count: int
+    internal_fragmentation: float
+    external_fragmentation: float
+    largest_free_bytes: int
+    free_bytes: int
+    free_extents: Any
+    free_extent_count: int
+    counters: dict[str, int]
+    ooms: dict[str, int]
+    last_event_seq: int
+    cache: dict | None = Field(None, description="the cache's stats; absent when the pool has none")
 
 
 class ResetOut(BaseModel):
@@ -313,7 +343,7 @@ class OpResult(BaseModel):
 
 class BatchOut(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [
-        {"results": [{"ok": True, "id": 1, "allocated_bytes": 65536, "blocks": 16},
+        {"results": [{"ok": True, "id": 1, "allocated_bytes": 65536},
                      {"ok": False, "error": {"code": "not_found", "message": "allocation 9 not found",
                                              "details": {"kind": "allocation", "id": 9}}}]}]})
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Response, status
 
-from ..deps import PoolDep
+from ..deps import PoolDep, refuse_cache_entry
 from ..schemas import AllocationOut, SizeIn
 
 router = APIRouter(prefix="/api/pools/{pool}/allocations", tags=["allocations"])
@@ -43,22 +43,13 @@ async def get_allocation(id: AllocationId, handle: PoolDep) -> dict:
 async def extend(id: AllocationId, body: SizeIn, handle: PoolDep) -> dict:
     pool = handle.pool
     nbytes = pool.to_bytes(body.bytes, body.tokens)
-    _guard_entry(handle, id)
+    refuse_cache_entry(pool, id)
     pool.extend(id, nbytes)
     return pool.allocation(id).to_dict()
 
 
 @router.delete("/{id}", status_code=status.HTTP_204_NO_CONTENT)
 async def free(id: AllocationId, handle: PoolDep) -> Response:
-    _guard_entry(handle, id)
+    refuse_cache_entry(handle.pool, id)
     handle.pool.free(id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
-
-
-def _guard_entry(handle, aid: int) -> None:
-    """Cache entries are changed through /entries, else the cache's books would go wrong."""
-    from allocator.errors import Conflict
-
-    cache = handle.pool.cache
-    if cache is not None and cache.key_of(aid) is not None:
-        raise Conflict(f"allocation {aid} holds cache entry {cache.key_of(aid)!r}; use /entries/{{key}}")

@@ -10,19 +10,13 @@ import json
 
 from fastapi import APIRouter, Response
 
-from allocator.errors import Conflict, KVScopeError, TooLarge
+from allocator.errors import KVScopeError, TooLarge
 
-from ..deps import PoolDep, SettingsDep
+from ..deps import PoolDep, SettingsDep, cache_of, refuse_cache_entry
 from ..errors import core_error_result
 from ..schemas import BatchIn, BatchOut
 
 router = APIRouter(prefix="/api/pools/{pool}/ops", tags=["ops"])
-
-
-def _cache(pool):
-    if pool.cache is None:
-        raise Conflict(f"pool {pool.name!r} has no cache")
-    return pool.cache
 
 
 def _allocate(pool, op) -> dict:
@@ -32,37 +26,35 @@ def _allocate(pool, op) -> dict:
 
 def _extend(pool, op) -> dict:
     nbytes = pool.to_bytes(op.bytes, op.tokens)
-    if pool.cache is not None and pool.cache.key_of(op.id) is not None:
-        raise Conflict(f"allocation {op.id} is a cache entry; use put")
+    refuse_cache_entry(pool, op.id)
     moved = pool.extend(op.id, nbytes)
     return {"ok": True, "id": op.id, "moved": moved, "allocated_bytes": pool.held_bytes(op.id)}
 
 
 def _free(pool, op) -> dict:
-    if pool.cache is not None and pool.cache.key_of(op.id) is not None:
-        raise Conflict(f"allocation {op.id} is a cache entry; use delete")
+    refuse_cache_entry(pool, op.id)
     pool.free(op.id)
     return {"ok": True}
 
 
 def _put(pool, op) -> dict:
-    cache = _cache(pool)
+    cache = cache_of(pool)
     r = cache.put(op.key, pool.to_bytes(op.bytes, op.tokens), op.priority, op.ttl_s, op.pinned)
     return {"ok": True, "id": r.entry.id, "created": r.created, "evicted": r.evicted}
 
 
 def _get(pool, op) -> dict:
-    entry = _cache(pool).get(op.key)
+    entry = cache_of(pool).get(op.key)
     return {"ok": True, "hit": False} if entry is None else {"ok": True, "hit": True, "id": entry.id}
 
 
 def _delete(pool, op) -> dict:
-    _cache(pool).remove(op.key)
+    cache_of(pool).remove(op.key)
     return {"ok": True}
 
 
 def _evict(pool, op) -> dict:
-    _cache(pool).evict(op.key)
+    cache_of(pool).evict(op.key)
     return {"ok": True}
 
 

@@ -21,6 +21,7 @@ from ..schemas import (
     PoolList,
     PoolOut,
     ResetOut,
+    StatsOut,
 )
 from ..stream import blockmap_runs, snapshot_frame
 
@@ -61,7 +62,7 @@ async def defragment(handle: PoolDep) -> dict:
     return handle.pool.defragment().to_dict()
 
 
-@router.get("/{pool}/stats")
+@router.get("/{pool}/stats", response_model=StatsOut, response_model_exclude_unset=True)
 async def pool_stats(handle: PoolDep) -> dict:
     return handle.pool.stats()
 

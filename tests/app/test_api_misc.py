@@ -69,12 +69,54 @@ def test_malformed_json_names_the_body_field_with_the_position_in_the_message(cl
     assert err["message"].startswith(f"body: JSON decode error at position {pos}: ")
 
 
-def test_page_renders_when_installed(client):
+def test_page_renders(client):
     r = client.get("/")
-    if r.status_code == 404:
-        pytest.skip("templates/index.html is not installed")
     assert r.status_code == 200 and "text/html" in r.headers["content-type"]
     assert 'data-protocol="1"' in r.text
+
+
+def test_docs_page_loads_swagger_ui_from_the_server_not_a_cdn(client):
+    r = client.get("/docs")
+    assert r.status_code == 200 and "text/html" in r.headers["content-type"]
+    urls = re.findall(r'(?:src|href)="([^"]*)"', r.text)
+    assert urls and not [u for u in urls if re.match(r"(https?:)?//", u)], urls
+    assert "http://" not in r.text and "https://" not in r.text
+    for url in urls:
+        if url.startswith("/"):
+            assert client.get(url).status_code == 200, url
+    assert (ROOT / "static/vendor/swagger-ui/LICENSE").is_file()
+    assert_error(client.get("/redoc"), 404, "not_found")
+
+
+def chunks(total: int):
+    """A batch of about `total` bytes as a generator, which httpx sends chunked (no
+    Content-Length): the cap must count it as it arrives."""
+    op = b'{"op": "get", "key": "a"},'
+    yield b'{"ops": ['
+    for _ in range(total // len(op)):
+        yield op
+    yield b'{"op": "get", "key": "a"}]}'
+
+
+def test_chunked_body_over_the_cap_is_413_not_422():
+    with make_client(max_body=4096) as c:
+        before = c.get("/api/pools/default/stats").json()["cache"]
+        r = c.post("/api/pools/default/ops", content=chunks(8192), headers={"content-type": "application/json"})
+        assert "content-length" not in r.request.headers
+        err = assert_error(r, 413, "too_large")
+        assert err["details"]["max_bytes"] == 4096
+        assert c.get("/api/pools/default/stats").json()["cache"] == before
+        small = c.post("/api/pools/default/ops", content=chunks(512), headers={"content-type": "application/json"})
+        assert small.status_code == 200, small.text
+
+
+def test_stats_has_a_response_model_and_omits_cache_when_none(client):
+    spec = client.get("/openapi.json").json()
+    schema = spec["paths"]["/api/pools/{pool}/stats"]["get"]["responses"]["200"]["content"]["application/json"]
+    assert schema["schema"]["$ref"].endswith("/StatsOut")
+    client.post("/api/pools", json={"name": "raw", "num_blocks": 8, "block_bytes": 64})
+    assert "cache" not in client.get("/api/pools/raw/stats").json()
+    assert client.get("/api/pools/default/stats").json()["cache"]["policy"] == "lru"
 
 
 def test_openapi_has_examples(client):
@@ -121,6 +163,12 @@ def test_cli_dispatches_to_the_workloads_cli(monkeypatch):
     ("KVSCOPE_PORT", "abc", "KVSCOPE_PORT must be an integer, got 'abc'"),
     ("KVSCOPE_PORT", "70000", "KVSCOPE_PORT must be from 0 to 65535, got 70000"),
     ("KVSCOPE_MAX_BODY", "-1", "KVSCOPE_MAX_BODY must be at least 0, got -1"),
+    ("KVSCOPE_DEFAULT_BLOCK_BYTES", "0", "KVSCOPE_DEFAULT_BLOCK_BYTES must be at least 1, got 0"),
+    ("KVSCOPE_MAX_POOLS", "0", "KVSCOPE_MAX_POOLS must be at least 1, got 0"),
+    ("KVSCOPE_DEVICE", "tpu", "KVSCOPE_DEVICE must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    ("KVSCOPE_DEFAULT_BLOCK_BYTES", str(1 << 30),
+     f"the default pool's 4096 x {1 << 30} bytes exceed KVSCOPE_MAX_POOL_BYTES={2 << 30} "
+     "(set KVSCOPE_DEFAULT_BLOCKS or KVSCOPE_DEFAULT_BLOCK_BYTES)"),
 ])
 def test_serve_with_a_bad_env_value_says_which_and_exits_2(monkeypatch, capsys, name, value, says):
     import uvicorn
@@ -129,6 +177,7 @@ def test_serve_with_a_bad_env_value_says_which_and_exits_2(monkeypatch, capsys, 
         raise AssertionError("serve must exit before starting the server")
 
     monkeypatch.setattr(uvicorn, "run", never)
+    monkeypatch.setenv("KVSCOPE_DEFAULT_BLOCKS", "4096")  # the same default pool on any host
     monkeypatch.setenv(name, value)
     get_settings.cache_clear()
     try:
@@ -137,6 +186,27 @@ def test_serve_with_a_bad_env_value_says_which_and_exits_2(monkeypatch, capsys, 
         get_settings.cache_clear()
     err = capsys.readouterr().err
     assert err == f"kvscope serve: {says}\n"
+
+
+@pytest.mark.parametrize("device,says", [
+    ("tpu", "--device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
+    ("cuda:99", "--device: device 'cuda:99' requested; CUDA devices here: "),
+])
+def test_serve_with_a_bad_device_says_so_and_exits_2(monkeypatch, capsys, device, says):
+    import uvicorn
+
+    def never(*args, **kwargs):
+        raise AssertionError("serve must exit before starting the server")
+
+    monkeypatch.setattr(uvicorn, "run", never)
+    monkeypatch.delenv("KVSCOPE_DEVICE", raising=False)
+    get_settings.cache_clear()
+    try:
+        assert cli.main(["serve", "--device", device]) == 2
+    finally:
+        get_settings.cache_clear()
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvscope serve: {says}") and err.count("\n") == 1, err
 
 
 def test_make_run_honours_kvscope_host_and_port():

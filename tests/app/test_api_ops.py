@@ -103,7 +103,24 @@ def test_entry_allocations_are_protected_in_batches(client):
     aid = res[0]["id"]
     res = client.post(OPS, json={"ops": [{"op": "free", "id": aid}, {"op": "extend", "id": aid, "bytes": 1}]}).json()
     assert [x["error"]["code"] for x in res["results"]] == ["conflict", "conflict"]
+    # one guard for batches and REST alike: the same refusal, naming the entry's key
+    rest = client.delete(f"/api/pools/default/allocations/{aid}").json()["error"]
+    assert res["results"][0]["error"]["message"] == rest["message"] and "'a'" in rest["message"]
     assert_ok_check(client)
+
+
+def test_cache_ops_without_a_cache_say_how_to_get_one_like_rest(client):
+    client.post("/api/pools", json={"name": "raw", "num_blocks": 8, "block_bytes": 64})
+    res = client.post("/api/pools/raw/ops", json={"ops": [{"op": "get", "key": "a"}]}).json()["results"]
+    rest = client.get("/api/pools/raw/entries/a").json()["error"]
+    assert res[0]["error"]["message"] == rest["message"] and "'cache'" in rest["message"]
+
+
+def test_openapi_example_of_a_batch_matches_what_allocate_returns(client):
+    example = client.get("/openapi.json").json()["components"]["schemas"]["BatchOut"]["examples"][0]
+    shown = example["results"][0]
+    got = client.post(OPS, json={"ops": [{"op": "allocate", "bytes": 65536}]}).json()["results"][0]
+    assert set(shown) == set(got)
 
 
 def test_empty_batch(client):

@@ -132,6 +132,52 @@ def test_bad_specs(client, stand_in):
     assert state_of(client) == before
 
 
+class FailsOnThirdStep(StandIn):
+    """One allocation per step; the third step raises."""
+
+    def advance(self, dt_s: float) -> bool:
+        if self.done == 2:
+            raise RuntimeError("step 3 failed")
+        self.ids.append(self.pool.allocate(1))
+        self.done += 1
+        return True
+
+
+def test_a_failing_workload_is_reported_failed_and_frees_what_it_held(client, monkeypatch):
+    built: list[StandIn] = []
+
+    def build(pool, spec):
+        built.append((FailsOnThirdStep if spec.get("name") == "burst" else StandIn)(pool, spec))
+        return built[-1]
+
+    module = types.ModuleType("workloads.live")
+    module.build_live_workload = build
+    monkeypatch.setitem(sys.modules, "workloads.live", module)
+    with client.websocket_connect("/ws/pools/default") as ws:
+        ws.receive_json()
+        ws.receive_bytes()
+        assert client.post(WL, json={"kind": "scenario", "name": "burst"}).status_code == 202
+        wl = wait_for(client, "failed")
+        assert wl["error"] == "step 3 failed" and wl["done"] == 2
+        seen = []
+        while not seen or seen[-1]["state"] == "running":
+            msg = ws.receive()
+            if "text" in msg and '"progress"' in msg["text"]:
+                import json
+
+                seen.append(json.loads(msg["text"])["workload"])
+        assert seen[-1]["state"] == "failed" and seen[-1]["error"] == "step 3 failed"
+    assert built[0].state == "stopped"  # its stop() ran
+    assert client.get("/api/pools/default/stats").json()["allocation_count"] == 0
+    events = client.get("/api/pools/default/events", params={"limit": 10000}).json()["events"]
+    states = [e["state"] for e in events if e["type"] == "workload"]
+    assert states[0] == "running" and states[-1] == "failed" and "finished" not in states
+    assert_ok_check(client)
+    # the failure belongs to that workload: the next one reports its own state
+    assert client.post(WL, json={"kind": "trace", "limit": 5}).status_code == 202
+    assert "error" not in wait_for(client, "finished")
+
+
 def test_deleting_the_pool_stops_its_workload(client, stand_in):
     client.post("/api/pools", json={"name": "w", "num_blocks": 64, "block_bytes": 64})
     assert client.post("/api/pools/w/workload", json={"kind": "trace", "limit": 100_000}).status_code == 202
