@@ -63,8 +63,8 @@ export async function api(method, path, body, retried = false) {
   if (!res.ok) {
     const err = data && data.error;
     if (err) throw new ApiError(res.status, err.code, err.message, err.details);
-    const detail = data && data.detail ? JSON.stringify(data.detail) : text.slice(0, 200);
-    throw new ApiError(res.status, String(res.status), detail || res.statusText);
+    // not the server's error body: a proxy in between answered
+    throw new ApiError(res.status, String(res.status), text.slice(0, 200) || res.statusText);
   }
   return data;
 }
@@ -72,11 +72,10 @@ export async function api(method, path, body, retried = false) {
 /** @param {string} pool */
 export const poolPath = (pool) => `/api/pools/${encodeURIComponent(pool)}`;
 
-/** Pool names from GET /api/pools, whatever shape the list comes in. */
+/** Pool names from GET /api/pools (`{pools: [{name, ...}]}`), in the server's order. @returns {Promise<string[]>} */
 export async function listPools() {
   const data = await api("GET", "/api/pools");
-  const items = Array.isArray(data) ? data : (data && (data.pools || data.items)) || [];
-  return items.map((p) => (typeof p === "string" ? p : p.name || (p.config && p.config.name))).filter(Boolean);
+  return data.pools.map((p) => p.name);
 }
 
 /**

@@ -141,10 +141,6 @@ export function createCharts(root, model) {
 
   return {
     update,
-    clear() {
-      model.history.clear();
-      draw();
-    },
     destroy() {
       ro.disconnect();
       for (const { plot } of plots) plot.destroy();

@@ -1,15 +1,16 @@
 // Compare view: the same scenario on two or three pools of equal size, side by side, so that
 // external fragmentation visibly forms on the contiguous arena and not on the paged pool.
 
-import { ApiError, api, fetchEvents, getToken, listPools, poolPath } from "./api.js";
+import { ApiError, api, listPools, poolPath } from "./api.js";
 import uPlot from "../vendor/uplot/uPlot.esm.js";
+import { feedPool } from "./feed.js";
 import { createHeatmap } from "./heatmap.js";
 import { PoolModel, formatBytes, parseSize, pct } from "./model.js";
-import { renderAlerts } from "./panels.js";
-import { createPoolSocket } from "./socket.js";
+import { PANEL_REFRESH_MS, renderAlerts } from "./panels.js";
 
-const PANEL_REFRESH_MS = 300;
 const SPARK_HEIGHT = 90;
+/** Scenarios that run cache operations (workloads/scenarios.py): their pools get a cache. */
+const CACHE_SCENARIOS = new Set(["chat"]);
 
 /** A small utilization / external-fragmentation chart for one pane. @param {HTMLElement} box */
 function sparkline(box) {
@@ -47,7 +48,6 @@ const poolNameFor = (strategy) => `cmp-${strategy}`;
 export function createCompare(grid, env) {
   /** @type {{name:string, strategy:string, model:PoolModel, socket:any, heatmap:any, spark:any, peakExt:number, numbers:HTMLElement, alerts:HTMLElement, verdict:HTMLElement, conn:HTMLElement}[]} */
   let panes = [];
-  let visible = false;
   let timer = 0;
   const form = /** @type {HTMLFormElement} */ (document.getElementById("f-compare"));
 
@@ -116,38 +116,18 @@ export function createCompare(grid, env) {
       fetchAllocation: (id) => api("GET", `${poolPath(name)}/allocations/${id}`),
     });
     const conn = /** @type {HTMLElement} */ (box.querySelector(".conn"));
-    /** The panes have no log, but missed oom/defragment events decide their banner. */
-    const backfill = (gap) => {
-      if (!gap) return;
-      fetchEvents(name, gap)
-        .catch(() => ({ events: [], last_seq: gap.upto }))
-        .then((page) => (model.applyBackfill(gap, page), scheduleRender()));
-    };
-    const socket = createPoolSocket(
-      name,
-      {
-        onJson: (msg) => {
-          if (msg.type === "hello") {
-            model.applyHello(msg);
-            heatmap.relayout();
-            backfill(model.gapUpTo(msg.last_event_seq));
-          } else if (msg.type === "resync") backfill(model.gapUpTo(msg.last_event_seq));
-          else if (msg.type === "stats") model.applyStats(msg.stats);
-          else if (msg.type === "events") model.applyEvents(msg.events || [], msg.skipped || 0);
-          else if (msg.type === "progress") model.applyProgress(msg.workload);
-          else if (msg.type === "order") model.applyOrder(msg);
-          scheduleRender();
-        },
-        onFrame: (f) => {
-          model.applyFrame(f);
-          heatmap.schedule();
-        },
-        onState: (st) => {
-          conn.dataset.state = st;
-        },
+    // the panes have no log, but missed oom/defragment events decide their banner: feedPool backfills them
+    const socket = feedPool(name, model, {
+      onMessage: (msg) => {
+        if (msg.type === "hello") heatmap.relayout();
+        scheduleRender();
       },
-      { token: getToken },
-    );
+      onFrame: () => heatmap.schedule(),
+      onBackfill: scheduleRender,
+      onState: (st) => {
+        conn.dataset.state = st;
+      },
+    });
     const spark = sparkline(/** @type {HTMLElement} */ (box.querySelector(".cmp-spark")));
     panes.push({
       name,
@@ -164,24 +144,45 @@ export function createCompare(grid, env) {
     });
   }
 
-  async function setupAndRun() {
+  /**
+   * What the form asks for, checked before anything is created or deleted.
+   * @returns {{pools: {name: string, strategy: string}[], workload: {kind: string, name: string, speed: number, seed: number}}}
+   */
+  function readForm() {
     const f = /** @type {any} */ (form);
-    const strategies = ["paged", "contiguous", ...(f.tiered.checked ? ["tiered"] : [])];
     const size = parseSize(f.block_bytes.value);
     if (!size || !("bytes" in size)) throw new Error(`not a block size: ${f.block_bytes.value}`);
+    const numBlocks = Number(f.num_blocks.value);
+    if (!Number.isInteger(numBlocks) || numBlocks < 1) throw new Error(`not a block count: ${f.num_blocks.value}`);
+    const speed = Number(f.speed.value);
+    if (!(speed > 0)) throw new Error(`not a speed: ${f.speed.value}`);
+    const seed = Number(f.seed.value);
+    if (!Number.isInteger(seed)) throw new Error(`not a seed: ${f.seed.value}`);
+    const workload = { kind: "scenario", name: f.name.value, speed, seed };
+    const strategies = ["paged", "contiguous", ...(f.tiered.checked ? ["tiered"] : [])];
+    const pools = strategies.map((strategy) => ({
+      name: poolNameFor(strategy),
+      strategy,
+      num_blocks: numBlocks,
+      block_bytes: size.bytes,
+      ...(strategy === "contiguous" ? { fit: "first" } : {}),
+      // the cache's capacity defaults to the whole pool, so every pool serves the same entries
+      ...(CACHE_SCENARIOS.has(workload.name) ? { cache: { policy: "lru" } } : {}),
+    }));
+    return { pools, workload };
+  }
+
+  async function setupAndRun() {
+    const { pools, workload } = readForm();
     teardown();
     const existing = new Set(await listPools());
-    for (const s of strategies) {
-      const name = poolNameFor(s);
-      if (existing.has(name)) await api("DELETE", poolPath(name)); // a fresh pool per run
-      const body = { name, strategy: s, num_blocks: Number(f.num_blocks.value), block_bytes: size.bytes };
-      if (s === "contiguous") body.fit = "first";
+    for (const body of pools) {
+      if (existing.has(body.name)) await api("DELETE", poolPath(body.name)); // a fresh pool per run
       await api("POST", "/api/pools", body);
-      openPane(s);
+      openPane(body.strategy);
     }
-    const workload = { kind: "scenario", name: f.name.value, speed: Number(f.speed.value), seed: Number(f.seed.value) };
-    await Promise.all(strategies.map((s) => api("POST", `${poolPath(poolNameFor(s))}/workload`, workload)));
-    return `running ${workload.name} (seed ${workload.seed}) on ${strategies.map(poolNameFor).join(", ")}`;
+    await Promise.all(pools.map((p) => api("POST", `${poolPath(p.name)}/workload`, workload)));
+    return `running ${workload.name} (seed ${workload.seed}) on ${pools.map((p) => p.name).join(", ")}`;
   }
 
   async function each(label, fn) {
@@ -211,17 +212,10 @@ export function createCompare(grid, env) {
 
   return {
     show() {
-      visible = true;
       for (const p of panes) p.heatmap.relayout();
-    },
-    hide() {
-      visible = false;
     },
     reconnect() {
       for (const p of panes) p.socket.reconnect();
-    },
-    get visible() {
-      return visible;
     },
     /** Read-only summary for tests: per pool, the latest stats numbers and painted cells. */
     summary() {

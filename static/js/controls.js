@@ -71,11 +71,30 @@ export function createControls(env) {
     }
   }
 
-  const pool = () => poolPath(env.getPool());
+  const pool = () => {
+    const name = env.getPool();
+    if (!name) throw new Error("there is no pool: create one on the Pool tab");
+    return poolPath(name);
+  };
   const sizeOf = (text) => {
     const s = parseSize(text);
     if (!s) throw new Error(`not a size: "${text}" (try 4096, 64 KiB, 2 MiB or 100 tok)`);
     return s;
+  };
+  // An empty key or id would make a request for another route (`/entries/` is the list).
+  const idField = () => $("#f-extend [name=id]");
+  /** @param {string} verb */
+  const allocationId = (verb) => {
+    const id = idField().value.trim();
+    if (!id) throw new Error(`type the id of the allocation to ${verb}, or click one of the chips below`);
+    if (!/^\d+$/.test(id)) throw new Error(`not an allocation id: "${id}" (a number, as on the chips)`);
+    return id;
+  };
+  /** @param {string} verb */
+  const entryKey = (verb) => {
+    const key = $("#f-put [name=key]").value.trim();
+    if (!key) throw new Error(`type the key of the entry to ${verb}`);
+    return key;
   };
 
   function addChip(alloc) {
@@ -84,7 +103,7 @@ export function createControls(env) {
     li.dataset.id = String(alloc.id);
     li.title = "click to select for extend/free";
     li.addEventListener("click", () => {
-      $("#f-extend [name=id]").value = String(alloc.id);
+      idField().value = String(alloc.id);
     });
     chips.prepend(li);
     while (chips.children.length > MAX_CHIPS) chips.lastChild.remove();
@@ -96,21 +115,21 @@ export function createControls(env) {
     act("allocate", async () => {
       const a = await api("POST", `${pool()}/allocations`, sizeOf(ev.target.size.value));
       addChip(a);
-      $("#f-extend [name=id]").value = String(a.id);
+      idField().value = String(a.id);
       return `allocated #${a.id}: ${formatBytes(a.requested_bytes)} in ${formatBytes(a.allocated_bytes)}`;
     });
   });
   $("#f-extend").addEventListener("submit", (ev) => {
     ev.preventDefault();
-    const id = ev.target.id.value.trim();
     act("extend", async () => {
+      const id = allocationId("extend");
       const a = await api("POST", `${pool()}/allocations/${encodeURIComponent(id)}/extend`, sizeOf(ev.target.size.value));
       return `extended #${a.id} to ${formatBytes(a.allocated_bytes)}`;
     });
   });
   $("#b-free").addEventListener("click", () => {
-    const id = $("#f-extend [name=id]").value.trim();
     act("free", async () => {
+      const id = allocationId("free");
       await api("DELETE", `${pool()}/allocations/${encodeURIComponent(id)}`);
       chips.querySelector(`[data-id="${CSS.escape(id)}"]`)?.remove();
       return `freed #${id}`;
@@ -132,8 +151,7 @@ export function createControls(env) {
       const bb = (env.getModel().config || {}).block_bytes || 4096;
       const ops = Array.from({ length: 20 }, () => ({ op: "allocate", bytes: Math.max(1, Math.floor(bb * (0.3 + Math.random() * 12))) }));
       const res = await api("POST", `${pool()}/ops`, { ops });
-      const results = (res && (res.results || res)) || [];
-      const ok = Array.isArray(results) ? results.filter((r) => r && (r.ok !== false && !r.error)).length : "?";
+      const ok = res.results.filter((r) => r.ok).length;
       return `batch of 20 allocations: ${ok} succeeded`;
     }),
   );
@@ -150,11 +168,11 @@ export function createControls(env) {
     });
   });
   $("#b-get").addEventListener("click", () => {
-    const key = $("#f-put [name=key]").value.trim();
     act("get", async () => {
+      const key = entryKey("get");
       try {
         const e = await api("GET", `${pool()}/entries/${encodeURIComponent(key)}`);
-        return `hit ${key} (${formatBytes(e.bytes ?? e.requested_bytes)})`;
+        return `hit ${key} (${formatBytes(e.bytes)})`;
       } catch (err) {
         if (err instanceof ApiError && err.status === 404) return `miss ${key}`;
         throw err;
@@ -162,16 +180,15 @@ export function createControls(env) {
     });
   });
   $("#b-del").addEventListener("click", () => {
-    const key = $("#f-put [name=key]").value.trim();
     act("delete", async () => {
+      const key = entryKey("delete");
       await api("DELETE", `${pool()}/entries/${encodeURIComponent(key)}`);
       return `deleted ${key}`;
     });
   });
   $("#b-evict").addEventListener("click", () => {
-    const key = $("#f-put [name=key]").value.trim();
     act("evict", async () => {
-      if (!key) throw new Error("type the key of the entry to evict");
+      const key = entryKey("evict");
       try {
         await api("POST", `${pool()}/entries/${encodeURIComponent(key)}/evict`);
       } catch (err) {
@@ -241,7 +258,7 @@ export function createControls(env) {
   $("#b-reset").addEventListener("click", () =>
     act("reset", async () => {
       await api("POST", `${pool()}/reset`);
-      chips.innerHTML = "";
+      clearChips();
       return "pool reset";
     }),
   );
@@ -303,5 +320,11 @@ export function createControls(env) {
     box.dataset.state = w.state;
   }
 
-  return { status, showProgress, clearChips: () => (chips.innerHTML = "") };
+  /** Forget the allocations made here, and the selected id: they belong to one pool. */
+  function clearChips() {
+    chips.innerHTML = "";
+    idField().value = "";
+  }
+
+  return { status, showProgress, clearChips };
 }

@@ -2,6 +2,7 @@
 // It keeps one ImageData the size of the canvas and repaints only the rows a frame touched,
 // at most once per animation frame, with putImageData on that band of rows.
 
+import { escapeHtml } from "./dom.js";
 import { CACHED, FREE, PINNED, formatBytes } from "./model.js";
 
 /**
@@ -99,7 +100,7 @@ export function createHeatmap(root, model, opts = {}) {
 
   let mode = "owner";
   /** @type {"auto"|number} */
-  let cellChoice = opts.compact ? "auto" : "auto";
+  let cellChoice = "auto";
   let cols = 1;
   let rows = 0;
   let px = 1; // backing pixels per cell side
@@ -302,8 +303,9 @@ export function createHeatmap(root, model, opts = {}) {
         const nblocks = (alloc.blocks || []).reduce((a, r) => a + (r[1] || 0), 0);
         lines.push(`size ${formatBytes(alloc.requested_bytes)} of ${formatBytes(alloc.allocated_bytes)} · ${nblocks} blocks`);
         if (alloc.tier) lines.push(`tier ${escapeHtml(String(alloc.tier))}`);
+        // the server knows the age of cache entries only; a raw allocation's comes from its event
         const seen = model.createdAt.get(owner);
-        const age = typeof alloc.age_s === "number" ? alloc.age_s : ageSeconds(alloc.created_at ?? seen);
+        const age = typeof alloc.age_s === "number" ? alloc.age_s : seen == null ? null : Math.max(0, Date.now() / 1000 - seen);
         const idle = typeof alloc.idle_s === "number" ? ` · idle ${formatAge(alloc.idle_s)}` : "";
         lines.push(`age ${age == null ? "—" : formatAge(age)}${idle}`);
       }
@@ -394,9 +396,6 @@ export function createHeatmap(root, model, opts = {}) {
     schedule,
     flush,
     setMode,
-    get mode() {
-      return mode;
-    },
     /** Re-lay out (e.g. after the pool changed size) on the next frame. */
     relayout() {
       layoutStale = true;
@@ -439,18 +438,6 @@ export function createHeatmap(root, model, opts = {}) {
       root.innerHTML = "";
     },
   };
-}
-
-/** @param {string} s */
-export function escapeHtml(s) {
-  return s.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c] || c);
-}
-
-/** created_at may be unix seconds or an ISO string. */
-function ageSeconds(createdAt) {
-  if (createdAt == null) return null;
-  const t = typeof createdAt === "number" ? createdAt : Date.parse(createdAt) / 1000;
-  return Number.isFinite(t) ? Math.max(0, Date.now() / 1000 - t) : null;
 }
 
 /** @param {number} s */

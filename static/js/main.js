@@ -1,17 +1,15 @@
 // Wiring: one pool's stream -> model -> heatmap / charts / panels; controls; views.
 
-import { api, fetchEvents, getToken, listPools, poolPath } from "./api.js";
+import { api, getToken, listPools, poolPath } from "./api.js";
 import { createCharts } from "./charts.js";
 import { createCompare } from "./compare.js";
 import { createControls, promptToken } from "./controls.js";
+import { escapeHtml } from "./dom.js";
+import { feedPool } from "./feed.js";
 import { PROTOCOL_VERSION } from "./frames.js";
-import { createHeatmap, escapeHtml } from "./heatmap.js";
+import { createHeatmap } from "./heatmap.js";
 import { PoolModel, formatBytes } from "./model.js";
-import { numbersHtml, renderAlerts, renderLog, selectedTypes } from "./panels.js";
-import { createPoolSocket } from "./socket.js";
-
-/** Panels (numbers, log, alerts) re-render at most this often; the map has its own rAF loop. */
-const PANEL_REFRESH_MS = 250;
+import { PANEL_REFRESH_MS, numbersHtml, renderAlerts, renderLog, selectedTypes } from "./panels.js";
 
 const $ = (sel) => /** @type {HTMLElement} */ (document.querySelector(sel));
 const body = document.body;
@@ -24,7 +22,7 @@ const page = {
 const params = new URLSearchParams(window.location.search);
 let poolName = params.get("pool") || "default";
 let model = new PoolModel();
-/** @type {ReturnType<typeof createPoolSocket>|null} */
+/** @type {ReturnType<typeof feedPool>|null} */
 let socket = null;
 /** @type {ReturnType<typeof createHeatmap>|null} */
 let heatmap = null;
@@ -37,7 +35,7 @@ const controls = createControls({
   getPool: () => poolName,
   getModel: () => model,
   onPoolCreated: (name) => refreshPools(name),
-  onPoolDeleted: () => refreshPools("default"),
+  onPoolDeleted: () => showFirstPool(),
   onTokenChanged: () => {
     if (socket) socket.reconnect();
     compare.reconnect();
@@ -79,32 +77,22 @@ function renderPanels() {
   controls.showProgress(model.workload);
 }
 
-function onJson(msg) {
+/** What the dashboard draws besides the model, per stream message (the model applied it already). */
+function onMessage(msg) {
   switch (msg.type) {
     case "hello":
       if (msg.protocol !== page.protocol) controls.status(`server speaks stream protocol ${msg.protocol}, page expects ${page.protocol}: reload`, "err");
-      model.applyHello(msg);
       describePool();
       heatmap && heatmap.relayout();
-      backfill(model.gapUpTo(msg.last_event_seq)); // events missed while disconnected
-      break;
-    case "resync":
-      backfill(model.gapUpTo(msg.last_event_seq)); // the server dropped our backlog
       break;
     case "events":
-      model.applyEvents(msg.events || [], msg.skipped || 0);
       logDirty = true;
       break;
     case "stats":
-      model.applyStats(msg.stats);
       charts && charts.update();
       break;
     case "order":
-      model.applyOrder(msg);
       heatmap && heatmap.schedule();
-      break;
-    case "progress":
-      model.applyProgress(msg.workload);
       break;
     case "closed":
       controls.status(`stream closed: ${msg.reason}`, "err");
@@ -115,25 +103,6 @@ function onJson(msg) {
   schedulePanels();
 }
 
-/**
- * Fetch the events of a hole in the log and slot them in; a failed fetch leaves a "skipped" row.
- * @param {import("./model.js").EventGap|null} gap
- */
-async function backfill(gap) {
-  if (!gap) return;
-  const forModel = model;
-  let page = { events: [], last_seq: gap.upto };
-  try {
-    page = await fetchEvents(poolName, gap);
-  } catch {
-    // the hole is then reported as skipped events: nothing else to do
-  }
-  if (forModel !== model) return; // the user switched pools meanwhile
-  model.applyBackfill(gap, page);
-  logDirty = true;
-  schedulePanels();
-}
-
 function describePool() {
   const c = model.config;
   if (!c) return;
@@ -141,52 +110,92 @@ function describePool() {
   $("#pool-meta").textContent = extra.join(" · ");
 }
 
-function connect(name) {
+/** Close the current pool's stream and drop what was drawn of it. */
+function disconnect() {
   if (socket) socket.close();
   if (heatmap) heatmap.destroy();
   if (charts) charts.destroy();
+  socket = heatmap = charts = null;
+}
+
+function connect(name) {
+  disconnect();
+  // chips and the selected id are allocations of the old pool: Free must not reach the new one's
+  if (name !== poolName) controls.clearChips();
   poolName = name;
   model = new PoolModel();
   heatmap = createHeatmap($("#heatmap"), model, { fetchAllocation: (id) => api("GET", `${poolPath(poolName)}/allocations/${id}`) });
   charts = createCharts($("#charts"), model);
   logDirty = true;
   renderPanels();
-  socket = createPoolSocket(
-    name,
-    {
-      onJson,
-      onFrame: (frame) => {
-        model.applyFrame(frame);
-        heatmap && heatmap.schedule();
-      },
-      onState: setConn,
-      onError: (err) => controls.status(`bad frame: ${err.message}`, "err"),
+  socket = feedPool(name, model, {
+    onMessage,
+    onFrame: () => heatmap && heatmap.schedule(),
+    onBackfill: () => {
+      logDirty = true;
+      schedulePanels();
     },
-    { token: getToken },
-  );
+    onState: setConn,
+    onError: (err) => controls.status(`bad frame: ${err.message}`, "err"),
+  });
+  setPoolInUrl(name);
+}
+
+/** @param {string} name "" drops the parameter */
+function setPoolInUrl(name) {
   const url = new URL(window.location.href);
-  url.searchParams.set("pool", name);
+  if (name) url.searchParams.set("pool", name);
+  else url.searchParams.delete("pool");
   window.history.replaceState(null, "", url);
 }
 
-async function refreshPools(select) {
-  const sel = /** @type {HTMLSelectElement} */ ($("#pool-select"));
-  let names = [];
+/** Pool names on the server; [] (and a status line) when they cannot be listed. */
+async function poolNames() {
   try {
-    names = await listPools();
+    return await listPools();
   } catch (err) {
     controls.status(`could not list pools: ${/** @type {Error} */ (err).message}`, "err");
+    return [];
   }
-  if (select && !names.includes(select)) names.push(select);
-  if (!names.includes(poolName)) names.push(poolName);
+}
+
+/**
+ * Rebuild the pool menu and show `select` (default: the current pool, or the first one when
+ * none is shown). A name the server does not list yet stays in the menu: its stream says
+ * "no such pool" and connects once someone creates it.
+ * @param {string} [select]
+ */
+async function refreshPools(select) {
+  const sel = /** @type {HTMLSelectElement} */ ($("#pool-select"));
+  const names = await poolNames();
+  const target = select || poolName || names[0];
+  if (!target) return;
+  if (!names.includes(target)) names.push(target);
   const current = Array.from(sel.options, (o) => o.value);
   // rebuilding the options of an open <select> would close it: only touch them on a change
   if (current.join("\n") !== names.join("\n")) {
     sel.innerHTML = names.map((n) => `<option value="${escapeHtml(n)}">${escapeHtml(n)}</option>`).join("");
   }
-  const target = select || poolName;
   sel.value = target;
   if (!socket || target !== poolName) connect(target);
+}
+
+/** After the shown pool was deleted: show the first pool left, or say that there is none. */
+async function showFirstPool() {
+  const names = await poolNames();
+  if (names.length) {
+    await refreshPools(names[0]);
+    return;
+  }
+  disconnect();
+  setConn("closed", "no pools");
+  controls.clearChips();
+  poolName = "";
+  model = new PoolModel();
+  renderPanels();
+  /** @type {HTMLSelectElement} */ ($("#pool-select")).innerHTML = "";
+  $("#pool-meta").textContent = "no pools: create one on the Pool tab";
+  setPoolInUrl("");
 }
 
 $("#pool-select").addEventListener("change", (ev) => connect(/** @type {HTMLSelectElement} */ (ev.target).value));
@@ -208,7 +217,6 @@ function showView(view) {
   $("#view-compare").hidden = view !== "compare";
   $("#alerts").hidden = view !== "dashboard"; // they are about the dashboard's pool, not the compared ones
   if (view === "compare") compare.show();
-  else compare.hide();
   if (window.location.hash !== `#${view}`) window.history.replaceState(null, "", view === "dashboard" ? window.location.pathname + window.location.search : `#${view}`);
 }
 document.querySelectorAll("[data-view]").forEach((b) => b.addEventListener("click", () => showView(/** @type {HTMLElement} */ (b).dataset.view || "dashboard")));

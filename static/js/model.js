@@ -130,11 +130,6 @@ export class HistoryRing {
       return out;
     });
   }
-
-  clear() {
-    this.length = 0;
-    this.head = 0;
-  }
 }
 
 export const HISTORY_SERIES = ["t", "utilization", "internal", "external", "evictionsPerSec", "hitRate", "oomCapacity", "oomFragmentation"];
@@ -517,6 +512,37 @@ export class PoolModel {
   /** @param {WorkloadProgress} w */
   applyProgress(w) {
     this.workload = w;
+  }
+
+  /**
+   * Apply one JSON stream message (docs/STREAM.md). Returns the hole in the event log that the
+   * caller should fetch and hand to `applyBackfill` (after a reconnect's `hello` or a `resync`),
+   * or null. Messages the model does not keep (`closed`, unknown types) change nothing.
+   * @param {{type: string} & Record<string, any>} msg
+   * @returns {EventGap|null}
+   */
+  applyMessage(msg) {
+    switch (msg.type) {
+      case "hello":
+        this.applyHello(/** @type {HelloMessage} */ (msg));
+        return this.gapUpTo(msg.last_event_seq); // events missed while disconnected
+      case "resync":
+        return this.gapUpTo(msg.last_event_seq); // the server dropped our backlog
+      case "events":
+        this.applyEvents(msg.events || [], msg.skipped || 0);
+        return null;
+      case "stats":
+        this.applyStats(msg.stats);
+        return null;
+      case "order":
+        this.applyOrder(/** @type {OrderMessage} */ (msg));
+        return null;
+      case "progress":
+        this.applyProgress(msg.workload);
+        return null;
+      default:
+        return null;
+    }
   }
 
   /** Current alerts for the banner. */

@@ -1,7 +1,10 @@
 // DOM renderers for the read-only panels: current numbers, alert banner, event log.
 
-import { escapeHtml } from "./heatmap.js";
+import { escapeHtml } from "./dom.js";
 import { SKIPPED, filterEvents, formatBytes, hitRateOf, pct, pressureOf } from "./model.js";
+
+/** Panels (numbers, log, alerts) re-render at most this often; the maps have their own rAF loop. */
+export const PANEL_REFRESH_MS = 250;
 
 /** The log shows at most this many rows; rebuilding more on every batch costs frames. */
 export const LOG_ROWS = 200;

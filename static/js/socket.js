@@ -101,7 +101,6 @@ export function createPoolSocket(pool, handlers, opts = {}) {
     get state() {
       return state;
     },
-    pool,
     /** Reconnect now (e.g. after a token was entered), resetting the backoff. */
     reconnect() {
       window.clearTimeout(timer);

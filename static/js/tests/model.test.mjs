@@ -242,3 +242,18 @@ test("a cache pool full of evictable entries raises no utilization alert", async
   assert.deepEqual(computeAlerts(stuck, null).map((a) => [a.code, a.level]), [["utilization", "warn"]]);
   assert.match(computeAlerts(stuck, null)[0].message, /cannot evict/);
 });
+
+test("applyMessage applies each stream message and names the events to backfill", () => {
+  const m = new PoolModel();
+  assert.equal(m.applyMessage(hello(4)), null); // a first hello: nothing was missed
+  assert.equal(m.config.num_blocks, 4);
+  m.applyMessage({ type: "events", events: [{ seq: 1, ts: 1, type: "allocate", id: 3 }, { seq: 2, ts: 1, type: "free", id: 3 }] });
+  assert.equal(m.lastSeq, 2);
+  m.applyMessage({ type: "progress", workload: { name: "chat", state: "running", done: 1, total: 9 } });
+  assert.equal(m.workload.name, "chat");
+  m.applyMessage({ type: "order", ids: [5], keys: ["k"], truncated: false });
+  assert.equal(m.keyById.get(5), "k");
+  assert.deepEqual(m.applyMessage({ type: "resync", last_event_seq: 7 }), { after: 2, upto: 7, limit: BACKFILL_LIMIT, skipped: 0 });
+  assert.deepEqual(m.applyMessage({ ...hello(4), last_event_seq: 9 }), { after: 2, upto: 9, limit: BACKFILL_LIMIT, skipped: 0 });
+  assert.equal(m.applyMessage({ type: "closed", reason: "pool deleted" }), null);
+});
