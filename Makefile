@@ -4,7 +4,8 @@ PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip
 HOST    ?= $(or $(KVSCOPE_HOST),127.0.0.1)
 PORT    ?= $(or $(KVSCOPE_PORT),8000)
-# A CPU build of torch installs from a local wheel here; on a GPU host pick the build you need.
+# Installed only when no torch imports in .venv; a torch already there (e.g. the CUDA build,
+# pip-installed into .venv first on a GPU host) is kept whatever TORCH says.
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 

@@ -232,3 +232,22 @@ def test_make_run_honours_kvscope_host_and_port():
 def test_registry_find_is_none_for_an_unknown_pool(client):
     registry = client.app.state.registry
     assert registry.find("nope") is None and registry.find("default").name == "default"
+
+
+def test_readme_rest_block_names_every_api_route(client):
+    """Each method and path under /api appears on one line of the README's REST block (a line
+    may list siblings as `parent/a | b`)."""
+    text = (ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"^```\w*\n(.*?)^```", text, flags=re.S | re.M)
+                 if "/api/pools/{pool}/ops" in b)
+    missing = []
+    for path, ops in client.get("/openapi.json").json()["paths"].items():
+        if not path.startswith("/api"):
+            continue
+        parent, leaf = path.rsplit("/", 1)
+        for method in (m.upper() for m in ops):
+            if not any(re.search(rf"\b{method}\b", line)
+                       and (re.search(re.escape(path) + r"(\s|$)", line) or f"{parent}/" in line and f"| {leaf}" in line)
+                       for line in block.splitlines()):
+                missing.append(f"{method} {path}")
+    assert not missing, missing
