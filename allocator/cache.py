@@ -198,9 +198,14 @@ class KVCache:
         priority = priority or 0
         pinned = bool(pinned)
         evicted: list[str] = []
-        self._make_room(need, None, evicted, self.pool.victim_filter(nbytes))
-        aid = self._allocate(nbytes, PINNED if pinned else CACHED, None, evicted)
-        held = need if self.pool.exact_footprint else self.pool.held_bytes(aid)
+        pool = self.pool
+        helps = pool.victim_filter(nbytes) if pool.filters_victims else None
+        self._make_room(need, None, evicted, helps)
+        try:
+            aid = pool.allocate(nbytes, PINNED if pinned else CACHED)
+        except OutOfMemory:
+            aid = self._allocate(nbytes, PINNED if pinned else CACHED, None, evicted, helps)
+        held = need if pool.exact_footprint else pool.held_bytes(aid)
         if held > need and self.used_bytes + held - self._evictable_bytes(None) > self.capacity_bytes:
             # A tiered pool fell back to a larger block than the budget can hold even after
             # evicting everything evictable: refuse rather than overrun the capacity.
@@ -509,10 +514,11 @@ class KVCache:
         room = self.capacity_bytes - self.used_bytes + self._evictable_bytes(None)
         return OutOfMemory(need, room, room, "capacity")
 
-    def _allocate(self, nbytes: int, state: int, exclude: str | None, evicted: list[str]) -> int:
+    def _allocate(self, nbytes: int, state: int, exclude: str | None, evicted: list[str],
+                  helps=None) -> int:
         """Allocate, evicting (reason oom) while the pool says out of memory, but only entries
-        whose memory could serve this request (on a tiered pool, those in a usable tier)."""
-        helps = self.pool.victim_filter(nbytes)
+        whose memory could serve this request (`helps`: on a tiered pool, those in a usable
+        tier)."""
         while True:
             try:
                 return self.pool.allocate(nbytes, state)

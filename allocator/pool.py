@@ -97,6 +97,9 @@ class Pool:
     # Whether `footprint(n)` is always what an allocation of n bytes ends up holding (tiered
     # pools may fall back to a larger tier, so theirs is only a first estimate).
     exact_footprint = True
+    # Whether `victim_filter` ever restricts victims (tiered pools); when not, the cache skips
+    # asking on its hot path.
+    filters_victims = False
 
     def __init__(
         self,

@@ -56,6 +56,7 @@ class TieredPool(Pool):
 
     strategy = "tiered"
     exact_footprint = False
+    filters_victims = True
 
     def __init__(self, num_blocks: int, block_bytes: int, tiers=None, fallback: bool = True, **kw):
         super().__init__(num_blocks, block_bytes, **kw)
