@@ -5,6 +5,7 @@ import { ApiError, api, listPools, poolPath } from "./api.js";
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { feedPool } from "./feed.js";
 import { createHeatmap } from "./heatmap.js";
+import { escapeHtml } from "./dom.js";
 import { PoolModel, formatBytes, parseSize, pct } from "./model.js";
 import { PANEL_REFRESH_MS, renderAlerts } from "./panels.js";
 
@@ -81,15 +82,19 @@ export function createCompare(grid, env) {
            <span><label>OOM cap / frag</label><b class="${o.fragmentation ? "hot" : ""}">${o.capacity} / ${o.fragmentation}</b></span>
            <span><label>int frag</label><b>${pct(s.internal_fragmentation)}</b></span>
            <span><label>free extents</label><b>${s.free_extent_count ?? "—"}</b></span>
-           <span><label>workload</label><b class="small">${w ? `${w.state} ${w.done}/${w.total}` : "—"}</b></span>`
+           <span><label>workload</label>${w && w.state === "failed"
+             ? `<b class="small hot" title="${escapeHtml(w.error || "")}">failed ${w.done}/${w.total}: ${escapeHtml(w.error || "unknown error")}</b>`
+             : `<b class="small">${w ? `${w.state} ${w.done}/${w.total}` : "—"}</b>`}</span>`
         : `<span class="muted">waiting for stats…</span>`;
       const fragOom = p.model.alerts().some((a) => a.code === "oom-fragmentation");
       p.verdict.hidden = fragOom || !s;
       if (!fragOom && s) {
-        p.verdict.className = `cmp-verdict ${paged || o.fragmentation === 0 && w && w.state !== "running" ? "ok" : "wait"}`;
+        const ended = w && w.state !== "running" && w.state !== "failed";
+        p.verdict.className = `cmp-verdict ${paged || o.fragmentation === 0 && ended ? "ok" : "wait"}`;
         p.verdict.textContent = paged
           ? "No OOM with memory free, ever: any free block serves any request."
-          : w && w.state !== "running" ? "No OOM with memory free in this run." : "No OOM with memory free so far.";
+          : ended ? "No OOM with memory free in this run."
+          : w && w.state === "failed" ? "No OOM with memory free before the workload failed." : "No OOM with memory free so far.";
       }
       renderAlerts(p.alerts, p.model.alerts().filter((a) => a.code === "oom-fragmentation"));
     }

@@ -2,7 +2,7 @@
 // show in the status line. The stream, not these responses, updates the map and numbers.
 
 import { ApiError, api, getToken, poolPath, setAuthHandler, setToken } from "./api.js";
-import { USED, formatBytes, parseSize } from "./model.js";
+import { USED, describeWorkload, formatBytes, parseSize } from "./model.js";
 
 /** Chips of allocations made from this page; older ones drop off. */
 const MAX_CHIPS = 24;
@@ -309,15 +309,17 @@ export function createControls(env) {
   /** @param {import("./model.js").WorkloadProgress|null} w */
   function showProgress(w) {
     const box = $("#progress");
-    if (!w) {
+    const d = describeWorkload(w);
+    if (!d) {
       box.hidden = true;
       return;
     }
     box.hidden = false;
-    const frac = w.total ? Math.min(1, w.done / w.total) : 0;
-    box.querySelector("i").style.width = `${(100 * frac).toFixed(1)}%`;
-    box.querySelector("span").textContent = `${w.name} · ${w.state} · ${w.done}/${w.total || "?"}`;
-    box.dataset.state = w.state;
+    box.querySelector("i").style.width = `${(100 * d.frac).toFixed(1)}%`;
+    const text = box.querySelector("span");
+    text.textContent = d.text;
+    text.title = d.error;
+    box.dataset.state = d.state;
   }
 
   /** Forget the allocations made here, and the selected id: they belong to one pool. */

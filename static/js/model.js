@@ -76,7 +76,7 @@ export const DEFAULT_THRESHOLDS = Object.freeze({
 /** @typedef {{after:number, upto:number, limit:number, skipped:number}} EventGap  what to fetch: seq in (after, upto], `skipped` older ones given up */
 /** @typedef {{type:"stats", stats:PoolStats}} StatsMessage */
 /** @typedef {{type:"order", ids:number[], keys:string[], truncated:boolean}} OrderMessage */
-/** @typedef {{name:string, state:string, done:number, total:number}} WorkloadProgress */
+/** @typedef {{name:string, state:string, done:number, total:number, error?:string}} WorkloadProgress  state: running|finished|stopped|failed (`error` says why) */
 /** @typedef {{type:"progress", workload:WorkloadProgress}} ProgressMessage */
 /** @typedef {{type:"closed", reason:string}} ClosedMessage */
 
@@ -213,6 +213,23 @@ export function formatBytes(n) {
     u++;
   }
   return `${u === 0 ? v : v.toFixed(v >= 100 ? 0 : 1)} ${units[u]}`;
+}
+
+/**
+ * How to show a workload's progress: the line's text, the full error (for a tooltip), the bar's
+ * fraction, and whether it failed. A failed workload reads "failed: <error>", never "finished".
+ * @param {WorkloadProgress|null|undefined} w
+ * @returns {{text:string, state:string, failed:boolean, error:string, frac:number}|null}
+ */
+export function describeWorkload(w) {
+  if (!w) return null;
+  const failed = w.state === "failed";
+  const error = failed ? String(w.error || "unknown error") : "";
+  const done = w.done ?? 0;
+  const count = `${done}/${w.total || "?"}`;
+  const frac = w.total ? Math.max(0, Math.min(1, done / w.total)) : 0;
+  const text = failed ? `${w.name} · failed at ${count}: ${error}` : `${w.name} · ${w.state} · ${count}`;
+  return { text, state: w.state, failed, error, frac };
 }
 
 /**

@@ -113,3 +113,28 @@ def test_deleting_the_shown_pool_moves_to_the_first_pool_left_then_to_none(brows
     finally:
         context.close()
         stop_server(proc)
+
+
+def test_a_failed_workload_shows_failed_in_red_with_its_error(page, api):
+    """A workload that raises is reported `failed` with its `error` (GET .../workload and the stream's
+    `progress`); a real one is hard to make fail, so the stream's message is injected into the live socket."""
+    make_pool(api, "e2e-fail", strategy="paged", num_blocks=128, block_bytes=BLOCK)
+    routes = []
+
+    def relay(ws):
+        ws.connect_to_server()  # everything else passes through untouched
+        routes.append(ws)
+
+    page.route_web_socket("**/ws/pools/e2e-fail*", relay)
+    open_pool(page, "e2e-fail")
+    page.click(".controls-panel [data-tab=workload]")
+    routes[-1].send(
+        '{"type": "progress", "workload": {"name": "chat", "kind": "scenario", "state": "failed",'
+        ' "done": 120, "total": 400, "error": "allocation 7 not found"}}'
+    )
+    page.wait_for_selector("#progress[data-state=failed]", timeout=5_000)
+    line = page.locator("#progress span")
+    assert line.inner_text() == "chat · failed at 120/400: allocation 7 not found"
+    assert "finished" not in line.inner_text()
+    assert line.evaluate("el => getComputedStyle(el).color") == "rgb(239, 83, 80)"  # --bad
+    assert page.console_log.errors == []

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { decodeFrame, encodeFrame } from "../frames.js";
-import { BACKFILL_LIMIT, EVENT_CAPACITY, HistoryRing, MAX_DIRTY_RANGES, PoolModel, computeAlerts, filterEvents, parseSize } from "../model.js";
+import { BACKFILL_LIMIT, EVENT_CAPACITY, HistoryRing, MAX_DIRTY_RANGES, PoolModel, computeAlerts, describeWorkload, filterEvents, parseSize } from "../model.js";
 
 const hello = (n) => ({ type: "hello", protocol: 1, pool: { name: "p", strategy: "paged", num_blocks: n, block_bytes: 4096 }, states: {}, last_event_seq: 0 });
 
@@ -256,4 +256,21 @@ test("applyMessage applies each stream message and names the events to backfill"
   assert.deepEqual(m.applyMessage({ type: "resync", last_event_seq: 7 }), { after: 2, upto: 7, limit: BACKFILL_LIMIT, skipped: 0 });
   assert.deepEqual(m.applyMessage({ ...hello(4), last_event_seq: 9 }), { after: 2, upto: 9, limit: BACKFILL_LIMIT, skipped: 0 });
   assert.equal(m.applyMessage({ type: "closed", reason: "pool deleted" }), null);
+});
+
+test("a failed workload reads as failed with its error, never finished", () => {
+  assert.equal(describeWorkload(null), null);
+  const running = describeWorkload({ name: "chat", state: "running", done: 50, total: 200 });
+  assert.deepEqual(running, { text: "chat · running · 50/200", state: "running", failed: false, error: "", frac: 0.25 });
+  const failed = describeWorkload({ name: "chat", state: "failed", done: 120, total: 400, error: "pool is out of memory" });
+  assert.equal(failed.state, "failed");
+  assert.equal(failed.failed, true);
+  assert.equal(failed.error, "pool is out of memory");
+  assert.equal(failed.text, "chat · failed at 120/400: pool is out of memory");
+  assert.doesNotMatch(failed.text, /finished/);
+  assert.equal(failed.frac, 0.3);
+  // a failure without a message still says it failed
+  const bare = describeWorkload({ name: "mix", state: "failed", done: 0, total: 0 });
+  assert.equal(bare.text, "mix · failed at 0/?: unknown error");
+  assert.equal(bare.frac, 0);
 });
