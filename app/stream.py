@@ -8,7 +8,7 @@ a fresh snapshot, then `{"type": "resync", "last_event_seq": N}`: the dropped `e
 up to N it had not seen (`GET /api/pools/{pool}/events?after=`), later ones come on the stream;
 the last workload `progress` is re-sent. So a slow client never makes the server buffer without
 bound. `stats` go out about 4 times a second when something changed and once a second when
-nothing did (the page's charts are time series), `order` (cache pools) about once a second.
+nothing did (the page's charts are time series), `order` (cache pools) about 4 times a second.
 
 Binary layout (docs/STREAM.md, protocol 1; reader: static/js/frames.js `decodeFrame`), all
 little-endian:
@@ -57,7 +57,7 @@ QUEUE_LIMIT = 64  # messages a client may have queued before it is resynced with
 QUEUE_BYTES = 8 << 20
 STATS_EVERY_S = 0.25
 STATS_IDLE_S = 1.0  # unchanged stats still go out this often, so the page's charts keep time
-ORDER_EVERY_S = 1.0
+ORDER_EVERY_S = 0.25  # the heat mode colours by it; at ~100 evictions/s a second is stale
 ORDER_LIMIT = 5_000
 EVENTS_PER_TICK = 1_000
 

@@ -41,7 +41,6 @@ export const COLORS = Object.freeze({
   free: rgba(28, 34, 45),
   pinned: rgba(250, 250, 250),
   uncachedHeat: rgba(70, 78, 94),
-  unrankedHeat: rgba(40, 60, 110),
 });
 
 const usedPalette = new Uint32Array(HUES);
@@ -154,7 +153,10 @@ export function createHeatmap(root, model, opts = {}) {
       if (owner !== lastOwner) {
         lastOwner = owner;
         const rank = model.orderRank.get(owner);
-        if (rank === undefined) lastRankColor = COLORS.unrankedHeat;
+        // Not in the last `order` message: the entry arrived (or was touched) since, or sits
+        // past the truncated list. Either way it is behind every ranked entry, so it takes the
+        // "last to evict" end of the scale rather than a colour of its own.
+        if (rank === undefined) lastRankColor = heatPalette[0];
         else {
           const n = Math.max(1, model.orderLength - 1);
           lastRankColor = heatPalette[Math.round((HUES - 1) * (1 - rank / n))];
