@@ -1,15 +1,18 @@
-"""Schemathesis over /openapi.json: no generated input may make the server answer 5xx."""
+"""Schemathesis over /openapi.json: no generated input may make the server answer 5xx.
+
+Twice: in process (ASGI, many examples, fast) and against a real uvicorn on loopback (fewer
+examples), so that the HTTP server's own parsing and the middleware see the same inputs.
+"""
 
 from __future__ import annotations
 
 import pytest
+import schemathesis
+from apputil import SMALL, Server
+from hypothesis import HealthCheck, settings
 
-schemathesis = pytest.importorskip("schemathesis")
-from apputil import SMALL  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
-
-from app.main import create_app  # noqa: E402
-from app.settings import Settings  # noqa: E402
+from app.main import create_app
+from app.settings import Settings
 
 APP = create_app(Settings(**{**SMALL, "max_pools": 4, "max_blocks": 4096, "max_pool_bytes": 4 << 20}))
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
@@ -27,5 +30,26 @@ def _lifespan():
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_no_input_yields_a_server_error(case):
     response = case.call()
+    assert response.status_code < 500, (case.method, case.path, case.path_parameters, case.body,
+                                        response.status_code, response.text[:500])
+
+
+
+@pytest.fixture(scope="module")
+def live_server():
+    srv = Server()
+    yield srv
+    log = srv.stop()
+    assert "Traceback" not in log, log
+
+
+# The same description, sent over real HTTP (a schema from a dict has no app to call in-process).
+http_schema = schemathesis.openapi.from_dict(APP.openapi())
+
+
+@http_schema.parametrize()
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_no_input_over_real_http_yields_a_server_error(case, live_server):
+    response = case.call(base_url=live_server.url)
     assert response.status_code < 500, (case.method, case.path, case.path_parameters, case.body,
                                         response.status_code, response.text[:500])
