@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from apputil import SMALL, Server
+from apputil import SMALL
 from hypothesis import HealthCheck, settings
 
 from app.main import create_app
@@ -34,22 +34,13 @@ def test_no_input_yields_a_server_error(case):
                                         response.status_code, response.text[:500])
 
 
-
-@pytest.fixture(scope="module")
-def live_server():
-    srv = Server()
-    yield srv
-    log = srv.stop()
-    assert "Traceback" not in log, log
-
-
 # The same description, sent over real HTTP (a schema from a dict has no app to call in-process).
 http_schema = schemathesis.openapi.from_dict(APP.openapi())
 
 
 @http_schema.parametrize()
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-def test_no_input_over_real_http_yields_a_server_error(case, live_server):
-    response = case.call(base_url=live_server.url)
+def test_no_input_over_real_http_yields_a_server_error(case, server):
+    response = case.call(base_url=server.url)  # the real uvicorn of conftest's `server` fixture
     assert response.status_code < 500, (case.method, case.path, case.path_parameters, case.body,
                                         response.status_code, response.text[:500])
