@@ -1,4 +1,4 @@
-"""`kvscope serve | replay | scenario`."""
+"""`kvscope serve | replay | scenario | prefix`."""
 
 from __future__ import annotations
 
@@ -47,20 +47,22 @@ def serve(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = ("usage: kvscope {serve,replay,scenario} [options]\n"
+    usage = ("usage: kvscope {serve,replay,scenario,prefix} [options]\n"
              "  serve      run the server: dashboard, REST API, stream, metrics (kvscope serve -h)\n"
              "  replay     replay an LLM request trace through the serving simulator (kvscope replay -h)\n"
-             "  scenario   run a fragmentation / chat / burst scenario (kvscope scenario -h)")
+             "  scenario   run a fragmentation / chat / burst scenario (kvscope scenario -h)\n"
+             "  prefix     prefix-cache hit ratio vs capacity per policy on a Mooncake trace (kvscope prefix -h)")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return serve(rest)
-    if command in ("replay", "scenario"):
+    if command in ("replay", "scenario", "prefix"):
         from workloads import cli as workloads_cli  # written separately; imported only when used
 
-        run = workloads_cli.replay_main if command == "replay" else workloads_cli.scenario_main
+        run = {"replay": workloads_cli.replay_main, "scenario": workloads_cli.scenario_main,
+               "prefix": workloads_cli.prefix_main}[command]
         return int(run(rest) or 0)
     print(f"unknown command {command!r}\n{usage}", file=sys.stderr)
     return 2

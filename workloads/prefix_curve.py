@@ -45,6 +45,7 @@ POLICY_NAMES = ("lru", "fifo", "lfu", "s3fifo")
 BOUND = "belady"
 CURVE_POLICIES = (*POLICY_NAMES, BOUND)
 DEFAULT_CAPACITIES = (100_000, 300_000, 1_000_000, 3_000_000, 10_000_000, 30_000_000, 100_000_000)
+LENGTH_BUCKETS = (4_000, 8_000, 16_000, 32_000)
 PAPER = {
     "source": "Qin et al., Mooncake, USENIX FAST 2025",
     "cache_ratio": 0.40,
@@ -175,21 +176,44 @@ def run_point(prep: Prepared, capacity_tokens: int | None, policy: str,
                  time.perf_counter() - t0)
 
 
-def max_hit_ratio_by_set(trace: MooncakeTrace) -> float:
-    """The infinite-capacity maximum computed without any cache: a request's hit is its longest
-    prefix of nodes seen before. The pool's infinite run must agree (tests check it)."""
+def infinite_ratios(trace: MooncakeTrace) -> dict:
+    """The infinite-capacity maximum computed without any cache (a request's hit is its longest
+    prefix of nodes seen before), weighted three ways: by tokens (the curve's definition), by
+    blocks, and as the mean over requests of each request's own ratio. The paper does not say
+    which its "cache ratio" is; the report shows all three."""
     seen: set[int] = set()
-    hits = 0
+    hit_tokens = hit_blocks = 0
+    ratios = np.zeros(len(trace))
     for i in range(len(trace)):
+        nodes = trace.block_nodes(i).tolist()
         matched = 0
-        for node in trace.block_nodes(i).tolist():
+        for node in nodes:
             if node not in seen:
                 break
             matched += 1
-        hits += min(matched * TRACE_BLOCK_TOKENS, int(trace.input_length[i]))
-        seen.update(trace.block_nodes(i).tolist())
-    total = int(trace.input_length.sum())
-    return hits / total if total else 0.0
+        n_in = int(trace.input_length[i])
+        hit = min(matched * TRACE_BLOCK_TOKENS, n_in)
+        hit_tokens += hit
+        hit_blocks += matched
+        ratios[i] = hit / n_in
+        seen.update(nodes)
+    n, total = len(trace), int(trace.input_length.sum())
+    buckets = []
+    edges = (0, *LENGTH_BUCKETS, np.inf)
+    for lo, hi in zip(edges, edges[1:]):
+        inside = (trace.input_length >= lo) & (trace.input_length < hi)
+        if inside.any():
+            buckets.append({"min_tokens": int(lo), "max_tokens": None if hi == np.inf else int(hi),
+                            "requests": int(inside.sum()), "mean_ratio": float(ratios[inside].mean())})
+    return {"token_weighted": hit_tokens / total if total else 0.0,
+            "block_weighted": hit_blocks / int(trace.offsets[-1]) if n else 0.0,
+            "request_mean": float(ratios.mean()) if n else 0.0,
+            "by_prompt_length": buckets}
+
+
+def max_hit_ratio_by_set(trace: MooncakeTrace) -> float:
+    """The token-weighted maximum (see `infinite_ratios`); the pool's infinite run must agree."""
+    return float(infinite_ratios(trace)["token_weighted"])
 
 
 def check_policies(names: Sequence[str]) -> list[str]:
@@ -238,6 +262,7 @@ def capacity_curve(trace: MooncakeTrace, capacities: Sequence[int] = DEFAULT_CAP
         "capacities_tokens": capacities,
         "policies": policies,
         "max_hit_ratio": best.hit_ratio,
+        "max_hit_ratio_weightings": infinite_ratios(trace),
         "curve": [p.row() for p in points],
         "checks": curve_checks(points, best.hit_ratio),
         "paper": PAPER,
