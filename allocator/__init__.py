@@ -13,15 +13,24 @@ Pure core: imports only the standard library, numpy and torch (never a web frame
 
 from __future__ import annotations
 
-from .blockmap import CACHED, FREE, PINNED, STATE_NAMES, USED, BlockMap
+from .blockmap import CACHED, FREE, PINNED, SHARED, STATE_NAMES, USED, BlockMap
 from .cache import Entry, KVCache, PutResult
 from .contiguous import FITS, ContiguousPool
-from .errors import Conflict, InvalidRequest, KVScopeError, NotFound, OutOfMemory, TooLarge
+from .errors import (
+    Conflict,
+    InvalidRequest,
+    KVScopeError,
+    NotFound,
+    OutOfMemory,
+    PrefixOutOfMemory,
+    TooLarge,
+)
 from .events import EVENT_FIELDS, EventLog
 from .geometry import MODEL_PRESETS, ModelGeometry, get_model
 from .paged import PagedPool
 from .policies import POLICIES
 from .pool import Allocation, DefragReport, Pool
+from .prefix import PREFIX_POLICIES, PrefixPool, SequenceInfo
 from .storage import BlockStorage, resolve_device
 from .tiered import DEFAULT_TIERS, TieredPool
 
@@ -41,11 +50,20 @@ def create_pool(
     tiers: list[dict] | None = None,
     name: str = "pool",
     event_capacity: int = 10_000,
+    prefix_caching: dict | None = None,
 ) -> Pool:
     """Build a pool. Size by `num_blocks` or `capacity_bytes`; block size by `block_bytes` or by
-    `tokens_per_block` (default 16) with a `model` geometry. Raises InvalidRequest."""
+    `tokens_per_block` (default 16) with a `model` geometry. `prefix_caching={"policy": ...}`
+    (paged only, needs tokens_per_block or a model) builds a PrefixPool. Raises InvalidRequest."""
     if strategy not in STRATEGIES:
         raise InvalidRequest(f"unknown strategy {strategy!r}; choose one of {list(STRATEGIES)}")
+    if prefix_caching is not None:
+        if strategy != "paged":
+            raise InvalidRequest(f"prefix caching needs the paged strategy, not {strategy!r}")
+        if not isinstance(prefix_caching, dict) or set(prefix_caching) - {"policy"}:
+            raise InvalidRequest('prefix_caching must be an object like {"policy": "lru"}')
+        if tokens_per_block is None and model is None:
+            raise InvalidRequest("prefix caching needs 'tokens_per_block' (or a 'model', 16 by default)")
     geometry = get_model(model) if isinstance(model, str) else model
     if block_bytes is None:
         if geometry is None:
@@ -67,6 +85,9 @@ def create_pool(
         num_blocks = capacity_bytes // block_bytes
     kw = dict(name=name, device=device, model=geometry, tokens_per_block=tokens_per_block,
               event_capacity=event_capacity)
+    if prefix_caching is not None:
+        return PrefixPool(num_blocks, block_bytes, policy=prefix_caching.get("policy") or "lru",
+                          **{**kw, "tokens_per_block": tokens_per_block or 16})
     if strategy == "paged":
         return PagedPool(num_blocks, block_bytes, **kw)
     if strategy == "contiguous":
@@ -78,6 +99,7 @@ __all__ = [
     "Allocation", "BlockMap", "BlockStorage", "CACHED", "Conflict", "ContiguousPool",
     "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "FITS", "FREE",
     "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "ModelGeometry", "NotFound",
-    "OutOfMemory", "PINNED", "POLICIES", "PagedPool", "Pool", "PutResult", "STATE_NAMES",
+    "OutOfMemory", "PINNED", "POLICIES", "PREFIX_POLICIES", "PagedPool", "Pool", "PrefixOutOfMemory",
+    "PrefixPool", "PutResult", "SHARED", "STATE_NAMES", "SequenceInfo",
     "STRATEGIES", "TieredPool", "TooLarge", "USED", "create_pool", "get_model", "resolve_device",
 ]

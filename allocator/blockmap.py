@@ -6,8 +6,9 @@ from array import array
 
 import numpy as np
 
-FREE, USED, CACHED, PINNED = 0, 1, 2, 3
-STATE_NAMES = {FREE: "free", USED: "used", CACHED: "cached", PINNED: "pinned"}
+FREE, USED, CACHED, PINNED, SHARED = 0, 1, 2, 3, 4
+# SHARED: a prefix-cache block held by two or more sequences (reference count >= 2).
+STATE_NAMES = {FREE: "free", USED: "used", CACHED: "cached", PINNED: "pinned", SHARED: "shared"}
 NO_OWNER = -1
 
 # A change marks the chunk of CHUNK blocks holding it. 64 blocks keep a delta's overhead small
@@ -21,7 +22,9 @@ class BlockMap:
     """Compact per-block owner and state arrays (no Python object per block).
 
     - `owner[b]`: allocation id owning block b, or -1 when free (array 'i', 4 bytes/block).
-    - `state[b]`: FREE, USED (raw allocation), CACHED (evictable entry) or PINNED (bytearray).
+    - `state[b]`: FREE, USED (raw allocation, or a prefix block with one holder), CACHED
+      (evictable entry, or an idle cached prefix block), PINNED, or SHARED (a prefix block held
+      by two or more sequences) (bytearray).
     - `chunk_version[c]`: the map `version` current when chunk c last changed. Writers only
       stamp (no counter bump on the hot path); a reader's `changes_since(v)` reports chunks
       stamped >= v and then advances `version`, returning the value to pass next time. Any
@@ -118,5 +121,5 @@ class BlockMap:
         return starts, ends - starts
 
     def counts(self) -> dict[str, int]:
-        counts = np.bincount(np.frombuffer(self.state, dtype=np.uint8), minlength=4)
+        counts = np.bincount(np.frombuffer(self.state, dtype=np.uint8), minlength=len(STATE_NAMES))
         return {STATE_NAMES[i]: int(counts[i]) for i in STATE_NAMES}

@@ -22,6 +22,14 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "evict": ("key", "bytes", "blocks", "reason", "policy", "age_s", "idle_s"),
     "policy": ("policy",),
     "workload": ("name", "state", "done", "total"),
+    # Prefix cache (allocator/prefix.py): hashes are ints in [0, 2**64); parent None for a root
+    # block; token_ids a flat list over the stored blocks, or None when only hashes were given.
+    "stored": ("blocks", "block_hashes", "parent_block_hash", "token_ids", "block_size", "seq_id"),
+    "removed": ("blocks", "block_hashes", "reason"),
+    "cleared": ("blocks", "block_hashes"),
+    "open": ("seq_id", "num_tokens", "cached_tokens", "blocks"),
+    "append": ("seq_id", "num_tokens", "blocks"),
+    "close": ("seq_id", "blocks"),
 }
 
 

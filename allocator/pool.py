@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .blockmap import CACHED, FREE, NO_OWNER, PINNED, STATE_NAMES, USED, BlockMap
+from .blockmap import CACHED, FREE, NO_OWNER, PINNED, SHARED, STATE_NAMES, USED, BlockMap
 from .errors import InvalidRequest, NotFound, OutOfMemory
 from .events import EventLog
 from .geometry import ModelGeometry, size_in_bytes
@@ -437,8 +437,8 @@ class Pool:
         if bad.size:
             b = int(bad[0])
             problems.append(f"block {b} has state {STATE_NAMES.get(int(states[b]), states[b])} but owner {int(owners[b])}")
-        if (states > PINNED).any():
-            problems.append(f"block {int(np.flatnonzero(states > PINNED)[0])} has an unknown state code")
+        if (states > SHARED).any():
+            problems.append(f"block {int(np.flatnonzero(states > SHARED)[0])} has an unknown state code")
         problems += self._free_problems(expected == NO_OWNER)
         for what, have, want in (
             ("requested_total", self.requested_total, requested),
