@@ -172,7 +172,7 @@ def run_point(prep: Prepared, capacity_tokens: int | None, policy: str,
             progress(done + i, total)
     stats = pool.prefix_stats()
     return Point(capacity_tokens, policy, hits, prep.input_tokens,
-                 int(stats.get("evictions", stats.get("evicted_blocks", 0))),
+                 int(stats["evicted"]),
                  time.perf_counter() - t0)
 
 

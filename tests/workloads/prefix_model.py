@@ -9,7 +9,7 @@ makes on the allocator's pool (`open_sequence(block_hashes, num_tokens, next_use
   first miss) is a private copy, freed on close, and the cached one stays where it was;
 - room for the new blocks is made by evicting idle blocks (held by no open sequence), the
   victim chosen by scanning them all: lru = oldest release, fifo = oldest insertion (a prompt's
-  new blocks inserted tail first), lfu = fewest uses then oldest release, belady = largest next
+  new blocks stored head first, as a prefill fills them), lfu = fewest uses then oldest release, belady = largest next
   use then oldest release;
 - closing releases the blocks tail first (the head is the most recently used).
 """
@@ -70,16 +70,15 @@ class RefPrefixPool:
         while matched < len(hashes) and hashes[matched] in self.cached:
             matched += 1
         pinned = set(hashes[:matched])
-        while len(self.cached) + len(hashes) - matched > self.capacity:
+        while len(self.cached) + len(hashes) - matched > self.capacity:  # room for every new block
             del self.cached[self._victim(pinned)]
             self.evictions += 1
         held = []  # the cached blocks this sequence holds (private copies are not cached)
-        for k in range(len(hashes) - 1, -1, -1):  # tail first
-            h = hashes[k]
+        for k, h in enumerate(hashes):  # stored head first, as a prefill fills them
             if k < matched:
                 self.cached[h].uses += 1
             elif h in self.cached:
-                continue
+                continue  # cached past the first miss: this sequence's block is a private copy
             else:
                 self.cached[h] = Meta(inserted=self._tick())
             self.cached[h].refs += 1
@@ -87,7 +86,7 @@ class RefPrefixPool:
                 self.cached[h].next_use = next_use[k]
             held.append(h)
         sid = self._tick()
-        self.open[sid] = held[::-1]
+        self.open[sid] = held
         self.queries += 1
         self.hit_blocks += matched
         return Info(sid, num_tokens, min(matched * self.tpb, num_tokens), hashes)
@@ -99,7 +98,7 @@ class RefPrefixPool:
             m.released = self._tick()
 
     def prefix_stats(self) -> dict:
-        return {"queries": self.queries, "evictions": self.evictions,
+        return {"queries": self.queries, "evicted": self.evictions,
                 "cached_blocks": len(self.cached)}
 
 
