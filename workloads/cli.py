@@ -266,6 +266,12 @@ def prefix_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-block", type=int, default=512,
                    help="pool block size in tokens, a divisor of 512 (default 512: the trace's blocks)")
     p.add_argument("--limit", type=int, help="replay only the first N requests")
+    p.add_argument("--simulate", action="store_true", help=(
+        "also run the serving simulation with prefix caching on and off (16-token blocks)"))
+    p.add_argument("--sim-pool-tokens", type=int, default=1_000_000,
+                   help="KV pool of the serving simulation, in tokens (default 1,000,000)")
+    p.add_argument("--sim-prefill-tokens-per-s", type=float, default=20_000.0,
+                   help="prefill speed of the simulated accelerator (default 20,000 tokens/s)")
     p.add_argument("--no-png", action="store_true", help="skip the chart")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -290,11 +296,30 @@ def prefix_main(argv: list[str] | None = None) -> int:
             policies = check_policies([p.strip() for p in args.policies.split(",") if p.strip()])
         except InvalidRequest as exc:
             raise InvalidRequest(f"--policies: {exc}") from None
+        sim_cfg = None
+        if args.simulate:
+            from .prefix_sim import sim_config
+
+            speed = args.sim_prefill_tokens_per_s
+            if not speed > 0 or speed == float("inf"):
+                raise InvalidRequest(f"--sim-prefill-tokens-per-s must be a positive number, got {speed}")
+            try:
+                sim_cfg = sim_config(pool_tokens=args.sim_pool_tokens, prefill_token_s=1 / speed)
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"--sim-pool-tokens: {exc}") from None
         trace = load_mooncake(args.trace, limit=args.limit)
         t0 = time.perf_counter()
         report = capacity_curve(trace, capacities, policies, args.tokens_per_block,
                                 progress=None if args.quiet else ProgressBar("prefix curve"))
         wall = time.perf_counter() - t0
+        walls: dict = {}
+        if sim_cfg is not None:
+            from .prefix_sim import compare
+
+            report["serving"] = compare(
+                trace, sim_cfg,
+                progress=None if args.quiet else (lambda mode: ProgressBar(f"serving {mode}")),
+                wall=walls)
         paths = write_prefix_report(report, out, png=not args.no_png)
     except InvalidRequest as exc:
         print(f"error: {_flag_message(exc)}", file=sys.stderr)
@@ -306,7 +331,8 @@ def prefix_main(argv: list[str] | None = None) -> int:
         print("\ninterrupted", file=sys.stderr)
         return 130
     print(prefix_markdown(report, png=not args.no_png))
-    print(f"curve computed in {wall:.1f} s")
+    print(f"curve computed in {wall:.1f} s"
+          + "".join(f"; serving {m} simulated in {s:.1f} s" for m, s in walls.items()))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import prefix_sim
 from .prefix_curve import BOUND, ratio_at
 
 LABELS = {"lru": "LRU", "fifo": "FIFO", "lfu": "LFU", "s3fifo": "S3-FIFO", BOUND: "Bélády MIN"}
@@ -144,6 +145,7 @@ def markdown(report: dict, png: bool = True) -> str:
         "",
         local_cache_text(report),
         "",
+        *([prefix_sim.markdown(report["serving"])] if "serving" in report else []),
         f"*Bélády's MIN.* {report['bound_note']}",
         "",
         "*Method.* `workloads/prefix_curve.py`: each request opens a sequence named by its block "

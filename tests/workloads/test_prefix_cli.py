@@ -69,3 +69,28 @@ def test_bad_trace_line_and_unwritable_out_exit_2(tmp_path, capsys):
     blocker.write_text("x")
     assert prefix_main(["--out", str(blocker / "sub"), "--quiet"]) == 2
     assert "cannot write to output directory" in capsys.readouterr().err
+
+
+def test_simulate_adds_the_serving_comparison(tmp_path, capsys):
+    rc = prefix_main(["--limit", "120", "--out", str(tmp_path), "--capacity-tokens", "1e6",
+                      "--policies", "lru", "--simulate", "--sim-pool-tokens", "300000", "--no-png"])
+    assert rc == 0
+    report = json.loads((tmp_path / "prefix_report.json").read_text())
+    serving = report["serving"]
+    assert serving["config"]["pool_tokens"] == 300_000
+    assert serving["modes"]["prefix"]["completed"] == serving["modes"]["no-prefix"]["completed"] == 120
+    assert serving["modes"]["prefix"]["prefill_tokens"] < serving["modes"]["no-prefix"]["prefill_tokens"]
+    md = (tmp_path / "prefix_report.md").read_text()
+    assert "## Serving with prefix caching" in md and "| on |" in md and "| off |" in md
+    err = capsys.readouterr().err
+    assert "serving prefix" in err and "serving no-prefix" in err
+
+
+def test_simulate_with_a_pool_too_small_names_the_flag(tmp_path, capsys):
+    assert prefix_main(["--out", str(tmp_path), "--simulate", "--sim-pool-tokens", "1000", "--quiet"]) == 2
+    assert "--sim-pool-tokens: the pool (992 tokens) must hold one max-length sequence" in capsys.readouterr().err
+
+
+def test_simulate_rejects_a_non_positive_prefill_speed(tmp_path, capsys):
+    assert prefix_main(["--out", str(tmp_path), "--simulate", "--sim-prefill-tokens-per-s", "0", "--quiet"]) == 2
+    assert "--sim-prefill-tokens-per-s must be a positive number" in capsys.readouterr().err
