@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=True, wraparound=False, cdivision=True, initializedcheck=True
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """PrefixCore: the compiled bookkeeping of a prefix-caching paged pool (vLLM's BlockPool semantics).
 
 Per block, in fixed numpy arrays (no Python object per block): a reference count, a 64-bit
