@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from array import array
-from time import time as _now
 
 import numpy as np
 
@@ -79,9 +78,7 @@ class PagedPool(Pool):
                 cv[b >> CHUNK_SHIFT] = v
         self._allocs[aid] = (nbytes, blocks)
         self.requested_total += nbytes
-        ev = self.events
-        ev.last_seq = seq = ev.last_seq + 1
-        ev._append((seq, _now(), "allocate", aid, nbytes, n * self.block_bytes, n))
+        self.events.record("allocate", aid, nbytes, n * self.block_bytes, n)
         return aid
 
     def allocate_many(self, sizes: list[int], state: int = USED) -> list[int]:
@@ -104,11 +101,8 @@ class PagedPool(Pool):
             raise self._oom(sum(sizes), free_bytes, free_bytes, "capacity")
         v = self._bm.version
         own, st, cv = self._own, self._st, self._cv
-        allocs, append = self._allocs, self.events._append
-        ev = self.events
-        seq = ev.last_seq
+        allocs, record = self._allocs, self.events.record
         aid = self._last_id
-        now = _now()
         ids = []
         for nbytes, n in zip(sizes, counts):
             aid += 1
@@ -121,11 +115,9 @@ class PagedPool(Pool):
                 st[b] = state
                 cv[b >> CHUNK_SHIFT] = v
             allocs[aid] = (nbytes, blocks)
-            seq += 1
-            append((seq, now, "allocate", aid, nbytes, n * bb, n))
+            record("allocate", aid, nbytes, n * bb, n)
             ids.append(aid)
         self._last_id = aid
-        ev.last_seq = seq
         self.requested_total += sum(sizes)
         return ids
 
@@ -137,10 +129,7 @@ class PagedPool(Pool):
         v = self._bm.version
         own, st, cv = self._own, self._st, self._cv
         free = self._free
-        ev = self.events
-        append = ev._append
-        seq = ev.last_seq
-        now = _now()
+        record = self.events.record
         requested = 0
         for aid in ids:
             req, blocks = allocs.pop(aid)
@@ -152,9 +141,7 @@ class PagedPool(Pool):
             if len(blocks) > 1:
                 blocks.reverse()
             free.extend(blocks)
-            seq += 1
-            append((seq, now, "free", aid, len(blocks)))
-        ev.last_seq = seq
+            record("free", aid, len(blocks))
         self.requested_total -= requested
         self._frees += len(ids)
 
@@ -202,9 +189,7 @@ class PagedPool(Pool):
             self._free.extend(blocks)
         self.requested_total -= requested
         self._frees += 1
-        ev = self.events
-        ev.last_seq = seq = ev.last_seq + 1
-        ev._append((seq, _now(), "free", aid, n))
+        self.events.record("free", aid, n)
 
     _release = free
 
