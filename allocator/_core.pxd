@@ -156,11 +156,67 @@ cdef class EventRing:
     cdef dict _codes
     cdef list _fields
     cdef object _arrays
-    cdef int64_t record_num(self, uint8_t code, int64_t a, int64_t b, int64_t c, int64_t d,
-                            const int32_t *blocks, Py_ssize_t n, double now) except -1
-    cdef void _put_blocks(self, Py_ssize_t slot, const int32_t *blocks, Py_ssize_t n) noexcept
+    cdef int32_t *record_num(self, uint8_t code, int64_t a, int64_t b, int64_t c, int64_t d,
+                             Py_ssize_t n, double now) noexcept
+    cdef int32_t *_reserve_blocks(self, Py_ssize_t slot, Py_ssize_t n) noexcept
     cdef inline Py_ssize_t _slot(self, int64_t seq) noexcept
     cdef inline void _open_slot(self, Py_ssize_t slot) noexcept
 
 
 cdef double wall_time() noexcept nogil
+
+
+cdef class BlockMap:
+    cdef readonly Py_ssize_t num_blocks
+    cdef readonly object owner           # array('i'): allocation id per block, -1 when free
+    cdef readonly object state           # bytearray: FREE / USED / CACHED / PINNED per block
+    cdef readonly object chunk_version   # array('I'): map version when the chunk last changed
+    cdef public uint32_t version
+    cdef int32_t *own
+    cdef uint8_t *st
+    cdef uint32_t *cv
+    cdef object _views
+
+
+cdef class PagedCore:
+    cdef readonly Py_ssize_t num_blocks
+    cdef readonly int64_t block_bytes
+    cdef BlockMap bm
+    cdef EventRing ev
+    cdef uint8_t code_alloc, code_free
+    cdef int32_t *own
+    cdef uint8_t *st
+    cdef uint32_t *cv
+    cdef readonly object next_arr        # numpy int32 per block: the chain links
+    cdef int32_t *nxt
+    cdef readonly int32_t free_head
+    cdef readonly Py_ssize_t free_count
+    cdef readonly Py_ssize_t live        # live allocations
+    cdef Py_ssize_t rcap
+    cdef int32_t slot_free               # chain of unused record slots through r_tail
+    cdef object _rec                     # the record arrays (numpy), replaced when they grow
+    cdef int64_t *r_aid
+    cdef int64_t *r_req
+    cdef int32_t *r_head
+    cdef int32_t *r_tail
+    cdef int32_t *r_n
+    cdef object _htab
+    cdef int32_t *htab
+    cdef int64_t hmask
+    cdef int hshift
+    cdef public int64_t last_id
+    cdef public int64_t frees
+    cdef public int64_t requested_total
+    cdef object _oom, _bad_size, _not_found
+    cdef inline Py_ssize_t home(self, int64_t aid) noexcept
+    cdef Py_ssize_t find(self, int64_t aid) noexcept
+    cdef Py_ssize_t slot_of(self, object aid) except -1
+    cdef Py_ssize_t new_record(self, int64_t aid) except -1
+    cdef void drop_record(self, Py_ssize_t slot) noexcept
+    cdef int grow_records(self) except -1
+    cdef int rehash(self, Py_ssize_t cap) except -1
+    cdef int32_t take(self, Py_ssize_t n, int64_t aid, uint8_t state, int32_t *ids,
+                      int32_t *last) noexcept
+    cdef void give_back(self, int32_t head, int32_t tail, int32_t *ids) noexcept
+    cdef int64_t alloc_one(self, int64_t nbytes, Py_ssize_t n, uint8_t state, double now) except -1
+    cdef int free_slot(self, Py_ssize_t slot, double now) except -1

@@ -195,3 +195,5 @@ cdef class RefCounts:
 
 
 include "_events.pxi"
+include "_blockmap.pxi"
+include "_paged.pxi"

@@ -12,7 +12,7 @@ cdef class EventRing:
     Each slot holds a timestamp, a kind code and either up to NVALS int64 values (the numeric
     kinds the compiled pool records: no Python object at all) or a flat tuple of values (events
     recorded from Python, e.g. with string keys). Block ids that an event changed go into a
-    separate int32 id ring and are read back with `after(..., block_ids=True)`.
+    separate int32 id ring (each event's ids contiguous there) and are read back with `after(..., block_ids=True)`.
 
     Invariants: the events held are exactly seqs last_seq-count+1 .. last_seq, slot (seq-1) %
     capacity; an event is dropped (oldest first) when the ring is full or when its block ids
@@ -66,38 +66,35 @@ cdef class EventRing:
         if self.count < self.capacity:
             self.count += 1
 
-    cdef void _put_blocks(self, Py_ssize_t slot, const int32_t *blocks, Py_ssize_t n) noexcept:
-        cdef Py_ssize_t pos, first, k
-        cdef int64_t oldest
-        if n == 0:
-            self.bn[slot] = 0
-            return
-        if n > self.bcap:  # more ids than the whole id ring: keep nothing, say so
-            self.bn[slot] = -1
-            return
-        # Drop the oldest events whose ids the write would overwrite (never the new one).
+    cdef int32_t *_reserve_blocks(self, Py_ssize_t slot, Py_ssize_t n) noexcept:
+        """Room for the `n` block ids of the event in `slot`, contiguous in the id ring (a write
+        that would wrap starts over at 0), or NULL when n is 0 or more than the ring holds."""
+        cdef Py_ssize_t pos, k
+        cdef int64_t start
+        if n <= 0 or n > self.bcap:
+            self.bn[slot] = 0 if n <= 0 else -1
+            return NULL
+        pos = <Py_ssize_t>(self.bpos % self.bcap)
+        start = self.bpos if pos + n <= self.bcap else self.bpos + (self.bcap - pos)
+        # Drop the oldest events whose ids this write overwrites (never the new one).
         while self.count > 1:
-            oldest = self.last_seq - self.count + 1
-            k = self._slot(oldest)
-            if self.bn[k] > 0 and self.boff[k] + self.bcap < self.bpos + n:
+            k = self._slot(self.last_seq - self.count + 1)
+            if self.bn[k] > 0 and self.boff[k] + self.bcap < start + n:
                 if self.kind[k] & FLAG_OBJ:
                     self._objs[k] = None
                     self.kind[k] = 0
                 self.count -= 1
             else:
                 break
-        pos = <Py_ssize_t>(self.bpos % self.bcap)
-        first = min(n, self.bcap - pos)
-        memcpy(&self.bring[pos], blocks, first * sizeof(int32_t))
-        if first < n:
-            memcpy(&self.bring[0], &blocks[first], (n - first) * sizeof(int32_t))
-        self.boff[slot] = self.bpos
+        self.boff[slot] = start
         self.bn[slot] = <int32_t>n
-        self.bpos += n
+        self.bpos = start + n
+        return &self.bring[start % self.bcap]
 
-    cdef int64_t record_num(self, uint8_t code, int64_t a, int64_t b, int64_t c, int64_t d,
-                            const int32_t *blocks, Py_ssize_t n, double now) except -1:
-        """Append a numeric event (values a..d, the kind's fields in order) with `n` block ids."""
+    cdef int32_t *record_num(self, uint8_t code, int64_t a, int64_t b, int64_t c, int64_t d,
+                             Py_ssize_t n, double now) noexcept:
+        """Append a numeric event (values a..d: the kind's fields in order); returns where its
+        `n` block ids go (the caller writes them; NULL: do not)."""
         cdef int64_t seq = self.last_seq + 1
         cdef Py_ssize_t slot = self._slot(seq)
         self._open_slot(slot)
@@ -109,8 +106,7 @@ cdef class EventRing:
         v[1] = b
         v[2] = c
         v[3] = d
-        self._put_blocks(slot, blocks, n)
-        return seq
+        return self._reserve_blocks(slot, n)
 
     def record(self, str kind, *values, block_ids=None) -> int:
         """Append one event; `values` follow the kind's fields, `block_ids` (optional) are the
@@ -119,6 +115,7 @@ cdef class EventRing:
         cdef int64_t seq = self.last_seq + 1
         cdef Py_ssize_t slot = self._slot(seq)
         cdef int32_t[::1] ids
+        cdef int32_t *dst
         self._open_slot(slot)
         self.last_seq = seq
         self.ts[slot] = wall_time()
@@ -128,7 +125,9 @@ cdef class EventRing:
             self.bn[slot] = 0
         else:
             ids = np.ascontiguousarray(block_ids, dtype=np.int32)
-            self._put_blocks(slot, &ids[0], ids.shape[0])
+            dst = self._reserve_blocks(slot, ids.shape[0])
+            if dst != NULL:
+                memcpy(dst, &ids[0], ids.shape[0] * sizeof(int32_t))
         return seq
 
     def truncate(self, int64_t seq) -> None:
@@ -178,7 +177,7 @@ cdef class EventRing:
                     event["block_ids"] = None
                 else:
                     pos = <Py_ssize_t>(self.boff[slot] % self.bcap)
-                    event["block_ids"] = [self.bring[(pos + j) % self.bcap] for j in range(n)]
+                    event["block_ids"] = [self.bring[pos + j] for j in range(n)]
             out.append(event)
         return out
 
