@@ -337,6 +337,12 @@ class PrefixPool(Pool):
     def _extra_stats(self) -> dict:
         return {"prefix": self.prefix_stats()}
 
+    def stats(self) -> dict:
+        """The pool's stats, with `shared` blocks by state and the `prefix` section."""
+        out = super().stats()
+        out["blocks_by_state"]["shared"] = int(np.count_nonzero(self.blockmap.states_np() == SHARED))
+        return out
+
     def _extra_config(self) -> dict:
         return {"prefix_caching": {"policy": self.policy}}
 
