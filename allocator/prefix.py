@@ -406,7 +406,8 @@ class PrefixPool(Pool):
             problems.append("the eviction heap is out of order")
         for h, b in core.index.items():
             if not hashed[b] or int(core.hash_np[b]) != h:
-                problems.append(f"hash {h:016x} indexes block {b}, which holds {'hash %016x' % int(core.hash_np[b]) if hashed[b] else 'none'}")
+                held = f"hash {int(core.hash_np[b]):016x}" if hashed[b] else "no hash"
+                problems.append(f"hash {h:016x} indexes block {b}, which holds {held}")
                 break
         if int(hashed.sum()) != len(core.index):
             problems.append(f"{int(hashed.sum())} blocks are hashed but the index holds {len(core.index)}")
