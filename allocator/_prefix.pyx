@@ -1,4 +1,4 @@
-# cython: language_level=3, boundscheck=True, wraparound=False, cdivision=True, initializedcheck=True
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """PrefixCore: the compiled bookkeeping of a prefix-caching paged pool (vLLM's BlockPool semantics).
 
 Per block, in fixed numpy arrays (no Python object per block): a reference count, a 64-bit
@@ -26,7 +26,6 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.math cimport INFINITY
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from collections import OrderedDict
-from time import time as _wall
 
 import numpy as np
 from array import array
@@ -163,8 +162,7 @@ cdef class PrefixCore:
     cdef int32_t[:] owner
     cdef uint8_t[:] state
     cdef uint32_t[:] cv
-    cdef object ev
-    cdef object ev_append
+    cdef object ev_record
     cdef int64_t[:, :] hist
     cdef double[3] hist_sum
     cdef public int64_t queries, hit_tokens, query_blocks, hit_blocks, stored, evicted
@@ -204,8 +202,7 @@ cdef class PrefixCore:
         self.owner = blockmap.owner
         self.state = blockmap.state
         self.cv = blockmap.chunk_version
-        self.ev = events
-        self.ev_append = events._append
+        self.ev_record = events.record
         self._clear_structures()
 
     cdef _clear_structures(self):
@@ -237,10 +234,7 @@ cdef class PrefixCore:
 
     # -- events --------------------------------------------------------------------------
     cdef inline _event(self, tuple row):
-        ev = self.ev
-        seq = ev.last_seq + 1
-        ev.last_seq = seq
-        self.ev_append((seq, _wall()) + row)
+        self.ev_record(*row)
 
     # -- the evictable structure ---------------------------------------------------------
     cdef inline void _list_push(self, int q, int b) noexcept:

@@ -337,6 +337,12 @@ class PrefixPool(Pool):
     def _extra_stats(self) -> dict:
         return {"prefix": self.prefix_stats()}
 
+    def stats(self) -> dict:
+        """The pool's stats, with `shared` blocks by state and the `prefix` section."""
+        out = super().stats()
+        out["blocks_by_state"]["shared"] = int(np.count_nonzero(self.blockmap.states_np() == SHARED))
+        return out
+
     def _extra_config(self) -> dict:
         return {"prefix_caching": {"policy": self.policy}}
 
@@ -400,7 +406,8 @@ class PrefixPool(Pool):
             problems.append("the eviction heap is out of order")
         for h, b in core.index.items():
             if not hashed[b] or int(core.hash_np[b]) != h:
-                problems.append(f"hash {h:016x} indexes block {b}, which holds {'hash %016x' % int(core.hash_np[b]) if hashed[b] else 'none'}")
+                held = f"hash {int(core.hash_np[b]):016x}" if hashed[b] else "no hash"
+                problems.append(f"hash {h:016x} indexes block {b}, which holds {held}")
                 break
         if int(hashed.sum()) != len(core.index):
             problems.append(f"{int(hashed.sum())} blocks are hashed but the index holds {len(core.index)}")

@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
-from allocator import KVCache, Pool
+from allocator import KVCache, Pool, PrefixPool
 from allocator.errors import Conflict
 
 from .registry import PoolHandle, Registry
@@ -60,6 +60,22 @@ def refuse_cache_entry(pool: Pool, aid: int) -> None:
     if key is not None:
         raise Conflict(f"allocation {aid} holds cache entry {key!r}; change it through /entries/{{key}} "
                        "or the put/delete ops")
+
+
+def prefix_pool_of(pool: Pool) -> PrefixPool:
+    """The pool as a prefix-caching pool. Raises Conflict when it was created without."""
+    if not isinstance(pool, PrefixPool):
+        raise Conflict(f"pool {pool.name!r} has no prefix caching; create it with "
+                       "'prefix_caching': {\"policy\": \"lru\"} and 'tokens_per_block'")
+    return pool
+
+
+async def get_prefix_pool(handle: PoolDep) -> PrefixPool:
+    """The prefix-caching pool named in the path. Raises NotFound, Conflict."""
+    return prefix_pool_of(handle.pool)
+
+
+PrefixPoolDep = Annotated[PrefixPool, Depends(get_prefix_pool)]
 
 
 async def get_cache(handle: PoolDep) -> KVCache:

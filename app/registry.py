@@ -46,6 +46,7 @@ class PoolHandle:
             "utilization": p.used_blocks / p.num_blocks,
             "cache": None if p.cache is None else {"policy": p.cache.policy,
                                                   "capacity_bytes": p.cache.capacity_bytes},
+            "prefix_caching": p.config().get("prefix_caching"),
         }
 
 
@@ -117,6 +118,7 @@ class Registry:
             fit=spec.get("fit") or "first",
             tiers=spec.get("tiers"),
             name=name,
+            prefix_caching=spec.get("prefix_caching"),
         )
         if cache_spec is not None:
             KVCache(pool, cache_spec.get("capacity_bytes"), cache_spec.get("policy") or "lru")

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Response
 
 from allocator.errors import KVScopeError, TooLarge
 
-from ..deps import PoolDep, SettingsDep, cache_of, refuse_cache_entry
+from ..deps import PoolDep, SettingsDep, cache_of, prefix_pool_of, refuse_cache_entry
 from ..errors import core_error_result
 from ..schemas import BatchIn, BatchOut
 
@@ -62,8 +62,26 @@ def _defragment(pool, op) -> dict:
     return {"ok": True, **pool.defragment().to_dict()}
 
 
+def _open(pool, op) -> dict:
+    seq = prefix_pool_of(pool).open_sequence(op.tokens, op.block_hashes, op.num_tokens, op.salt,
+                                             op.next_use)
+    return {"ok": True, "id": seq.id, "num_tokens": seq.num_tokens,
+            "cached_tokens": seq.cached_tokens, "blocks": seq.blocks}
+
+
+def _append(pool, op) -> dict:
+    seq = prefix_pool_of(pool).append(op.id, op.tokens, op.num_tokens, op.block_hashes)
+    return {"ok": True, "id": seq.id, "num_tokens": seq.num_tokens, "blocks": seq.blocks}
+
+
+def _close(pool, op) -> dict:
+    prefix_pool_of(pool).close_sequence(op.id)
+    return {"ok": True}
+
+
 RUNNERS = {"allocate": _allocate, "extend": _extend, "free": _free, "put": _put, "get": _get,
-           "delete": _delete, "evict": _evict, "defragment": _defragment}
+           "delete": _delete, "evict": _evict, "defragment": _defragment, "open": _open,
+           "append": _append, "close": _close}
 
 
 def run_ops(pool, ops, stop_on_error: bool) -> list[dict]:
@@ -82,7 +100,8 @@ def run_ops(pool, ops, stop_on_error: bool) -> list[dict]:
 
 
 @router.post("", response_model=BatchOut, description=(
-    "Run ops in order (allocate, extend, free, put, get, delete, evict, defragment). Each result is "
+    "Run ops in order (allocate, extend, free, put, get, delete, evict, defragment; open, append, "
+    "close on a prefix-caching pool). Each result is "
     "`{ok: true, ...}` or `{ok: false, error}`; with stop_on_error the run stops at the first "
     "failure and `results` is shorter than `ops`."))
 async def run_batch(body: BatchIn, handle: PoolDep, settings: SettingsDep) -> Response:
