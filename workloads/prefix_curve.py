@@ -71,14 +71,20 @@ def prefix_pool(num_blocks: int, tokens_per_block: int, policy: str):
 
 @dataclass(slots=True)
 class Prepared:
-    """A trace expanded once for every run: per request its pool block hashes, the tokens they
-    stand for, and (on demand) Bélády's next use of each block."""
+    """A trace ready for every run: per request its prompt length, its pool block hashes
+    (`hashes(i)`; kept for 512-token blocks, recomputed per run for smaller ones, where the
+    whole trace would be millions of ints) and, on demand, Bélády's next use of each block."""
 
     trace: MooncakeTrace
     tokens_per_block: int
-    hashes: list[list[int]]
     inputs: list[int]
+    _hashes: list[list[int]] | None = None
     _next_use: list[list[float]] | None = None
+
+    def hashes(self, i: int) -> list[int]:
+        if self._hashes is not None:
+            return self._hashes[i]
+        return self.trace.block_hashes(i, self.tokens_per_block)
 
     @property
     def distinct_blocks(self) -> int:
@@ -96,9 +102,10 @@ class Prepared:
 
 def prepare(trace: MooncakeTrace, tokens_per_block: int = TRACE_BLOCK_TOKENS) -> Prepared:
     sub_blocks(tokens_per_block)
-    return Prepared(trace, tokens_per_block,
-                    [trace.block_hashes(i, tokens_per_block) for i in range(len(trace))],
-                    trace.input_length.tolist())
+    prep = Prepared(trace, tokens_per_block, trace.input_length.tolist())
+    if tokens_per_block == TRACE_BLOCK_TOKENS:
+        prep._hashes = [trace.block_hashes(i) for i in range(len(trace))]
+    return prep
 
 
 def next_uses(trace: MooncakeTrace, tokens_per_block: int = TRACE_BLOCK_TOKENS) -> list[list[float]]:
@@ -159,7 +166,8 @@ def run_point(prep: Prepared, capacity_tokens: int | None, policy: str,
     uses = prep.next_use() if policy == BOUND else None
     hits = 0
     open_sequence, close_sequence = pool.open_sequence, pool.close_sequence
-    for i, (hashes, n_in) in enumerate(zip(prep.hashes, prep.inputs)):
+    for i, n_in in enumerate(prep.inputs):
+        hashes = prep.hashes(i)
         nxt = None if uses is None else uses[i]
         if len(hashes) > blocks:
             hashes = hashes[:blocks]
