@@ -2,6 +2,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from allocator import InvalidRequest
 from workloads.mooncake import (
@@ -118,3 +120,15 @@ def test_splitmix64_is_a_bijection_on_a_sample():
     assert len(np.unique(y)) == len(x) and y.dtype == np.uint64
     # Known value: SplitMix64's first output from seed 0 (state advanced once).
     assert int(splitmix64(np.array([0], np.uint64))[0]) == 0xE220A8397B1DCDAF
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=5), min_size=1, max_size=20))
+def test_two_blocks_share_a_node_exactly_when_their_whole_prefixes_agree(prompts):
+    trace = parse(*[line(t=i, n_in=len(p) * 512, ids=p) for i, p in enumerate(prompts)])
+    blocks = [(tuple(p[:k + 1]), int(trace.block_nodes(i)[k]))
+              for i, p in enumerate(prompts) for k in range(len(p))]
+    for prefix_a, node_a in blocks:
+        for prefix_b, node_b in blocks:
+            assert (node_a == node_b) == (prefix_a == prefix_b)
+    assert trace.num_nodes == len({prefix for prefix, _ in blocks})

@@ -116,6 +116,25 @@ def test_next_uses_point_at_the_next_request_with_a_depth_tie_break():
     assert len(next_uses(trace, 16)[0]) == 64
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=5), min_size=1, max_size=20),
+       st.sampled_from([512, 128]))
+def test_next_uses_agree_with_a_brute_force_scan(prompts, tpb):
+    trace = trace_of(*prompts)
+    uses = next_uses(trace, tpb)
+    k = B // tpb
+    for i, p in enumerate(prompts):
+        assert len(uses[i]) == len(p) * k
+        for d in range(len(p) * k):
+            depth = d // k
+            later = [j for j in range(i + 1, len(prompts))
+                     if len(prompts[j]) > depth and prompts[j][:depth + 1] == p[:depth + 1]]
+            whole = int(uses[i][d]) if uses[i][d] != float("inf") else None
+            assert whole == (later[0] if later else None)
+        finite = [u for u in uses[i] if u != float("inf")]
+        assert all(a < b for a, b in zip(finite, finite[1:]) if int(a) == int(b))  # deeper = later
+
+
 def test_curve_report_has_every_point_and_the_maximum():
     trace = trace_of([1], [2], [1], [3], [1])
     report = capacity_curve(trace, [B, 2 * B], ["lru", "fifo", BOUND], make_pool=ref_pool)
