@@ -10,7 +10,7 @@ non-decreasing, max 0.374 and LRU at 3M 0.139 within 0.005 of the independent co
 writes the report to `docs/report/prefix_report.*` (no timings in it: the same code rewrites it
 byte for byte).
 
-    .venv/bin/python -m bench.bench_prefix [--no-report]
+    .venv/bin/python -m bench.bench_mooncake [--no-report]
 """
 
 from __future__ import annotations
