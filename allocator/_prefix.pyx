@@ -22,6 +22,7 @@ Policies order the evictable (idle, hashed) blocks:
 - s3fifo: two intrusive lists (small, main) over the same links plus a bounded ghost of hashes.
 """
 
+cimport cython
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.math cimport INFINITY
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
@@ -68,6 +69,19 @@ cdef uint64_t M2 = 0x94D049BB133111EBULL
 cdef uint64_t GOLD = 0x9E3779B97F4A7C15ULL
 
 
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void *op)
+
+
+cdef inline list _frozen(list ints):
+    """`ints` (a list of ints, going into the event ring) taken off the cyclic GC's books: it
+    holds no container, so it can never be part of a cycle. 10,000 tracked lists in the ring
+    would otherwise reach the oldest generation and trigger full collections of the process.
+    NOTE: readers get these lists from `EventLog.after()`; they must not put containers in them."""
+    PyObject_GC_UnTrack(<void *>ints)
+    return ints
+
+
 cdef inline uint64_t mix64(uint64_t z) nogil:
     z = (z ^ (z >> 30)) * M1
     z = (z ^ (z >> 27)) * M2
@@ -101,6 +115,19 @@ cdef inline uint64_t chain_hash(uint64_t parent, int64_t[:] toks, Py_ssize_t sta
     return mix64(h + <uint64_t>n)
 
 
+def _next_use(values, Py_ssize_t nblocks):
+    if type(values) is not list and type(values) is not tuple:
+        raise ValueError("'next_use' must be a list of numbers")
+    if len(values) != nblocks:
+        raise ValueError(f"'next_use' needs one number per block ({nblocks}), got {len(values)}")
+    out = []
+    for i, v in enumerate(values):
+        if type(v) is not int and type(v) is not float or v != v:
+            raise ValueError(f"next_use[{i}] must be a number (inf = never), got {v!r}")
+        out.append(float(v))
+    return out
+
+
 def block_hash(parent, tokens):
     """Hash of one full block: chains `parent` (a block hash, or `root_hash(salt)` for the first
     block) with its token ids. Deterministic across processes, 64-bit."""
@@ -108,6 +135,7 @@ def block_hash(parent, tokens):
     return chain_hash(<uint64_t>parent, arr, 0, arr.shape[0])
 
 
+@cython.no_gc
 cdef class Seq:
     """One open sequence: its blocks in data order and how to hash its next full block.
 
@@ -156,6 +184,9 @@ cdef class PrefixCore:
     cdef int32_t op
     cdef int64_t tick
     cdef public dict index
+    # hkey[b]: the very int object that keys block b in `index` (the caller's, or made once), so
+    # eviction and its event reuse it instead of building a new int from bhash[b]
+    cdef list hkey
     cdef public object ghost
     # block map views
     cdef object bm
@@ -166,6 +197,7 @@ cdef class PrefixCore:
     cdef int64_t[:, :] hist
     cdef double[3] hist_sum
     cdef public int64_t queries, hit_tokens, query_blocks, hit_blocks, stored, evicted
+    cdef public int64_t slack_tokens, opens, appends, closes
 
     def __init__(self, int num_blocks, int block_size, str policy, blockmap, events):
         if policy not in POLICY_CODES:
@@ -195,6 +227,7 @@ cdef class PrefixCore:
         self.last_access = np.zeros(n, np.float64)
         self.released = np.zeros(n, np.float64)
         self.free_stack = np.arange(n - 1, -1, -1, dtype=np.int32)
+        self.hkey = [None] * n
         self.mark = np.zeros(n, np.int32)
         self.free_top = n
         self.hist = np.zeros((3, NBUCKETS), np.int64)
@@ -216,6 +249,7 @@ cdef class PrefixCore:
 
     def reset_all(self):
         """Everything free and unhashed (the pool's reset clears the block map itself)."""
+        self.slack_tokens = 0
         n = self.num_blocks
         self.refcnt_np[:] = 0
         self.hashed_np[:] = 0
@@ -226,15 +260,12 @@ cdef class PrefixCore:
         np.asarray(self.next_use)[:] = INFINITY
         np.asarray(self.free_stack)[:] = np.arange(n - 1, -1, -1, dtype=np.int32)
         self.free_top = n
+        self.hkey = [None] * n
         self._clear_structures()
 
     @property
     def policy_name(self):
         return [k for k, v in POLICY_CODES.items() if v == self.policy][0]
-
-    # -- events --------------------------------------------------------------------------
-    cdef inline _event(self, tuple row):
-        self.ev_record(*row)
 
     # -- the evictable structure ---------------------------------------------------------
     cdef inline void _list_push(self, int q, int b) noexcept:
@@ -381,10 +412,6 @@ cdef class PrefixCore:
         self.hist[which, i] += 1
         self.hist_sum[which] += v
 
-    cdef _unhash(self, int b):
-        del self.index[self.bhash[b]]
-        self.hashed[b] = 0
-
     # -- taking and returning blocks -------------------------------------------------------
     cdef inline void _stamp(self, int b, int32_t owner, uint8_t st, uint32_t v) noexcept:
         self.owner[b] = owner
@@ -395,13 +422,13 @@ cdef class PrefixCore:
         """Blocks a new allocation could get: free plus idle cached (evictable)."""
         return self.free_top + self.n_evictable
 
-    cdef object _take(self, int n, int32_t owner, uint8_t st, uint32_t v, double now, list ev_blocks, list ev_hashes):
-        """n blocks for `owner`: the free stack first, then evictions in policy order.
-        The caller has checked n <= available()."""
-        out = array("i", bytes(4 * n))
-        cdef int32_t[:] o = out
+    cdef object _take_into(self, int32_t[:] o, Py_ssize_t at, int n, int32_t owner, uint8_t st,
+                           uint32_t v, double now):
+        """Take n blocks into o[at:at+n]: the free stack first, then evictions in policy order.
+        Returns ([evicted blocks], [their hashes]) or None. Caller checked n <= available()."""
         cdef int i, b
-        cdef uint64_t h
+        cdef list ev_blocks = None, ev_hashes = None
+        index = self.index
         for i in range(n):
             if self.free_top > 0:
                 self.free_top -= 1
@@ -409,14 +436,18 @@ cdef class PrefixCore:
             else:
                 b = self._ev_victim()
                 self._ev_remove(b)
-                h = self.bhash[b]
+                ho = self.hkey[b]
+                self.hkey[b] = None
+                if ev_blocks is None:
+                    ev_blocks, ev_hashes = [], []
                 ev_blocks.append(b)
-                ev_hashes.append(h)
+                ev_hashes.append(ho)
                 if self.policy == P_S3FIFO and self.queue[b] == Q_SMALL:
-                    self.ghost[h] = None
+                    self.ghost[ho] = None
                     while len(self.ghost) > max(self.qlen[Q_MAIN], 1):
                         self.ghost.popitem(last=False)
-                self._unhash(b)
+                del index[ho]
+                self.hashed[b] = 0
                 self.evicted += 1
                 self._observe(0, now - self.born[b])
                 self._observe(1, now - self.released[b])
@@ -428,16 +459,16 @@ cdef class PrefixCore:
             self.born[b] = now
             self.last_access[b] = now
             self._stamp(b, owner, st, v)
-            o[i] = b
-        return out
+            o[at + i] = b
+        return None if ev_blocks is None else (ev_blocks, ev_hashes)
 
     def take(self, int n, int32_t owner, int st):
         """n blocks for a plain allocation (refcount 1 each), evicting idle cached blocks when
         the free stack runs out; returns array('i'). Caller checks n <= available()."""
-        ev_blocks, ev_hashes = [], []
-        out = self._take(n, owner, <uint8_t>st, self.bm.version, mono(), ev_blocks, ev_hashes)
-        if ev_blocks:
-            self._event(("removed", ev_blocks, ev_hashes, "evicted"))
+        out = array("i", bytes(4 * n))
+        removed = self._take_into(out, 0, n, owner, <uint8_t>st, self.bm.version, mono())
+        if removed is not None:
+            self.ev_record("removed", _frozen(removed[0]), _frozen(removed[1]), "evicted")
         return out
 
     def give_back(self, blocks):
@@ -482,9 +513,14 @@ cdef class PrefixCore:
         cdef int64_t[:] t = toks
         for i in range(n):
             x = tokens[i]
-            if type(x) is not int or x < 0 or x >= (1 << 63):
+            if type(x) is not int:
                 raise ValueError(f"tokens[{i}] must be an integer token id in [0, 2**63), got {x!r}")
-            t[i] = x
+            try:
+                t[i] = x
+            except OverflowError:
+                t[i] = -1
+            if t[i] < 0:
+                raise ValueError(f"tokens[{i}] must be an integer token id in [0, 2**63), got {x!r}")
         cdef list hashes = [None] * nfull
         cdef uint64_t h = parent
         for i in range(nfull):
@@ -492,38 +528,84 @@ cdef class PrefixCore:
             hashes[i] = h
         return toks, hashes
 
-    def open(self, int64_t seq_id, tokens, block_hashes, int64_t num_tokens, salt, next_use):
-        """Open sequence `seq_id`; returns its Seq, or raises MemoryError(needed, available)
-        when the blocks it needs exceed free + evictable (nothing changed then).
+    cdef list _check_hashes(self, object values, Py_ssize_t n):
+        """The first n caller-supplied hashes as a list, each an int in [0, 2**64)."""
+        cdef list out = list(values[:n]) if type(values) is not list or len(values) != n else values
+        cdef Py_ssize_t i
+        for i in range(n):
+            x = out[i]
+            if type(x) is not int:
+                raise ValueError(f"block_hashes[{i}] must be an integer in [0, 2**64), got {x!r}")
+            try:
+                <uint64_t>x
+            except OverflowError:
+                raise ValueError(f"block_hashes[{i}] must be an integer in [0, 2**64), got {x!r}") from None
+        return out
 
-        Exactly one of tokens / block_hashes may be given (validated by the caller for shape;
-        values here); num_tokens is the total length."""
+    cdef int64_t _shape(self, tokens, block_hashes, num_tokens) except -1:
+        """Validate what a sequence is opened with; returns its number of tokens."""
+        cdef Py_ssize_t bs = self.block_size, nh = 0
+        if tokens is not None:
+            if block_hashes is not None:
+                raise ValueError("give 'tokens' or 'block_hashes' (with 'num_tokens'), not both")
+            if type(tokens) is not list and type(tokens) is not tuple:
+                raise ValueError("'tokens' must be a list of integers")
+            if len(tokens) == 0:
+                raise ValueError("'tokens' is empty; a sequence holds at least one token")
+            if num_tokens is not None and num_tokens != len(tokens):
+                raise ValueError(f"'num_tokens' ({num_tokens!r}) disagrees with len(tokens) ({len(tokens)}); give one")
+            return len(tokens)
+        if block_hashes is not None:
+            if type(block_hashes) is not list and type(block_hashes) is not tuple:
+                raise ValueError("'block_hashes' must be a list of integers")
+            nh = len(block_hashes)
+            if num_tokens is None:
+                num_tokens = nh * bs
+        elif num_tokens is None:
+            raise ValueError("give 'tokens', or 'block_hashes' and/or 'num_tokens'")
+        if type(num_tokens) is not int or num_tokens <= 0 or num_tokens >= (1 << 62):
+            raise ValueError(f"'num_tokens' must be a positive integer, got {num_tokens!r}")
+        if block_hashes is not None and not (num_tokens // bs <= nh <= (num_tokens + bs - 1) // bs):
+            raise ValueError(
+                f"{num_tokens} tokens fill {num_tokens // bs} blocks of {bs}: give one hash per full "
+                f"block ({num_tokens // bs}, or {(num_tokens + bs - 1) // bs} with the partial last "
+                f"one), got {nh}")
+        return num_tokens
+
+    def open(self, int64_t seq_id, tokens, block_hashes, num_tokens_in, salt, next_use):
+        """Open sequence `seq_id` of `tokens`, or `num_tokens_in` tokens named by `block_hashes`
+        (one per full block), or of `num_tokens_in` alone. Returns its Seq. Raises ValueError
+        (bad input) or MemoryError(needed, available) when the blocks it needs exceed free +
+        evictable; nothing changes on either."""
         cdef Py_ssize_t bs = self.block_size, i, nfull, nblocks, matched = 0, nhash
         cdef int b, need, idle_matched = 0
-        cdef uint64_t root = ROOT_SEED if salt is None else root_hash(salt)
+        cdef int64_t num_tokens = self._shape(tokens, block_hashes, num_tokens_in)
+        cdef uint64_t root = ROOT_SEED
         cdef list hashes
-        cdef uint64_t h
+        if salt is not None:
+            if type(salt) is not str or len(salt) > 256:
+                raise ValueError("'salt' must be a string of at most 256 characters")
+            root = root_hash(salt)
         toks = None
         nfull = num_tokens // bs
         nblocks = (num_tokens + bs - 1) // bs
+        if next_use is not None:
+            next_use = _next_use(next_use, nblocks)
         mode = 0
         if tokens is not None:
             toks, hashes = self._hash_tokens(tokens, nfull, root)
             mode = 1
         elif block_hashes is not None:
-            hashes = list(block_hashes[:nfull])
-            for i in range(len(hashes)):
-                x = hashes[i]
-                if type(x) is not int or x < 0 or x >= (1 << 64):
-                    raise ValueError(f"block_hashes[{i}] must be an integer in [0, 2**64), got {x!r}")
+            hashes = self._check_hashes(block_hashes, nfull)
             mode = 2
         else:
             hashes = []
         nhash = len(hashes)
+        blocks = array("i", bytes(4 * nblocks))
+        cdef int32_t[:] bl = blocks
         # Match the longest cached prefix (a block already matched in this sequence ends it).
         self.op += 1
         index = self.index
-        cdef list matched_blocks = []
         for i in range(nhash):
             got = index.get(hashes[i])
             if got is None:
@@ -534,7 +616,7 @@ cdef class PrefixCore:
             self.mark[b] = self.op
             if self.refcnt[b] == 0:
                 idle_matched += 1
-            matched_blocks.append(got)
+            bl[i] = b
             matched += 1
         need = nblocks - matched
         if need > self.free_top + self.n_evictable - idle_matched:
@@ -543,9 +625,8 @@ cdef class PrefixCore:
         cdef uint32_t v = self.bm.version
         cdef int32_t owner
         cdef uint8_t st
-        blocks = array("i", matched_blocks)
         for i in range(matched):
-            b = matched_blocks[i]
+            b = bl[i]
             if self.refcnt[b] == 0:
                 self._ev_remove(b)
                 owner, st = <int32_t>seq_id, USED
@@ -557,13 +638,14 @@ cdef class PrefixCore:
                 self.freq[b] += 1
             self._observe(2, now - self.last_access[b])
             self.last_access[b] = now
+            self.depth[b] = i
             self._stamp(b, owner, st, v)
-        ev_blocks, ev_hashes = [], []
+        removed = None
         if need:
-            blocks.extend(self._take(need, <int32_t>seq_id, USED, v, now, ev_blocks, ev_hashes))
+            removed = self._take_into(bl, matched, need, <int32_t>seq_id, USED, v, now)
         if next_use is not None:
             for i in range(nblocks):
-                self.next_use[blocks[i]] = next_use[i]
+                self.next_use[bl[i]] = next_use[i]
         seq = Seq()
         seq.id = seq_id
         seq.num_tokens = num_tokens
@@ -573,18 +655,21 @@ cdef class PrefixCore:
         seq.opened_at = now
         seq.nhashed = matched
         seq.last_hash = hashes[matched - 1] if matched else root
-        for i in range(matched):
-            self.depth[blocks[i]] = i
         self.queries += num_tokens
         self.hit_tokens += matched * bs
         self.query_blocks += nblocks
         self.hit_blocks += matched
-        if ev_blocks:
-            self._event(("removed", ev_blocks, ev_hashes, "evicted"))
-        self._event(("open", seq_id, num_tokens, matched * bs, blocks.tolist()))
+        self.slack_tokens += nblocks * bs - num_tokens
+        self.opens += 1
+        if removed is not None:
+            self.ev_record("removed", _frozen(removed[0]), _frozen(removed[1]), "evicted")
+        self.ev_record("open", seq_id, num_tokens, matched * bs, _frozen(blocks.tolist()))
         if mode == 1:
             seq.pending = toks[nfull * bs:].tolist()
-        self._register(seq, hashes, 0, matched, nhash, toks, 0)
+        if nhash > matched:
+            self._register(seq, hashes, 0, matched, nhash, toks, 0)
+        elif matched:
+            seq.nhashed = matched
         return seq
 
     cdef _register(self, Seq seq, list hashes, Py_ssize_t first, Py_ssize_t start, Py_ssize_t stop,
@@ -605,7 +690,8 @@ cdef class PrefixCore:
             parent = seq.last_hash
         else:
             parent = None
-        blocks = seq.blocks
+        cdef int32_t[:] blocks = seq.blocks
+        cdef list hkey = self.hkey
         for i in range(start, stop):
             b = blocks[first + i]
             h = hashes[i]
@@ -613,6 +699,7 @@ cdef class PrefixCore:
             if h not in index:
                 index[h] = b
                 self.bhash[b] = h
+                hkey[b] = h
                 self.hashed[b] = 1
                 self.tick += 1
                 self.stored_tick[b] = self.tick
@@ -644,8 +731,8 @@ cdef class PrefixCore:
         token_ids = None
         if toks is not None:
             a = (first_block - tok_base) * bs
-            token_ids = toks[a:a + len(blocks) * bs].tolist()
-        self._event(("stored", blocks, hashes, parent, token_ids, bs, seq.id))
+            token_ids = _frozen(toks[a:a + len(blocks) * bs].tolist())
+        self.ev_record("stored", _frozen(blocks), _frozen(hashes), parent, token_ids, bs, seq.id)
 
     def append(self, Seq seq, tokens, int64_t num_new, block_hashes):
         """Grow `seq` by num_new tokens (given as `tokens` in token mode); newly full blocks are
@@ -662,24 +749,23 @@ cdef class PrefixCore:
             toks, hashes = self._hash_tokens(seq.pending + list(tokens), new_full - old_full,
                                              seq.last_hash)
         elif seq.mode == 2 and block_hashes is not None:
-            hashes = list(block_hashes)
-            for i in range(len(hashes)):
-                x = hashes[i]
-                if type(x) is not int or x < 0 or x >= (1 << 64):
-                    raise ValueError(f"block_hashes[{i}] must be an integer in [0, 2**64), got {x!r}")
+            hashes = self._check_hashes(block_hashes, len(block_hashes))
         if need > self.free_top + self.n_evictable:
             raise MemoryError(need, self.free_top + self.n_evictable)
         cdef double now = mono()
         cdef uint32_t v = self.bm.version
-        ev_blocks, ev_hashes = [], []
         new = None
+        removed = None
         if need > 0:
-            new = self._take(need, <int32_t>seq.id, USED, v, now, ev_blocks, ev_hashes)
+            new = array("i", bytes(4 * need))
+            removed = self._take_into(new, 0, need, <int32_t>seq.id, USED, v, now)
             seq.blocks.extend(new)
         seq.num_tokens = total
-        if ev_blocks:
-            self._event(("removed", ev_blocks, ev_hashes, "evicted"))
-        self._event(("append", seq.id, total, new.tolist() if new is not None else []))
+        self.slack_tokens += need * bs - num_new
+        self.appends += 1
+        if removed is not None:
+            self.ev_record("removed", _frozen(removed[0]), _frozen(removed[1]), "evicted")
+        self.ev_record("append", seq.id, total, _frozen(new.tolist() if new is not None else []))
         if seq.mode == 1:
             seq.pending = toks[(new_full - old_full) * bs:].tolist()
             self._register(seq, hashes, old_full, 0, new_full - old_full, toks, old_full)
@@ -700,7 +786,9 @@ cdef class PrefixCore:
         cdef uint32_t v = self.bm.version
         for i in range(bl.shape[0] - 1, -1, -1):
             self._release(bl[i], v, now)
-        self._event(("close", seq.id, blocks.tolist()))
+        self.slack_tokens -= bl.shape[0] * self.block_size - seq.num_tokens
+        self.closes += 1
+        self.ev_record("close", seq.id, _frozen(blocks.tolist()))
 
     def reset_prefix(self):
         """Forget every hash: idle cached blocks go free, held ones stay held but unhashed.
@@ -713,6 +801,7 @@ cdef class PrefixCore:
             blocks.append(b)
             hashes.append(h)
             self.hashed[b] = 0
+            self.hkey[b] = None
             if self.where[b] == W_EVICT:
                 self._ev_remove(b)
                 self.where[b] = W_FREE
@@ -721,7 +810,7 @@ cdef class PrefixCore:
                 self._stamp(b, NIL, FREE, v)
         self.index = {}
         self.ghost = OrderedDict()
-        self._event(("cleared", blocks, hashes))
+        self.ev_record("cleared", _frozen(blocks), _frozen(hashes))
         return blocks, hashes
 
     def set_next_use(self, blocks, next_use):

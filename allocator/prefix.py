@@ -68,9 +68,8 @@ class PrefixPool(Pool):
         self._allocs: dict[int, tuple[int, array]] = {}
         self._seqs: dict = {}  # id -> _prefix.Seq
         self._plain_blocks = 0
-        self._slack_tokens = 0  # sum over sequences of (blocks * tokens_per_block - num_tokens)
         self.core = PrefixCore(num_blocks, tokens_per_block, policy, self.blockmap, self.events)
-        self.prefix_counters = {"opens": 0, "appends": 0, "closes": 0, "resets": 0}
+        self.resets = 0
 
     # -- plain allocations -------------------------------------------------------------------
     def _reset_free_structure(self) -> None:
@@ -86,7 +85,7 @@ class PrefixPool(Pool):
     def requested_total(self) -> int:
         seq_blocks = self.used_blocks - self._plain_blocks
         return self._plain_requested + seq_blocks * self.block_bytes - (
-            self._slack_tokens * self.block_bytes // self.tokens_per_block)
+            self.core.slack_tokens * self.block_bytes // self.tokens_per_block)
 
     @requested_total.setter
     def requested_total(self, value: int) -> None:
@@ -159,7 +158,6 @@ class PrefixPool(Pool):
         freed = len(self._allocs) + len(self._seqs)
         self._seqs.clear()
         self._plain_blocks = 0
-        self._slack_tokens = 0
         self._plain_requested = 0
         super().reset()
         return freed
@@ -175,47 +173,16 @@ class PrefixPool(Pool):
         larger = needed later, inf = never) orders eviction under the `belady` policy.
         Raises InvalidRequest (bad input; nothing changes), PrefixOutOfMemory (every block held).
         """
-        bs = self.tokens_per_block
-        if tokens is not None and block_hashes is not None:
-            raise InvalidRequest("give 'tokens' or 'block_hashes' (with 'num_tokens'), not both")
-        if tokens is not None:
-            tokens = _int_list(tokens, "tokens")
-            if not tokens:
-                raise InvalidRequest("'tokens' is empty; a sequence holds at least one token")
-            if num_tokens is not None and num_tokens != len(tokens):
-                raise InvalidRequest(f"'num_tokens' ({num_tokens!r}) disagrees with len(tokens) ({len(tokens)}); give one")
-            num_tokens = len(tokens)
-        elif block_hashes is not None:
-            block_hashes = _int_list(block_hashes, "block_hashes")
-            if num_tokens is None:
-                num_tokens = len(block_hashes) * bs
-            num_tokens = _positive(num_tokens, "num_tokens")
-            full, total = num_tokens // bs, -(-num_tokens // bs)
-            if not full <= len(block_hashes) <= total:
-                raise InvalidRequest(
-                    f"{num_tokens} tokens fill {full} blocks of {bs}: give one hash per full block "
-                    f"({full}, or {total} with the partial last one), got {len(block_hashes)}")
-        else:
-            if num_tokens is None:
-                raise InvalidRequest("give 'tokens', or 'block_hashes' and/or 'num_tokens'")
-            num_tokens = _positive(num_tokens, "num_tokens")
-        if salt is not None and (not isinstance(salt, str) or len(salt) > MAX_SALT_CHARS):
-            raise InvalidRequest(f"'salt' must be a string of at most {MAX_SALT_CHARS} characters")
-        nblocks = -(-num_tokens // bs)
-        if next_use is not None:
-            next_use = _next_use_list(next_use, nblocks)
         sid = self._last_id + 1
         try:
             seq = self.core.open(sid, tokens, block_hashes, num_tokens, salt, next_use)
-        except ValueError as exc:
+        except ValueError as exc:  # the core validates: one pass over the input
             raise InvalidRequest(str(exc)) from None
         except MemoryError as exc:
             raise self._prefix_oom(exc.args[0]) from None
         self._last_id = sid
         self._seqs[sid] = seq
-        self._slack_tokens += nblocks * bs - num_tokens
-        self.prefix_counters["opens"] += 1
-        return SequenceInfo(sid, num_tokens, seq.cached_tokens, seq.blocks.tolist())
+        return SequenceInfo(sid, seq.num_tokens, seq.cached_tokens, seq.blocks.tolist())
 
     def append(self, seq_id: int, tokens=None, num_tokens=None, block_hashes=None) -> SequenceInfo:
         """Grow sequence `seq_id` by `tokens` (a sequence opened with tokens), or by `num_tokens`
@@ -247,24 +214,22 @@ class PrefixPool(Pool):
                 if len(block_hashes) != filled:
                     raise InvalidRequest(f"appending {n} tokens fills {filled} blocks: give {filled} "
                                          f"block_hashes, got {len(block_hashes)}")
-        before = len(seq.blocks)
         try:
             self.core.append(seq, tokens, n, block_hashes)
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
         except MemoryError as exc:
             raise self._prefix_oom(exc.args[0]) from None
-        self._slack_tokens += (len(seq.blocks) - before) * bs - n
-        self.prefix_counters["appends"] += 1
         return self._info(seq)
 
     def close_sequence(self, seq_id: int) -> None:
         """Drop the sequence's block references. Raises NotFound (also when closed twice)."""
-        seq = self._seq(seq_id)
-        del self._seqs[seq_id]
+        if seq_id.__class__ is not int:
+            raise NotFound("sequence", seq_id)
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            raise NotFound("sequence", seq_id)
         self.core.close(seq)
-        self._slack_tokens -= len(seq.blocks) * self.tokens_per_block - seq.num_tokens
-        self.prefix_counters["closes"] += 1
 
     def sequence(self, seq_id: int) -> SequenceInfo:
         """The open sequence `seq_id`. Raises NotFound."""
@@ -278,7 +243,7 @@ class PrefixPool(Pool):
         sequences but are no longer shared with new ones (a `cleared` event). Returns how many
         hashes were dropped."""
         blocks, _ = self.core.reset_prefix()
-        self.prefix_counters["resets"] += 1
+        self.resets += 1
         return len(blocks)
 
     def set_next_use(self, seq_id: int, next_use) -> None:
@@ -330,7 +295,8 @@ class PrefixPool(Pool):
             "sequences": len(self._seqs),
             "stored": core.stored,
             "evicted": core.evicted,
-            **self.prefix_counters,
+            "opens": core.opens, "appends": core.appends, "closes": core.closes,
+            "resets": self.resets,
             "histograms": core.histograms(),
         }
 
@@ -413,7 +379,7 @@ class PrefixPool(Pool):
             problems.append(f"{int(hashed.sum())} blocks are hashed but the index holds {len(core.index)}")
         problems += self._check_map(expected, plain, in_evict)
         for what, have, want in (("plain blocks", self._plain_blocks, int(plain.sum())),
-                                 ("slack tokens", self._slack_tokens, slack),
+                                 ("slack tokens", core.slack_tokens, slack),
                                  ("used_blocks", self.used_blocks, int((expected > 0).sum()))):
             if have != want:
                 problems.append(f"counter {what} is {have}, the records add up to {want}")
