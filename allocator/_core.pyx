@@ -197,3 +197,4 @@ cdef class RefCounts:
 include "_events.pxi"
 include "_blockmap.pxi"
 include "_paged.pxi"
+include "_policies.pxi"
