@@ -2,6 +2,7 @@
 
 cimport cython
 import heapq
+import time as _time
 
 
 @cython.no_gc
@@ -60,6 +61,27 @@ cdef class Entry:
         return out
 
 
+@cython.no_gc
+@cython.freelist(16)
+cdef class PutResult:
+    """The entry a put left, whether it was created, and the keys evicted to make room.
+
+    NOTE: outside the cyclic GC like Entry: it holds an Entry and a list of key strings, which
+    cannot lead back to it.
+    """
+
+    cdef public Entry entry
+    cdef public bint created
+    cdef public list evicted
+
+    def __init__(self, Entry entry, bint created, list evicted=None):
+        self.entry, self.created = entry, created
+        self.evicted = [] if evicted is None else evicted
+
+    def __repr__(self) -> str:
+        return f"PutResult(entry={self.entry!r}, created={self.created}, evicted={self.evicted!r})"
+
+
 cdef class CacheCore:
     """The per-operation path of KVCache (its base class): put, victim choice, eviction and
     drop, compiled. KVCache (allocator/cache.py) adds validation messages, refresh/resize,
@@ -67,7 +89,9 @@ cdef class CacheCore:
 
     Victim order: expired (TTL) entries first, then lowest priority first, then the policy
     within a priority. Pinned entries are never evicted and sit in no policy structure. On a
-    paged pool, allocation and free go straight to its compiled core (no Python call).
+    paged pool, allocation and free go straight to its compiled core; with the default clock
+    (time.monotonic) the time is read without a Python call. The `_name` def methods wrap the
+    `c_name` C methods for the Python side.
     """
 
     cdef public object pool
@@ -87,11 +111,11 @@ cdef class CacheCore:
     cdef PagedCore pcore
     cdef EventRing ev
     cdef int64_t bb
-    cdef bint exact, filters
+    cdef bint exact, filters, mono
     cdef uint8_t code_put, code_evict
-    cdef object _put_result, _policies, _oom_type
+    cdef object _policies, _oom_type
 
-    def _bind(self, put_result, policies, oom_type) -> None:
+    def _bind(self, policies, oom_type) -> None:
         """Cache what the hot path needs from the pool (KVCache.__init__ calls this)."""
         pool = self.pool
         core = getattr(pool, "_core", None)
@@ -100,39 +124,44 @@ cdef class CacheCore:
         self.bb = pool.block_bytes
         self.exact = pool.exact_footprint
         self.filters = pool.filters_victims
+        self.mono = self.clock is _time.monotonic
         self.code_put = self.ev.code("put")
         self.code_evict = self.ev.code("evict")
-        self._put_result, self._policies, self._oom_type = put_result, policies, oom_type
+        self._policies, self._oom_type = policies, oom_type
+
+    cdef inline double now(self) except? -1.0:
+        return mono_time() if self.mono else self.clock()
 
     # -- policy structures ---------------------------------------------------------------
-    def _struct(self, priority):
+    cdef KeyedPolicy c_struct(self, priority):
         s = self._by_priority.get(priority)
         if s is None:
             s = self._by_priority[priority] = self._policies[self._policy]()
-        return s
+        return <KeyedPolicy>s
+
+    cdef int c_unfile(self, str key, priority, bint evicted) except -1:
+        cdef KeyedPolicy s = self._by_priority[priority]
+        s.c_remove(key, evicted)
+        if not len(s._slot):
+            del self._by_priority[priority]
+        return 0
+
+    def _struct(self, priority):
+        return self.c_struct(priority)
 
     def _unfile(self, str key, priority, bint evicted=False) -> None:
         """Take `key` out of its priority's policy structure; an emptied structure goes too, so
         the priorities scanned for a victim are only those that hold entries."""
-        s = self._by_priority[priority]
-        s.remove(key, evicted)
-        if not len(s):
-            del self._by_priority[priority]
+        self.c_unfile(key, priority, evicted)
 
     # -- eviction ------------------------------------------------------------------------
-    def _next_victim(self, exclude, helps=None):
-        """The next key to evict (never `exclude`, never pinned). With `helps`, a predicate on
-        allocation ids, the first such key in eviction order whose memory `helps` accepts."""
+    cdef object c_next_victim(self, exclude):
         cdef Entry e
-        if helps is not None:
-            for e in (<object>self).entries():
-                if not e.pinned and e.key != exclude and helps(e.id):
-                    return e.key
-            return None
+        cdef KeyedPolicy s
         heap = self._ttl_heap
         victim = None
         if heap:
-            now = self.clock()
+            now = self.now()
             skipped = []
             while heap and heap[0][0] <= now:
                 expires_at, key, aid = heap[0]
@@ -151,9 +180,9 @@ cdef class CacheCore:
         by_priority = self._by_priority
         for prio in (by_priority if len(by_priority) == 1 else sorted(by_priority)):
             s = by_priority[prio]
-            if len(s) == 0:
+            if not s._slot:
                 continue
-            key = s.victim()
+            key = s.c_victim()
             if key == exclude:  # the entry being resized is never its own victim
                 order = s.order(2)
                 key = order[1] if len(order) > 1 else None
@@ -162,7 +191,21 @@ cdef class CacheCore:
             return key
         return None
 
+    def _next_victim(self, exclude, helps=None):
+        """The next key to evict (never `exclude`, never pinned). With `helps`, a predicate on
+        allocation ids, the first such key in eviction order whose memory `helps` accepts."""
+        cdef Entry e
+        if helps is not None:
+            for e in (<object>self).entries():
+                if not e.pinned and e.key != exclude and helps(e.id):
+                    return e.key
+            return None
+        return self.c_next_victim(exclude)
+
     def _evictable_bytes(self, exclude) -> int:
+        return self.c_evictable(exclude)
+
+    cdef int64_t c_evictable(self, exclude) except? -1:
         cdef int64_t spare = self.used_bytes - self.pinned_bytes
         cdef Entry e
         if exclude is not None:
@@ -171,11 +214,7 @@ cdef class CacheCore:
                 spare -= e.allocated_bytes
         return spare
 
-    def _make_room(self, int64_t need, exclude, list evicted, helps=None) -> None:
-        """Evict (reason capacity, or ttl for expired entries) until `need` more bytes fit
-        under the capacity; refuse up front when even evicting every candidate would not do.
-        With `helps` (see `Pool.victim_filter`), victims whose memory the request can also use
-        go first, so one eviction frees both budget and placement."""
+    cdef int c_make_room(self, int64_t need, exclude, list evicted, helps) except -1:
         pool = self.pool
         cdef int64_t over = self.used_bytes + need - self.capacity_bytes
         cdef int64_t free_blocks = (self.pcore.free_count if self.pcore is not None
@@ -184,43 +223,61 @@ cdef class CacheCore:
         cdef int64_t spare
         cdef Entry e
         if over <= 0 and short <= 0:
-            return
-        spare = self._evictable_bytes(exclude)
+            return 0
+        spare = self.c_evictable(exclude)
         if over > spare:
             raise (<object>self)._refuse_budget(need)
         if short > spare:
             raise (<object>self)._refuse_pool(need)
         entries = self._entries
         while self.used_bytes + need > self.capacity_bytes:
-            key = (helps is not None and self._next_victim(exclude, helps)) or self._next_victim(exclude)
+            key = ((helps is not None and self._next_victim(exclude, helps))
+                   or self.c_next_victim(exclude))
             e = entries[key]
-            expired = e.expires_at is not None and e.expires_at <= self.clock()
-            self._evict(key, "ttl" if expired else "capacity")
+            expired = e.expires_at is not None and e.expires_at <= self.now()
+            self.c_evict(key, "ttl" if expired else "capacity")
             evicted.append(key)
+        return 0
+
+    def _make_room(self, int64_t need, exclude, list evicted, helps=None) -> None:
+        """Evict (reason capacity, or ttl for expired entries) until `need` more bytes fit
+        under the capacity; refuse up front when even evicting every candidate would not do.
+        With `helps` (see `Pool.victim_filter`), victims whose memory the request can also use
+        go first, so one eviction frees both budget and placement."""
+        self.c_make_room(need, exclude, evicted, helps)
+
+    cdef int c_evict(self, str key, str reason) except -1:
+        cdef Entry entry = self._entries[key]
+        cdef double now = self.now()
+        self.c_drop(entry, True)
+        self.evictions[reason] += 1
+        self.ev.record_values(self.code_evict, (
+            key, entry.nbytes, entry.allocated_bytes // self.bb, reason, self._policy,
+            now - entry.created_at, now - entry.last_access), wall_time())
+        return 0
 
     def _evict(self, str key, str reason) -> None:
-        cdef Entry entry = self._entries[key]
-        cdef double now = self.clock()
-        self._drop(entry, True)
-        self.evictions[reason] += 1
-        self.ev.record("evict", key, entry.nbytes, entry.allocated_bytes // self.bb, reason,
-                       self._policy, now - entry.created_at, now - entry.last_access)
+        self.c_evict(key, reason)
 
-    def _drop(self, Entry entry, bint evicted) -> None:
+    cdef int c_drop(self, Entry entry, bint evicted) except -1:
         del self._entries[entry.key]
         del self._key_of[entry.id]
         if entry.pinned:
             self.pinned_bytes -= entry.allocated_bytes
         else:
-            self._unfile(entry.key, entry.priority, evicted)
+            self.c_unfile(entry.key, entry.priority, evicted)
         self.used_bytes -= entry.allocated_bytes
         cdef Py_ssize_t pos
         if self.pcore is not None:
             pos = self.pcore.find(entry.id)
             if pos >= 0:
                 self.pcore.free_slot(pos, wall_time())
-                return
+                return 0
         self.pool.free(entry.id)
+        return 0
+
+    def _drop(self, Entry entry, bint evicted) -> None:
+        self.c_drop(entry, evicted)
 
     # -- put -----------------------------------------------------------------------------
     def put(self, key, nbytes, priority=None, ttl_s=None, pinned=None):
@@ -239,9 +296,8 @@ cdef class CacheCore:
         cdef int64_t nb = nbytes if nbytes <= self.capacity_bytes else self.capacity_bytes + 1
         cdef int64_t need = ((nb + self.bb - 1) // self.bb) * self.bb if self.exact else self.pool.footprint(nbytes)
         if need > self.capacity_bytes:
-            need = self.pool.footprint(nbytes)
-            raise me._too_large(nbytes, need)
-        now = self.clock()
+            raise me._too_large(nbytes, self.pool.footprint(nbytes))
+        cdef double now = self.now()
         entry = self._entries.get(key)
         if entry is not None:
             return me._refresh(entry, nbytes, priority, ttl_s, pinned, now)
@@ -250,7 +306,7 @@ cdef class CacheCore:
         cdef list evicted = []
         pool = self.pool
         helps = pool.victim_filter(nbytes) if self.filters else None
-        self._make_room(need, None, evicted, helps)
+        self.c_make_room(need, None, evicted, helps)
         cdef uint8_t state = 3 if pin else 2
         if self.pcore is not None and need <= self.pcore.free_count * self.bb:
             aid = self.pcore.alloc_one(nb, need // self.bb, state, wall_time())
@@ -260,23 +316,23 @@ cdef class CacheCore:
             except self._oom_type:
                 aid = me._allocate(nbytes, state, None, evicted, helps)
         cdef int64_t held = need if self.exact else pool.held_bytes(aid)
-        if held > need and self.used_bytes + held - self._evictable_bytes(None) > self.capacity_bytes:
+        if held > need and self.used_bytes + held - self.c_evictable(None) > self.capacity_bytes:
             # A tiered pool fell back to a larger block than the budget can hold even after
             # evicting everything evictable: refuse rather than overrun the capacity.
             pool.free(aid)
             raise me._refuse_budget(held)
-        e = Entry(key, aid, nb, held, priority, pin, ttl_s,
-                  None if ttl_s is None else now + ttl_s, now, now)
+        cdef Entry e = Entry(key, aid, nb, held, priority, pin, ttl_s,
+                             None if ttl_s is None else now + ttl_s, now, now)
         self._entries[key] = e
         self._key_of[aid] = key
         self.used_bytes += held
         if pin:
             self.pinned_bytes += held
         else:
-            self._struct(priority).insert(key)
+            self.c_struct(priority).c_insert(key)
         if ttl_s is not None:
             heapq.heappush(self._ttl_heap, (e.expires_at, key, aid))
         if held > need:  # a tiered pool fell back to a larger tier than estimated
             me._shed_excess(key, evicted)
-        self.ev.record("put", key, aid, nbytes, held // self.bb)
-        return self._put_result(e, True, evicted)
+        self.ev.record_values(self.code_put, (key, aid, nbytes, held // self.bb), wall_time())
+        return PutResult(e, True, evicted)

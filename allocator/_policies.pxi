@@ -97,6 +97,31 @@ cdef class KeyedPolicy:
             s = self.next[s]
         return out
 
+    # C-level entry points (the cache calls these; the def methods wrap them).
+    cdef int c_insert(self, key) except -1:
+        raise NotImplementedError
+
+    cdef int c_remove(self, key, bint evicted) except -1:
+        raise NotImplementedError
+
+    cdef object c_victim(self):
+        raise NotImplementedError
+
+    cdef int c_touch(self, key) except -1:
+        raise NotImplementedError
+
+    def insert(self, key) -> None:
+        self.c_insert(key)
+
+    def remove(self, key, evicted=False) -> None:
+        self.c_remove(key, evicted)
+
+    def victim(self):
+        return self.c_victim()
+
+    def touch(self, key) -> None:
+        self.c_touch(key)
+
     cdef list check_list(self, _Bucket b, str what):
         cdef int32_t s = b.l.head, p = NIL
         cdef Py_ssize_t n = 0
@@ -132,20 +157,23 @@ cdef class LRU(KeyedPolicy):
     def __cinit__(self, *args, **kw):
         self.order_ = self.new_list()
 
-    def insert(self, key) -> None:
+    cdef int c_insert(self, key) except -1:
         if key in self._slot:
             raise KeyError(f"{key!r} is already held")
         dlist_push_back(&self.order_.l, self.acquire(key))
+        return 0
 
-    def touch(self, key) -> None:
+    cdef int c_touch(self, key) except -1:
         dlist_move_to_back(&self.order_.l, self._slot[key])
+        return 0
 
-    def remove(self, key, evicted=False) -> None:
+    cdef int c_remove(self, key, bint evicted) except -1:
         cdef int32_t s = self._slot[key]
         dlist_remove(&self.order_.l, s)
         self.release(s)
+        return 0
 
-    def victim(self):
+    cdef object c_victim(self):
         return None if self.order_.l.head == NIL else self._keys[self.order_.l.head]
 
     def order(self, limit=None) -> list:
@@ -163,9 +191,10 @@ cdef class FIFO(LRU):
 
     name = "fifo"
 
-    def touch(self, key) -> None:
+    cdef int c_touch(self, key) except -1:
         if key not in self._slot:
             raise KeyError(key)
+        return 0
 
 
 cdef class LFU(KeyedPolicy):
@@ -223,18 +252,26 @@ cdef class LFU(KeyedPolicy):
             raise ValueError(f"frequency must be >= 1, got {freq}")
         self._file(self.acquire(key), freq)
 
-    def touch(self, key) -> None:
+    cdef int c_insert(self, key) except -1:
+        if key in self._slot:
+            raise KeyError(f"{key!r} is already held")
+        self._file(self.acquire(key), 1)
+        return 0
+
+    cdef int c_touch(self, key) except -1:
         cdef int32_t s = self._slot[key]
         cdef int64_t f = self.freq[s]
         self._unfile(s)
         self._file(s, f + 1)
+        return 0
 
-    def remove(self, key, evicted=False) -> None:
+    cdef int c_remove(self, key, bint evicted) except -1:
         cdef int32_t s = self._slot[key]
         self._unfile(s)
         self.release(s)
+        return 0
 
-    def victim(self):
+    cdef object c_victim(self):
         if not self._slot:
             return None
         cdef _Bucket b = self._buckets[self.min_freq]
@@ -304,7 +341,7 @@ cdef class S3FIFO(KeyedPolicy):
         self.hits, self.in_small = &hv[0], &mv[0]
         return 0
 
-    def insert(self, key) -> None:
+    cdef int c_insert(self, key) except -1:
         if key in self._slot:
             raise KeyError(f"{key!r} is already held")
         cdef int32_t s = self.acquire(key)
@@ -316,13 +353,15 @@ cdef class S3FIFO(KeyedPolicy):
         else:
             self.in_small[s] = 1
             dlist_push_back(&self.small.l, s)
+        return 0
 
-    def touch(self, key) -> None:
+    cdef int c_touch(self, key) except -1:
         cdef int32_t s = self._slot[key]
         if self.hits[s] < 3:
             self.hits[s] += 1
+        return 0
 
-    def remove(self, key, bint evicted=False) -> None:
+    cdef int c_remove(self, key, bint evicted) except -1:
         cdef int32_t s = self._slot[key]
         cdef dict ghost = self._ghost
         if self.in_small[s]:
@@ -334,6 +373,7 @@ cdef class S3FIFO(KeyedPolicy):
         else:
             dlist_remove(&self.main.l, s)
         self.release(s)
+        return 0
 
     cdef int32_t _victim_slot(self):
         cdef int32_t s
@@ -356,7 +396,7 @@ cdef class S3FIFO(KeyedPolicy):
                 continue
             return s
 
-    def victim(self):
+    cdef object c_victim(self):
         if not self._slot:
             return None
         return self._keys[self._victim_slot()]

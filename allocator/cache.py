@@ -5,9 +5,8 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from ._core import CacheCore, Entry
+from ._core import CacheCore, Entry, PutResult
 from .blockmap import CACHED, PINNED
 from .errors import Conflict, InvalidRequest, NotFound, OutOfMemory
 from .policies import POLICIES
@@ -15,15 +14,6 @@ from .pool import Pool
 
 MAX_KEY_LENGTH = 256
 EVICTION_REASONS = ("capacity", "oom", "ttl", "manual")
-
-
-@dataclass(slots=True)
-class PutResult:
-    """The entry a put left, whether it was created, and the keys evicted to make room."""
-
-    entry: Entry
-    created: bool
-    evicted: list[str] = field(default_factory=list)
 
 
 class KVCache(CacheCore):
@@ -76,7 +66,7 @@ class KVCache(CacheCore):
         self.evictions = dict.fromkeys(EVICTION_REASONS, 0)
         self.refusals = 0  # puts refused because the budget is held by pinned entries
         pool.cache = self
-        self._bind(PutResult, POLICIES, OutOfMemory)
+        self._bind(POLICIES, OutOfMemory)
 
     # -- policy ---------------------------------------------------------------------------
     @staticmethod
