@@ -124,7 +124,10 @@ function connect(name) {
   if (name !== poolName) controls.clearChips();
   poolName = name;
   model = new PoolModel();
-  heatmap = createHeatmap($("#heatmap"), model, { fetchAllocation: (id) => api("GET", `${poolPath(poolName)}/allocations/${id}`) });
+  heatmap = createHeatmap($("#heatmap"), model, {
+    fetchAllocation: (id) => api("GET", `${poolPath(poolName)}/allocations/${id}`),
+    fetchBlock: (b) => api("GET", `${poolPath(poolName)}/prefix-cache/blocks/${b}`),
+  });
   charts = createCharts($("#charts"), model);
   logDirty = true;
   renderPanels();
