@@ -910,8 +910,10 @@ cdef class PrefixCore:
 
     def histograms(self):
         """{name: {"bounds", "counts", "sum", "count"}} for lifetime, idle_before_evict and
-        reuse_gap (seconds; counts per bucket, not cumulative)."""
+        reuse_gap: seconds; counts per bucket, not cumulative; `counts[k]` is for values up to
+        `bounds[k]`, and the one extra last count for values past the last bound (no infinity
+        in the output, so it stays valid JSON)."""
         h = np.asarray(self.hist)
-        return {name: {"bounds": list(HIST_BOUNDS), "counts": h[i].tolist(),
+        return {name: {"bounds": list(HIST_BOUNDS[:-1]), "counts": h[i].tolist(),
                        "sum": self.hist_sum[i], "count": int(h[i].sum())}
                 for i, name in enumerate(HIST_NAMES)}

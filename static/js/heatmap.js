@@ -500,7 +500,13 @@ export function createHeatmap(root, model, opts = {}) {
           if (pixels[(r * px + mid) * width + c * px + mid] === COLORS.pinned) pinned++;
         }
       }
-      return { total: model.blocks, free, occupied, pinned, cols, rows, cellPx: px };
+      return { total: model.blocks, free, occupied, pinned, cols, rows, cellPx: px, cellCss };
+    },
+    /** The painted colour of block i (u32 RGBA), after pending changes: a debug hook for tests. */
+    blockColor(i) {
+      flush();
+      const width = cols * px;
+      return pixels[Math.floor(i / cols) * px * width + (i % cols) * px];
     },
     /** Paint cost of recent frames that painted something: count, p50 and p95 in ms. */
     paintStats() {

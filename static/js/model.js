@@ -429,7 +429,8 @@ export class PoolModel {
     }
     this.lastFragOomCounter = frag;
     let evictionsPerSec = NaN;
-    const evictTotal = stats.cache ? counterTotal(stats.cache.evictions) || this.evictionCount : this.evictionCount;
+    const prefix = /** @type {any} */ (stats).prefix;
+    const evictTotal = prefix ? prefix.evicted : stats.cache ? counterTotal(stats.cache.evictions) || this.evictionCount : this.evictionCount;
     if (this.lastSample) {
       const dt = now - this.lastSample.t;
       if (dt > 0) evictionsPerSec = Math.max(0, evictTotal - this.lastSample.evictions) / dt;
