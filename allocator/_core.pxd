@@ -158,12 +158,14 @@ cdef class EventRing:
     cdef object _arrays
     cdef int32_t *record_num(self, uint8_t code, int64_t a, int64_t b, int64_t c, int64_t d,
                              Py_ssize_t n, double now) noexcept
+    cdef int64_t record_values(self, uint8_t code, tuple values, double now) except -1
     cdef int32_t *_reserve_blocks(self, Py_ssize_t slot, Py_ssize_t n) noexcept
     cdef inline Py_ssize_t _slot(self, int64_t seq) noexcept
     cdef inline void _open_slot(self, Py_ssize_t slot) noexcept
 
 
 cdef double wall_time() noexcept nogil
+cdef double mono_time() noexcept nogil
 
 
 cdef class BlockMap:

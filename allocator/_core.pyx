@@ -10,7 +10,7 @@ line that still goes through the Python C API (yellow).
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memcpy
-from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
 import numpy as np
 
@@ -19,6 +19,13 @@ cdef double wall_time() noexcept nogil:
     """time.time() without the Python call: the event timestamp."""
     cdef timespec t
     clock_gettime(CLOCK_REALTIME, &t)
+    return <double>t.tv_sec + <double>t.tv_nsec * 1e-9
+
+
+cdef double mono_time() noexcept nogil:
+    """time.monotonic() without the Python call (the same clock: CLOCK_MONOTONIC)."""
+    cdef timespec t
+    clock_gettime(CLOCK_MONOTONIC, &t)
     return <double>t.tv_sec + <double>t.tv_nsec * 1e-9
 
 
@@ -197,3 +204,5 @@ cdef class RefCounts:
 include "_events.pxi"
 include "_blockmap.pxi"
 include "_paged.pxi"
+include "_policies.pxi"
+include "_cache.pxi"

@@ -108,6 +108,18 @@ cdef class EventRing:
         v[3] = d
         return self._reserve_blocks(slot, n)
 
+    cdef int64_t record_values(self, uint8_t code, tuple values, double now) except -1:
+        """Append an event of kind `code` whose values (a flat tuple) follow its fields."""
+        cdef int64_t seq = self.last_seq + 1
+        cdef Py_ssize_t slot = self._slot(seq)
+        self._open_slot(slot)
+        self.last_seq = seq
+        self.ts[slot] = now
+        self.kind[slot] = code | FLAG_OBJ
+        self._objs[slot] = values
+        self.bn[slot] = 0
+        return seq
+
     def record(self, str kind, *values, block_ids=None) -> int:
         """Append one event; `values` follow the kind's fields, `block_ids` (optional) are the
         blocks it changed. Returns its seq. KeyError for an unknown kind."""

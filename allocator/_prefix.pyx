@@ -71,6 +71,9 @@ cdef uint64_t GOLD = 0x9E3779B97F4A7C15ULL
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void *op)
+    ctypedef struct PyObject
+    # returns a borrowed reference: compared by address only
+    PyObject *PyDict_SetDefault(object d, object key, object default) except NULL
 
 
 cdef inline list _frozen(list ints):
@@ -692,12 +695,13 @@ cdef class PrefixCore:
             parent = None
         cdef int32_t[:] blocks = seq.blocks
         cdef list hkey = self.hkey
+        cdef object bo
         for i in range(start, stop):
             b = blocks[first + i]
             h = hashes[i]
+            bo = b  # one int object for the index and the event
             self.depth[b] = first + i
-            if h not in index:
-                index[h] = b
+            if PyDict_SetDefault(index, h, bo) == <PyObject *>bo:  # one lookup: inserted, was not indexed
                 self.bhash[b] = h
                 hkey[b] = h
                 self.hashed[b] = 1
@@ -713,7 +717,7 @@ cdef class PrefixCore:
                 if not run_blocks:
                     run_parent = parent
                     run_start = first + i
-                run_blocks.append(b)
+                run_blocks.append(bo)
                 run_hashes.append(h)
             elif run_blocks:
                 self._stored_event(seq, run_blocks, run_hashes, run_parent, run_start, toks, tok_base)
@@ -906,8 +910,10 @@ cdef class PrefixCore:
 
     def histograms(self):
         """{name: {"bounds", "counts", "sum", "count"}} for lifetime, idle_before_evict and
-        reuse_gap (seconds; counts per bucket, not cumulative)."""
+        reuse_gap: seconds; counts per bucket, not cumulative; `counts[k]` is for values up to
+        `bounds[k]`, and the one extra last count for values past the last bound (no infinity
+        in the output, so it stays valid JSON)."""
         h = np.asarray(self.hist)
-        return {name: {"bounds": list(HIST_BOUNDS), "counts": h[i].tolist(),
+        return {name: {"bounds": list(HIST_BOUNDS[:-1]), "counts": h[i].tolist(),
                        "sum": self.hist_sum[i], "count": int(h[i].sum())}
                 for i, name in enumerate(HIST_NAMES)}

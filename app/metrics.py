@@ -90,7 +90,7 @@ def prefix_metrics(registry):
         for key, fam in hists.items():
             h = s["histograms"][key]
             cumulative, buckets = 0, []
-            for bound, count in zip(h["bounds"], h["counts"]):
+            for bound, count in zip([*h["bounds"], float("inf")], h["counts"]):
                 cumulative += count
                 buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
             fam.add_metric([name], buckets, h["sum"])

@@ -469,7 +469,7 @@ class WorkloadIn(Strict):
         {"kind": "trace", "limit": 500, "speed": 1.0}]})
 
     kind: Literal["scenario", "trace"]
-    name: Literal["fragmentation", "chat", "burst"] | None = None
+    name: Literal["fragmentation", "chat", "burst", "prefix-chat"] | None = None
     seed: Annotated[int, Field(ge=0, le=(1 << 32) - 1)] = 0
     speed: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)] = 1.0
     limit: Annotated[int, Field(gt=0, le=100_000)] | None = None

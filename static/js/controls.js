@@ -280,6 +280,10 @@ export function createControls(env) {
       };
       if (body.strategy === "contiguous") body.fit = f.fit.value;
       if (f.cache.value.trim()) body.cache = { capacity_bytes: /** @type {any} */ (sizeOf(f.cache.value)).bytes, policy: "lru" };
+      if (f.prefix && f.prefix.value) {
+        body.prefix_caching = { policy: f.prefix.value };
+        body.tokens_per_block = Number(f.tokens_per_block.value) || 16;
+      }
       await api("POST", "/api/pools", body);
       env.onPoolCreated(body.name);
       return `created pool ${body.name}`;

@@ -5,6 +5,8 @@ export const FREE = 0;
 export const USED = 1;
 export const CACHED = 2;
 export const PINNED = 3;
+/** A prefix-cache block held by two or more sequences (prefix-caching pools). */
+export const SHARED = 4;
 
 /** Stats samples kept for the charts: 4 samples/s (server rate) x 5 minutes. */
 export const HISTORY_CAPACITY = 1200;
@@ -76,6 +78,7 @@ export const DEFAULT_THRESHOLDS = Object.freeze({
 /** @typedef {{after:number, upto:number, limit:number, skipped:number}} EventGap  what to fetch: seq in (after, upto], `skipped` older ones given up */
 /** @typedef {{type:"stats", stats:PoolStats}} StatsMessage */
 /** @typedef {{type:"order", ids:number[], keys:string[], truncated:boolean}} OrderMessage */
+/** @typedef {{type:"prefix", order:number[], truncated:boolean, shared:{blocks:number[], refcounts:number[]}}} PrefixMessage */
 /** @typedef {{name:string, state:string, done:number, total:number, error?:string}} WorkloadProgress  state: running|finished|stopped|failed (`error` says why) */
 /** @typedef {{type:"progress", workload:WorkloadProgress}} ProgressMessage */
 /** @typedef {{type:"closed", reason:string}} ClosedMessage */
@@ -89,8 +92,13 @@ export function counterTotal(value) {
   return 0;
 }
 
-/** Hit rate from cache stats, or null when the pool has no cache or no lookups yet. */
+/**
+ * Hit rate from cache stats (or, on a prefix-caching pool, the token-weighted prefix hit ratio:
+ * prompt tokens served from the cache / prompt tokens), or null when there is nothing to rate yet.
+ */
 export function hitRateOf(stats) {
+  const p = stats && /** @type {any} */ (stats).prefix;
+  if (p) return p.queries > 0 ? p.hits / p.queries : null;
   const c = stats && stats.cache;
   if (!c) return null;
   const hits = Number(c.hits) || 0;
@@ -262,6 +270,10 @@ export class PoolModel {
     this.orderRank = new Map();
     this.orderLength = 0;
     this.orderVersion = 0;
+    /** @type {Map<number, number>} prefix pools: idle cached block -> rank in eviction order */
+    this.blockRank = new Map();
+    /** @type {Map<number, number>} prefix pools: block held by 2+ sequences -> reference count */
+    this.refcount = new Map();
     /** @type {Map<number, number>} allocation id -> creation time (unix s), from allocate/put events */
     this.createdAt = new Map();
     /** @type {Map<number, string>} allocation id -> cache key, learnt from put events and order */
@@ -417,7 +429,8 @@ export class PoolModel {
     }
     this.lastFragOomCounter = frag;
     let evictionsPerSec = NaN;
-    const evictTotal = stats.cache ? counterTotal(stats.cache.evictions) || this.evictionCount : this.evictionCount;
+    const prefix = /** @type {any} */ (stats).prefix;
+    const evictTotal = prefix ? prefix.evicted : stats.cache ? counterTotal(stats.cache.evictions) || this.evictionCount : this.evictionCount;
     if (this.lastSample) {
       const dt = now - this.lastSample.t;
       if (dt > 0) evictionsPerSec = Math.max(0, evictTotal - this.lastSample.evictions) / dt;
@@ -515,6 +528,27 @@ export class PoolModel {
     this.createdAt.set(id, ts);
   }
 
+  /**
+   * A prefix-caching pool's eviction order (by block) and reference counts of shared blocks.
+   * @param {PrefixMessage} msg
+   */
+  applyPrefix(msg) {
+    this.blockRank = new Map();
+    (msg.order || []).forEach((b, i) => this.blockRank.set(b, i));
+    this.orderLength = (msg.order || []).length;
+    this.refcount = new Map();
+    const shared = msg.shared || { blocks: [], refcounts: [] };
+    shared.blocks.forEach((b, i) => this.refcount.set(b, shared.refcounts[i]));
+    this.orderVersion++;
+  }
+
+  /** Reference count of block i as the page knows it (prefix pools): from the state and the last prefix message. @param {number} i */
+  refcountOf(i) {
+    const st = this.state[i];
+    if (st === SHARED) return this.refcount.get(i) || 2;
+    return st === USED || st === PINNED ? 1 : 0;
+  }
+
   /** @param {OrderMessage} order */
   applyOrder(order) {
     this.orderRank = new Map();
@@ -553,6 +587,9 @@ export class PoolModel {
         return null;
       case "order":
         this.applyOrder(/** @type {OrderMessage} */ (msg));
+        return null;
+      case "prefix":
+        this.applyPrefix(/** @type {PrefixMessage} */ (msg));
         return null;
       case "progress":
         this.applyProgress(msg.workload);

@@ -13,6 +13,8 @@ export const LOG_ROWS = 200;
 export const FILTER_GROUPS = {
   alloc: ["allocate", "extend", "free"],
   cache: ["put", "hit", "miss", "remove"],
+  prefix: ["stored", "removed", "cleared", "hit"],
+  seq: ["open", "append", "close"],
 };
 
 /**
@@ -37,9 +39,16 @@ export function numbersHtml(s, evictionsPerSec) {
     ext,
     cell("largest free", formatBytes(s.largest_free_bytes), `of ${formatBytes(s.free_bytes ?? (s.free_blocks || 0) * (s.block_bytes || 0))} free`),
     cell("OOMs", `${ooms.capacity + ooms.fragmentation}`, `capacity ${ooms.capacity} · fragmentation ${ooms.fragmentation}`, ooms.fragmentation > 0 ? "hot" : ""),
-    cell("hit rate", hr == null ? "—" : pct(hr), c ? `${c.hits ?? 0} hits · ${c.misses ?? 0} misses` : "no cache on this pool"),
+    cell("hit rate", hr == null ? "—" : pct(hr), prefixSub(s) || (c ? `${c.hits ?? 0} hits · ${c.misses ?? 0} misses` : "no cache on this pool")),
     cell("evictions/s", Number.isFinite(evictionsPerSec) ? evictionsPerSec.toFixed(1) : "—", c ? `${c.entries ?? c.count ?? "?"} entries · ${formatBytes(c.used_bytes)} / ${formatBytes(c.capacity_bytes)}` : ""),
   ].join("");
+}
+
+/** The hit-rate cell's line on a prefix-caching pool: prompt tokens served from the cache. */
+function prefixSub(s) {
+  const p = /** @type {any} */ (s).prefix;
+  if (!p) return "";
+  return `${Number(p.hits).toLocaleString()} of ${Number(p.queries).toLocaleString()} prompt tokens cached · ${p.blocks.shared} shared blocks`;
 }
 
 /** @param {import("./model.js").PoolEvent} e @returns {[string, string, string]} what, size, why */
@@ -69,9 +78,32 @@ export function describeEvent(e) {
       return [`#${e.id}`, formatBytes(/** @type {any} */ (e).allocated_bytes), /** @type {any} */ (e).moved ? "moved" : "in place"];
     case "free":
       return [`#${e.id}`, `${e.blocks ?? ""} blocks`, ""];
+    case "stored":
+    case "removed":
+    case "cleared": {
+      const p = /** @type {any} */ (e);
+      const hashes = p.block_hashes || [];
+      const first = hashes.length ? shortHash(hashes[0]) : "";
+      const why = e.type === "stored" ? `seq #${p.seq_id}${p.parent_block_hash == null ? " · root" : ""}` : (p.reason || "reset");
+      return [`${(p.blocks || []).length} block${(p.blocks || []).length === 1 ? "" : "s"}${first ? ` · ${first}…` : ""}`, "", why];
+    }
+    case "open": {
+      const p = /** @type {any} */ (e);
+      const hit = p.num_tokens ? p.cached_tokens / p.num_tokens : 0;
+      return [`seq #${p.seq_id}`, `${p.num_tokens} tok`, `${p.cached_tokens} cached (${pct(hit)})`];
+    }
+    case "append":
+      return [`seq #${/** @type {any} */ (e).seq_id}`, `${/** @type {any} */ (e).num_tokens} tok`, `+${(/** @type {any} */ (e).blocks || []).length} blocks`];
+    case "close":
+      return [`seq #${/** @type {any} */ (e).seq_id}`, `${(/** @type {any} */ (e).blocks || []).length} blocks`, "released"];
     default:
       return [e.key ?? (e.id != null ? `#${e.id}` : ""), e.bytes != null ? formatBytes(e.bytes) : "", ""];
   }
+}
+
+/** First 8 hex digits of a 64-bit block hash (a JSON number: exact only up to 2**53, enough to tell blocks apart). @param {number} h */
+export function shortHash(h) {
+  return BigInt.asUintN(64, BigInt(Math.trunc(Number(h)))).toString(16).padStart(16, "0").slice(0, 8);
 }
 
 /** Types selected by the filter checkboxes. @param {HTMLElement} box */

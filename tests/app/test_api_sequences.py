@@ -170,3 +170,13 @@ def test_metrics_expose_prefix_queries_hits_and_block_histograms(client):
     assert 'kvscope_kv_block_reuse_gap_seconds_count{pool="px"} 2.0' in text
     assert "kvscope_kv_block_lifetime_seconds_bucket" in text
     assert "kvscope_kv_block_idle_before_evict_seconds_bucket" in text
+
+
+def test_stats_are_plain_json_without_infinities(client):
+    import json
+    a = client.post(f"{BASE}/sequences", json={"tokens": list(range(8))}).json()
+    client.delete(f"{BASE}/sequences/{a['id']}")
+    stats = client.get(f"{BASE}/stats").json()
+    json.dumps(stats, allow_nan=False)  # the stream sends these with json.dumps
+    hist = stats["prefix"]["histograms"]["lifetime"]
+    assert len(hist["counts"]) == len(hist["bounds"]) + 1
