@@ -19,6 +19,7 @@ from .contiguous import FITS, ContiguousPool
 from .errors import Conflict, InvalidRequest, KVScopeError, NotFound, OutOfMemory, TooLarge
 from .events import EVENT_FIELDS, EventLog
 from .geometry import MODEL_PRESETS, ModelGeometry, get_model
+from .mirror import MirrorPool
 from .paged import PagedPool
 from .policies import POLICIES
 from .pool import Allocation, DefragReport, Pool
@@ -77,7 +78,7 @@ def create_pool(
 __all__ = [
     "Allocation", "BlockMap", "BlockStorage", "CACHED", "Conflict", "ContiguousPool",
     "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "FITS", "FREE",
-    "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "ModelGeometry", "NotFound",
+    "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "MirrorPool", "ModelGeometry", "NotFound",
     "OutOfMemory", "PINNED", "POLICIES", "PagedPool", "Pool", "PutResult", "STATE_NAMES",
     "STRATEGIES", "TieredPool", "TooLarge", "USED", "create_pool", "get_model", "resolve_device",
 ]

@@ -22,6 +22,10 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "evict": ("key", "bytes", "blocks", "reason", "policy", "age_s", "idle_s"),
     "policy": ("policy",),
     "workload": ("name", "state", "done", "total"),
+    # Prefix-cache events (the contract shared by issues 11, 13 and 14).
+    "stored": ("blocks", "block_hashes", "parent_block_hash", "token_ids", "block_size", "seq_id"),
+    "removed": ("blocks", "block_hashes", "reason"),
+    "cleared": ("blocks", "block_hashes"),
 }
 
 
