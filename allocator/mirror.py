@@ -56,7 +56,6 @@ class MirrorPool(Pool):
             "stored_blocks": 0, "removed_blocks": 0, "duplicate_stores": 0,
             "unknown_removes": 0, "overflow": 0, "other_medium": 0,
         }
-        self._forest_cache: tuple[int, dict] | None = None
 
     # -- the free structure -------------------------------------------------------------------
     def _reset_free_structure(self) -> None:
@@ -199,60 +198,16 @@ class MirrorPool(Pool):
     def slot_of(self, h: int) -> int | None:
         return self._slot_of.get(h)
 
+    def forest_snapshot(self) -> tuple:
+        """What `forest_of` needs, copied (C-speed copies: O(cached) but cheap), so the shape can
+        be computed off the thread that mutates the pool."""
+        return (dict(self._slot_of), len(self._unplaced), self.slot_hash.copy(),
+                self.slot_parent.copy(), self.slot_has_parent.copy(), self.slot_depth.copy(),
+                self.block_size)
+
     def forest(self, top: int = 5) -> dict:
-        """The prefix forest's shape: roots, orphans (parent not cached), depth, and the `top`
-        most shared prefixes (blocks with the most cached descendants). O(cached) per call,
-        cached until the next event."""
-        if self._forest_cache is not None and self._forest_cache[0] == self.events.last_seq:
-            return self._forest_cache[1]
-        slot_of = self._slot_of
-        occupied = np.fromiter(slot_of.values(), dtype=np.int64, count=len(slot_of))
-        n = occupied.size
-        parent_slot = np.full(self.num_blocks, -1, dtype=np.int64)
-        roots = orphans = 0
-        for s in occupied.tolist():
-            if not self.slot_has_parent[s]:
-                roots += 1
-                continue
-            ps = slot_of.get(int(self.slot_parent[s]))
-            if ps is None:
-                orphans += 1
-            else:
-                parent_slot[s] = ps
-        # Depth along cached parents (stored depth can be stale after a parent left): walk in
-        # stored-depth order, which puts every parent before its children.
-        depth = np.zeros(self.num_blocks, dtype=np.int64)
-        order = occupied[np.argsort(self.slot_depth[occupied], kind="stable")] if n else occupied
-        ps_o = parent_slot[order]
-        for s, p in zip(order.tolist(), ps_o.tolist()):
-            if p >= 0:
-                depth[s] = depth[p] + 1
-        desc = np.zeros(self.num_blocks, dtype=np.int64)
-        children = np.zeros(self.num_blocks, dtype=np.int64)
-        for s, p in zip(order[::-1].tolist(), ps_o[::-1].tolist()):
-            if p >= 0:
-                desc[p] += desc[s] + 1
-                children[p] += 1
-        shared = heapq.nlargest(top, (s for s in occupied.tolist() if children[s] >= 2),
-                                key=lambda s: (int(desc[s]), -s))
-        out = {
-            "cached_blocks": n + len(self._unplaced),
-            "placed_blocks": n,
-            "roots": roots,
-            "orphans": orphans,
-            "trees": roots + orphans,
-            "max_depth": int(depth[occupied].max()) + 1 if n else 0,
-            "mean_depth": round(float(depth[occupied].mean()) + 1, 3) if n else 0.0,
-            "top_prefixes": [
-                {"hash": f"{int(self.slot_hash[s]):016x}", "slot": int(s),
-                 "depth": int(depth[s]) + 1, "children": int(children[s]),
-                 "descendants": int(desc[s]),
-                 "tokens": None if not self.block_size else (int(depth[s]) + 1) * self.block_size}
-                for s in shared],
-            "at": _now(),
-        }
-        self._forest_cache = (self.events.last_seq, out)
-        return out
+        """The prefix forest's shape now (see `forest_of`)."""
+        return forest_of(self.forest_snapshot(), top)
 
     def _extra_stats(self) -> dict:
         out = {"mirror": {**self.mirror_counters, "cached_blocks": len(self._slot_of) + len(self._unplaced),
@@ -300,4 +255,59 @@ class MirrorPool(Pool):
         return problems
 
 
-__all__ = ["MirrorPool"]
+def forest_of(snapshot: tuple, top: int = 5) -> dict:
+    """The prefix forest's shape: roots (no parent), orphans (parent not cached), depth along
+    cached parents, and the `top` most shared prefixes (blocks with at least two cached children,
+    by cached descendants). O(cached log cached); pure, so it may run in a worker thread."""
+    slot_of, unplaced, slot_hash, slot_parent, has_parent, stored_depth, block_size = snapshot
+    num = slot_hash.size
+    occupied = np.fromiter(slot_of.values(), dtype=np.int64, count=len(slot_of))
+    n = occupied.size
+    parent_slot = np.full(num, -1, dtype=np.int64)
+    roots = orphans = 0
+    get = slot_of.get
+    for s, hp, p in zip(occupied.tolist(), has_parent[occupied].tolist(),
+                        slot_parent[occupied].tolist()):
+        if not hp:
+            roots += 1
+            continue
+        ps = get(p)
+        if ps is None:
+            orphans += 1
+        else:
+            parent_slot[s] = ps
+    # Depth along cached parents (a stored depth is stale once a parent left): walk in stored-
+    # depth order, which puts every parent before its children.
+    depth = np.zeros(num, dtype=np.int64)
+    order = occupied[np.argsort(stored_depth[occupied], kind="stable")] if n else occupied
+    ps_o = parent_slot[order].tolist()
+    order_l = order.tolist()
+    for s, p in zip(order_l, ps_o):
+        if p >= 0:
+            depth[s] = depth[p] + 1
+    desc = np.zeros(num, dtype=np.int64)
+    children = np.zeros(num, dtype=np.int64)
+    for s, p in zip(reversed(order_l), reversed(ps_o)):
+        if p >= 0:
+            desc[p] += desc[s] + 1
+            children[p] += 1
+    shared = heapq.nlargest(top, (s for s in order_l if children[s] >= 2),
+                            key=lambda s: (int(desc[s]), -s))
+    return {
+        "cached_blocks": n + unplaced,
+        "placed_blocks": n,
+        "roots": roots,
+        "orphans": orphans,
+        "trees": roots + orphans,
+        "max_depth": int(depth[occupied].max()) + 1 if n else 0,
+        "mean_depth": round(float(depth[occupied].mean()) + 1, 3) if n else 0.0,
+        "top_prefixes": [
+            {"hash": f"{int(slot_hash[s]):016x}", "slot": int(s), "depth": int(depth[s]) + 1,
+             "children": int(children[s]), "descendants": int(desc[s]),
+             "tokens": None if not block_size else (int(depth[s]) + 1) * block_size}
+            for s in shared],
+        "at": _now(),
+    }
+
+
+__all__ = ["MirrorPool", "forest_of"]

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator import KVCache, Pool, create_pool, get_model
+from allocator import KVCache, MirrorPool, Pool, create_pool, get_model
 from allocator.errors import Conflict, NotFound, TooLarge
 
 from .settings import Settings
@@ -29,6 +29,7 @@ class PoolHandle:
     workload_task: asyncio.Task | None = None
     workload_error: str | None = None  # why the latest workload failed; None unless it did
     stream: Any = None  # app.stream.PoolStream, attached by the hub
+    links: list = field(default_factory=list)  # engine links (app/mirrors.py), closed on detach
 
     def describe(self) -> dict:
         return {"name": self.name, "config": self.pool.config(), "stats": self.pool.stats()}
@@ -55,6 +56,8 @@ def planned_geometry(spec: dict) -> tuple[int, int]:
     Returns (0, 0) when the spec is too malformed to tell; `create_pool` then rejects it.
     """
     block_bytes = spec.get("block_bytes")
+    if spec.get("strategy") == "mirror":
+        return int(spec.get("num_blocks") or 0), block_bytes or 1
     if block_bytes is None and spec.get("model") is not None:
         block_bytes = (spec.get("tokens_per_block") or 16) * get_model(spec["model"]).bytes_per_token
     if not isinstance(block_bytes, int) or block_bytes <= 0:
@@ -106,6 +109,13 @@ class Registry:
         if block_bytes > s.max_pool_bytes:
             raise TooLarge(f"block of {block_bytes} bytes exceeds the cap of {s.max_pool_bytes}")
         cache_spec = spec.get("cache")
+        if spec.get("strategy") == "mirror":
+            # Logical slots only: a mirror holds no KV bytes, so its tensor lives on the CPU.
+            pool = MirrorPool(num_blocks, block_bytes, name=name, device="cpu",
+                              tokens_per_block=spec.get("tokens_per_block"))
+            handle = PoolHandle(name, pool)
+            self._pools[name] = handle
+            return handle
         pool = create_pool(
             spec.get("strategy", "paged"),
             num_blocks=spec.get("num_blocks"),

@@ -61,6 +61,29 @@ class CacheSpec(Strict):
     policy: Policy = "lru"
 
 
+ZMQ_ENDPOINT = r"^(tcp://[^\s/]+:\d{1,5}|ipc://[^\s]+|inproc://[^\s]+)$"
+Endpoint = Annotated[str, Field(max_length=256, pattern=ZMQ_ENDPOINT,
+                                examples=["tcp://127.0.0.1:5557"])]
+Topic = Annotated[str, Field(max_length=256)]
+
+
+class MirrorSpec(Strict):
+    """Where the engine publishes (its `--kv-events-config` endpoints, seen from here)."""
+
+    endpoint: Endpoint
+    topic: Topic = ""
+    replay_endpoint: Endpoint | None = None
+    metrics_url: Annotated[str, Field(max_length=2048, pattern=r"^https?://\S+$")] | None = None
+
+
+class PublishSpec(Strict):
+    """Where this pool publishes its prefix-cache events (vLLM's wire format)."""
+
+    endpoint: Endpoint
+    topic: Topic = ""
+    replay_endpoint: Endpoint | None = None
+
+
 class PoolCreate(Strict):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"name": "demo", "strategy": "paged", "num_blocks": 4096, "block_bytes": 4096,
@@ -68,10 +91,12 @@ class PoolCreate(Strict):
         {"name": "frag", "strategy": "contiguous", "num_blocks": 1024, "block_bytes": 4096, "fit": "best"},
         {"name": "llama", "strategy": "paged", "capacity_bytes": 268435456, "model": "llama-3-8b",
          "tokens_per_block": 16},
+        {"name": "engine", "strategy": "mirror", "num_blocks": 20000,
+         "mirror": {"endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558"}},
     ]})
 
     name: PoolName
-    strategy: Literal["paged", "tiered", "contiguous"] = "paged"
+    strategy: Literal["paged", "tiered", "contiguous", "mirror"] = "paged"
     device: Annotated[str, Field(pattern=DEVICE_PATTERN)] | None = None
     num_blocks: Annotated[int, Field(gt=0, le=1 << 32)] | None = None
     capacity_bytes: Annotated[int, Field(gt=0, le=MAX_BYTES)] | None = None
@@ -81,9 +106,18 @@ class PoolCreate(Strict):
     tiers: Annotated[list[TierSpec], Field(min_length=1, max_length=8)] | None = None
     fit: Literal["first", "best", "worst", "next"] | None = None
     cache: CacheSpec | None = None
+    mirror: MirrorSpec | None = Field(None, description="strategy 'mirror': the engine to follow")
+    publish: PublishSpec | None = Field(None, description="publish this pool's prefix-cache events")
 
     @model_validator(mode="after")
     def _sizes(self) -> PoolCreate:
+        if self.strategy == "mirror":
+            return self._mirror()
+        if self.mirror is not None:
+            raise ValueError("'mirror' applies only to strategy 'mirror'")
+        if self.publish is not None and getattr(self, "prefix_caching", None) is None:
+            raise ValueError("'publish' needs a pool that has prefix-cache events: give "
+                             "'prefix_caching', or use strategy 'mirror'")
         _exactly_one(self, "num_blocks", "capacity_bytes")
         if self.block_bytes is None and self.model is None:
             raise ValueError("give 'block_bytes', or 'model' (with optional 'tokens_per_block')")
@@ -92,6 +126,17 @@ class PoolCreate(Strict):
             raise ValueError(f"'fit' applies only to strategy 'contiguous', not {self.strategy!r}")
         if self.tiers is not None and self.strategy != "tiered":
             raise ValueError(f"'tiers' applies only to strategy 'tiered', not {self.strategy!r}")
+        return self
+
+    def _mirror(self) -> PoolCreate:
+        if self.mirror is None:
+            raise ValueError("strategy 'mirror' needs 'mirror': {endpoint, topic, replay_endpoint, metrics_url}")
+        if self.num_blocks is None and self.mirror.metrics_url is None:
+            raise ValueError("give 'num_blocks' (the engine's KV block count), or "
+                             "'mirror.metrics_url' to read it from vllm:cache_config_info")
+        for key in ("capacity_bytes", "cache", "tiers", "fit", "model"):
+            if getattr(self, key) is not None:
+                raise ValueError(f"'{key}' does not apply to strategy 'mirror' (it holds no KV bytes)")
         return self
 
 

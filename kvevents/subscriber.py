@@ -30,7 +30,8 @@ class Subscriber:
       an exception from the callbacks) is counted by kind in `errors`, the latest message kept
       in `last_error`; the thread never dies of it.
 
-    `recorder`, when set, gets `write(recv_ts, seq, topic, payload)` for every batch received.
+    `recorder`, when set, gets `write(recv_ts, seq, topic, payload)` for every batch applied, in
+    the order applied.
     """
 
     def __init__(self, endpoint: str, *, on_batch: Callable[[int, Batch], None],
@@ -119,8 +120,6 @@ class Subscriber:
         if seq < 0:
             self._error("frames", f"live message with seq {seq}")
             return
-        if self.recorder is not None:
-            self.recorder.write(time.time(), seq, _topic, payload)
         self.state = "live"
         if self.last_live is not None and seq <= self.last_live:
             self.restarts += 1
@@ -145,6 +144,11 @@ class Subscriber:
 
     def _apply(self, seq: int, payload: bytes) -> None:
         self.last_seq = seq
+        if self.recorder is not None:
+            try:
+                self.recorder.write(time.time(), seq, self.topic.encode(), payload)
+            except (OSError, ValueError) as exc:
+                self._error("internal", f"recording: {exc}")
         try:
             batch = decode_batch(payload, self.max_events)
         except WireError as exc:
@@ -211,8 +215,6 @@ class Subscriber:
                 continue
             if seq == -1:
                 return
-            if self.recorder is not None:
-                self.recorder.write(time.time(), seq, self.topic.encode(), payload)
             nxt = 0 if self.last_seq is None else self.last_seq + 1
             if seq < nxt:
                 continue
