@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from allocator.vocab import FITS, POLICIES, SCENARIOS, STRATEGIES, STRATEGY_INFO, WORKLOAD_KINDS
+from workloads.spec import MAX_SEED, MAX_SPEED, MAX_TRACE_LIMIT
 
 from .settings import DEVICE_PATTERN
 
@@ -371,9 +372,9 @@ class WorkloadIn(Strict):
 
     kind: WorkloadKind
     name: ScenarioName | None = None
-    seed: Annotated[int, Field(ge=0, le=(1 << 32) - 1)] = 0
-    speed: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)] = 1.0
-    limit: Annotated[int, Field(gt=0, le=100_000)] | None = None
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
+    speed: Annotated[float, Field(gt=0, le=MAX_SPEED, allow_inf_nan=False)] = 1.0
+    limit: Annotated[int, Field(gt=0, le=MAX_TRACE_LIMIT)] | None = None
 
     @model_validator(mode="after")
     def _named(self) -> WorkloadIn:

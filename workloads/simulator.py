@@ -335,6 +335,20 @@ class Simulator:
     def finished(self) -> bool:
         return not (self._arrivals or self.queue or self.running)
 
+    # -- for a live driver (workloads/live.py) ----------------------------------------------
+    def memory_changed(self) -> None:
+        """Someone else freed or took pool memory: retry a blocked admission at the next step."""
+        self._retry = True
+
+    def release_running(self) -> int:
+        """Take every running request out of the batch and free its memory (a stopped live
+        replay leaves the pool as it found it); returns how many were running."""
+        running = list(self.running.values())
+        for r in running:
+            self._remove(r)
+            self._release(r)
+        return len(running)
+
     def run(self, progress=None) -> Simulator:
         """Replay to the end. `progress(done, total)` is called now and then."""
         t0 = time.perf_counter()

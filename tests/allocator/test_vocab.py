@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from allocator import InvalidRequest, Pool, PoolSpec, create_pool, positive_int
-from allocator import vocab
+from allocator import InvalidRequest, Pool, PoolSpec, create_pool, positive_int, vocab
 from allocator.blockmap import BlockMap
 from allocator.events import EventLog
 from allocator.policies import POLICIES as POLICY_CLASSES
