@@ -37,6 +37,7 @@ class MirrorPool(Pool):
     """
 
     strategy = "mirror"
+    scatter_fails = False  # nothing is allocated here, so nothing can fail
 
     def __init__(self, num_blocks: int, block_bytes: int = 1, **kw) -> None:
         super().__init__(num_blocks, block_bytes, **kw)
