@@ -1,4 +1,4 @@
-"""`kvscope serve | replay | scenario`."""
+"""`kvscope serve | replay | scenario | mirror | recording`."""
 
 from __future__ import annotations
 
@@ -47,16 +47,22 @@ def serve(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = ("usage: kvscope {serve,replay,scenario} [options]\n"
+    usage = ("usage: kvscope {serve,replay,scenario,mirror,recording} [options]\n"
              "  serve      run the server: dashboard, REST API, stream, metrics (kvscope serve -h)\n"
              "  replay     replay an LLM request trace through the serving simulator (kvscope replay -h)\n"
-             "  scenario   run a fragmentation / chat / burst scenario (kvscope scenario -h)")
+             "  scenario   run a fragmentation / chat / burst scenario (kvscope scenario -h)\n"
+             "  mirror     the dashboard on a live vLLM/SGLang engine's prefix cache (kvscope mirror -h)\n"
+             "  recording  summarise or play back a mirror's recording (kvscope recording -h)")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return serve(rest)
+    if command in ("mirror", "recording"):
+        from . import cli_events
+
+        return int((cli_events.mirror_main if command == "mirror" else cli_events.recording_main)(rest))
     if command in ("replay", "scenario"):
         from workloads import cli as workloads_cli  # written separately; imported only when used
 

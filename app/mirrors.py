@@ -95,6 +95,65 @@ class MirrorLinkHandle:
         await asyncio.to_thread(self.link.close)
 
 
+class PlaybackLink:
+    """Feeds a mirror pool from a recording (kvevents/recording.py) in a daemon thread, at
+    `speed` times real time (None: as fast as it goes), through the loop applier."""
+
+    def __init__(self, handle, path: str, speed: float | None) -> None:
+        from kvevents.recording import read
+
+        next(iter(read(path)), None)  # a file that is not a recording fails here, in one line
+        self.path, self.speed = path, speed
+        self.progress: dict = {}
+        self.state = "playing"
+        self.error: str | None = None
+        self._stop = threading.Event()
+        applier = LoopApplier(asyncio.get_running_loop(), handle.lock)
+        handle.pool.source = self
+        self._thread = threading.Thread(target=self._run, args=(handle.pool, applier),
+                                        daemon=True, name="kvevents-playback")
+        self._thread.start()
+
+    def _run(self, pool, applier) -> None:
+        from kvevents.recording import replay_into
+
+        try:
+            replay_into(self.path, pool, self.speed, apply=applier, stop=self._stop,
+                        progress=self.progress)
+            self.state = "done"
+        except Exception as exc:
+            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+
+    def status(self) -> dict:
+        return {"state": self.state, "recording": self.path, "speed": self.speed,
+                "last_error": self.error, "lost_batches": 0, "error_count": 0,
+                "errors": {}, **self.progress}
+
+    def describe(self) -> dict:
+        return {"endpoint": f"recording {self.path}", "topic": "", "replay_endpoint": None}
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        await asyncio.to_thread(self._thread.join, 5)
+
+
+async def start_pool(registry, hub, spec: dict, record: str | None = None,
+                     playback: str | None = None, speed: float | None = None):
+    """Create a pool with its links, as POST /api/pools does (the CLI's startup pools)."""
+    spec = await resolve(spec)
+    handle = registry.create(spec)
+    try:
+        attach(handle, spec, record=record)
+        if playback:
+            handle.links.append(PlaybackLink(handle, playback, speed))
+    except Exception:
+        registry.remove(handle.name)
+        await detach(handle)
+        raise
+    hub.attach(handle)
+    return handle
+
+
 async def resolve(spec: dict) -> dict:
     """A mirror spec with `num_blocks` filled from the engine's metrics when not given. Raises
     InvalidRequest naming the URL when it cannot be read."""
@@ -121,7 +180,7 @@ def attach(handle, spec: dict, record: str | None = None) -> None:
     try:
         if spec.get("publish"):
             links.append(PublishLink(pool, spec["publish"]))
-        if spec.get("strategy") == "mirror":
+        if spec.get("strategy") == "mirror" and spec.get("mirror"):
             from kvevents.link import MirrorLink
 
             m = spec["mirror"]

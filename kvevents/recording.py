@@ -75,27 +75,31 @@ def read(path: str) -> Iterator[tuple[float, int, bytes]]:
             yield float(obj[0]), int(obj[1]), obj[3]
 
 
-def replay_into(path: str, pool, speed: float | None = None) -> dict:
-    """Apply a recording's batches to a mirror pool in seq order (a restart in the recording, a
-    seq going back, clears it as the live mirror would). `speed`: None = as fast as possible,
-    else that many times real time. Returns counts: batches, events, errors, gaps, restarts."""
+def replay_into(path: str, pool, speed: float | None = None, apply=None, stop=None,
+                progress: dict | None = None) -> dict:
+    """Apply a recording's batches to a mirror pool in seq order (a seq going back is an engine
+    restart and clears the mirror, as live). `speed`: None = as fast as possible, else that many
+    times real time. `apply(change)` runs each change (default: at once); `stop` (an Event) ends
+    early. Returns (and keeps updating `progress` with) counts: batches, events, errors, gaps,
+    restarts."""
     from .codec import Cleared
 
-    out = {"batches": 0, "events": 0, "errors": 0, "gaps": 0, "restarts": 0}
-    last = None
-    t0 = None
+    out = progress if progress is not None else {}
+    out.update({"batches": 0, "events": 0, "errors": 0, "gaps": 0, "restarts": 0})
+    run = apply or (lambda change: change())
+    last = t0 = None
     start = time.monotonic()
     for ts, seq, payload in read(path):
+        if stop is not None and stop.is_set():
+            break
         if speed:
             t0 = ts if t0 is None else t0
             wait = (ts - t0) / speed - (time.monotonic() - start)
-            if wait > 0:
-                time.sleep(wait)
+            if wait > 0 and (stop.wait(wait) if stop is not None else time.sleep(wait)):
+                break
         if last is not None and seq <= last:
-            if seq == last:
-                continue  # the same batch recorded live and from a replay
             out["restarts"] += 1
-            pool.apply([Cleared()])
+            run(lambda: pool.apply([Cleared()]))
         elif last is not None and seq > last + 1:
             out["gaps"] += 1
         last = seq
@@ -104,7 +108,7 @@ def replay_into(path: str, pool, speed: float | None = None) -> dict:
         except WireError:
             out["errors"] += 1
             continue
-        pool.apply(batch.events)
+        run(lambda events=batch.events: pool.apply(events))
         out["batches"] += 1
         out["events"] += len(batch.events)
     return out
