@@ -42,3 +42,15 @@ test("prefix-cache events read in the log; other kinds are left to the default",
   assert.equal(describePrefixEvent({ type: "put" }), null);
   assert.match(describeMirror({ num_blocks: 96, source: { endpoint: "tcp://h:5557", topic: "kv" } }), /mirror of tcp:\/\/h:5557 \(topic kv\) · 96 logical slots/);
 });
+
+test("a mirror's chart reads the engine's hit ratio and its removed blocks as evictions", async () => {
+  const { PoolModel, hitRateOf } = await import("../model.js");
+  assert.equal(hitRateOf({ mirror: { source: { engine: { latest: { hit_ratio: 0.3 } } } } }), 0.3);
+  assert.equal(hitRateOf({ mirror: { source: {} } }), null);
+  const m = new PoolModel();
+  const s = (removed, t) => ({ type: "stats", stats: { strategy: "mirror", utilization: 0.5, mirror: { removed_blocks: removed, source: {} } }, t });
+  m.applyMessage(s(10));
+  await new Promise((r) => setTimeout(r, 30));
+  m.applyMessage(s(40));
+  assert.ok(m.evictionsPerSec() > 100, `removed blocks/s ${m.evictionsPerSec()}`);
+});
