@@ -178,27 +178,7 @@ class Subscriber:
         if self.replay_endpoint is None:
             return
         self.replays += 1
-        if self._dealer is None:
-            self._dealer = self._ctx.socket(zmq.DEALER)
-            self._dealer.setsockopt(zmq.LINGER, 0)
-            self._dealer.connect(self.replay_endpoint)
-        dealer = self._dealer
-        try:
-            dealer.send_multipart((b"", seq_bytes(start)), flags=zmq.NOBLOCK)
-        except zmq.Again:
-            self._error("replay", f"replay from {start}: replay socket not reachable")
-            return
-        deadline = time.monotonic() + self.replay_timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not dealer.poll(int(left * 1000) + 1):
-                self._error("replay", f"replay from {start}: no end marker within "
-                                      f"{self.replay_timeout}s")
-                # A late answer must not be read as the reply to the next request.
-                dealer.close(linger=0)
-                self._dealer = None
-                return
-            frames = dealer.recv_multipart()
+        for frames in self._replay_frames(start):
             if frames and frames[0] == b"":
                 frames = frames[1:]
             if len(frames) == 3:  # [topic, seq, payload] (vLLM >= 0.26, SGLang)
@@ -222,6 +202,31 @@ class Subscriber:
                 self.lost_batches += seq - nxt
             self.replayed_batches += 1
             self._apply(seq, payload)
+
+    def _replay_frames(self, start: int):
+        """The replay socket's reply frames to a request from `start`, as they come, until the
+        end marker (the caller stops there) or `replay_timeout` without one (an error)."""
+        if self._dealer is None:
+            self._dealer = self._ctx.socket(zmq.DEALER)
+            self._dealer.setsockopt(zmq.LINGER, 0)
+            self._dealer.connect(self.replay_endpoint)
+        dealer = self._dealer
+        try:
+            dealer.send_multipart((b"", seq_bytes(start)), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self._error("replay", f"replay from {start}: replay socket not reachable")
+            return
+        deadline = time.monotonic() + self.replay_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not dealer.poll(int(left * 1000) + 1):
+                self._error("replay", f"replay from {start}: no end marker within "
+                                      f"{self.replay_timeout}s")
+                # A late answer must not be read as the reply to the next request.
+                dealer.close(linger=0)
+                self._dealer = None
+                return
+            yield dealer.recv_multipart()
 
     # -- reporting ------------------------------------------------------------------------------------
     def _error(self, kind: str, message: str) -> None:
