@@ -176,9 +176,8 @@ def decode_event(raw: object):
         hashes = _hashes(fields.get("block_hashes"))
         parent = fields.get("parent_block_hash")
         tokens = fields.get("token_ids")
-        if tokens is not None and not (isinstance(tokens, list)
-                                       and all(t.__class__ is int for t in tokens)):
-            raise WireError("malformed", "token_ids is not a list of ints")
+        if tokens is not None and not isinstance(tokens, list):
+            raise WireError("malformed", "token_ids is not a list")
         return Stored(hashes, None if parent is None else norm_hash(parent), tokens,
                       _opt_int(fields.get("block_size"), "block_size"),
                       _opt_str(fields.get("medium")), _opt_int(fields.get("lora_id"), "lora_id"))
