@@ -82,6 +82,35 @@ def _check(spec: dict) -> str | None:
     return None
 
 
+def default_publish_spec(settings, args) -> dict:
+    """The `default` pool of `kvscope serve --publish`: paged with prefix caching (LRU, 16-token
+    blocks), publishing its stored / removed / cleared events. Raises ValueError (one line)."""
+    import inspect
+
+    from allocator import PoolSpec
+
+    from .main import default_pool_spec
+
+    if "prefix_caching" not in inspect.signature(PoolSpec.parse).parameters:
+        raise ValueError("--publish needs the allocator's prefix caching, which this build lacks")
+    spec = default_pool_spec(settings)
+    spec.pop("cache", None)
+    spec.update(prefix_caching={"policy": "lru"}, tokens_per_block=16,
+                publish={"endpoint": args.publish, "topic": args.publish_topic,
+                         "replay_endpoint": args.publish_replay_endpoint})
+    spec["publish"] = {k: v for k, v in spec["publish"].items() if v is not None}
+    from pydantic import ValidationError
+
+    from .schemas import PublishSpec
+
+    try:
+        PublishSpec.model_validate(spec["publish"])
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        raise ValueError(f"--publish: {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+    return spec
+
+
 def recording_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="kvscope recording",

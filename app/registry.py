@@ -77,6 +77,7 @@ class Registry:
         """A create request (the fields of app/schemas.py PoolCreate) parsed into a PoolSpec, with
         this server's default device. Raises InvalidRequest."""
         fields = dict(request)
+        fields.pop("publish", None)  # the pool's links (app/mirrors.py), not the allocator's
         fields["device"] = fields.get("device") or self.settings.device
         strategy = fields.pop("strategy", "paged")
         return PoolSpec.parse(strategy, **fields)

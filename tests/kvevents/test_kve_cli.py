@@ -97,3 +97,25 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path):
     assert r.returncode == 2 and "not a kvscope recording" in r.stderr and "Traceback" not in r.stderr
     r = run("recording", str(tmp_path / "missing"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_serve_publish_default_pool(tmp_path):
+    """`kvscope serve --publish`: with the allocator's prefix caching, the default pool publishes;
+    without it (issue 11 not in this tree), one line and exit 2, never a traceback."""
+    import inspect
+
+    from allocator import PoolSpec
+
+    port = free_port()
+    args = ["serve", "--publish", f"tcp://127.0.0.1:{port}", "--port", str(free_port())]
+    if "prefix_caching" not in inspect.signature(PoolSpec.parse).parameters:
+        r = run(*args)
+        assert r.returncode == 2 and "prefix caching" in r.stderr and "Traceback" not in r.stderr
+        return
+    cli = Cli("serve", "--publish", f"tcp://*:{port}", "--publish-topic", "kv")
+    try:
+        assert cli.stats("default")["strategy"] == "paged"
+    finally:
+        assert "Traceback" not in cli.stop()
+    r = run("serve", "--publish", "http://x")
+    assert r.returncode == 2 and "--publish" in r.stderr
