@@ -89,6 +89,7 @@ class MetricsPoller:
         self.latest: dict | None = None
         self.history: list[dict] = []
         self.errors = 0
+        self.failing = False  # the latest poll failed
         self.last_error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="kvevents-metrics")
@@ -102,8 +103,10 @@ class MetricsPoller:
             s = summarize(parse(fetch(self.url)))
         except MetricsError as exc:
             self.errors += 1
+            self.failing = True
             self.last_error = str(exc)[:300]
             return
+        self.failing = False
         s["at"] = time.time()
         prev = self.latest
         if (prev and s["prefix_queries"] is not None and prev.get("prefix_queries") is not None
@@ -123,7 +126,7 @@ class MetricsPoller:
 
     def status(self) -> dict:
         return {"url": self.url, "latest": self.latest, "errors": self.errors,
-                "last_error": self.last_error}
+                "failing": self.failing, "last_error": self.last_error}
 
     def stop(self) -> None:
         self._stop.set()

@@ -28,6 +28,10 @@ export function mirrorAlerts(s) {
   if (src.error_count > 0) {
     out.push({ level: "warn", code: "mirror-errors", message: `${src.error_count.toLocaleString()} bad messages from the engine (${errorSummary(src.errors)}); latest: ${src.last_error || "?"}` });
   }
+  const eng = src.engine;
+  if (eng && eng.failing) {
+    out.push({ level: "warn", code: "mirror-metrics", message: `the engine's metrics could not be read ${eng.errors.toLocaleString()} times; latest: ${eng.last_error}` });
+  }
   if (m.overflow > 0) {
     out.push({ level: "warn", code: "mirror-overflow", message: `${m.overflow.toLocaleString()} cached blocks had no free logical slot: num_blocks is smaller than the engine's cache` });
   }

@@ -22,6 +22,10 @@ test("lost events, bad input and overflow each raise their alert with the number
   assert.match(a[0].message, /^5 event batches were lost/);
   assert.match(a[1].message, /2 frames, 1 malformed\); latest: message of 2 frames/);
   assert.equal(errorSummary({ a_b: 0 }), "none");
+  const metricsDown = mirrorAlerts(stats({ source: { engine: { errors: 2, failing: true, last_error: "could not read http://gpu:8000/metrics: refused" } } }));
+  assert.deepEqual(metricsDown.map((x) => x.code), ["mirror-metrics"]);
+  assert.match(metricsDown[0].message, /2 times; latest: could not read http:\/\/gpu:8000/);
+  assert.deepEqual(mirrorAlerts(stats({ source: { engine: { errors: 2, failing: false } } })), []); // recovered
   const html = mirrorNumbersHtml(s);
   assert.match(html, /class="num hot"><label>lost events<\/label><b>5<\/b>/);
 });
