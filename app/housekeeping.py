@@ -45,11 +45,15 @@ class Housekeeper:
             self.task = asyncio.get_running_loop().create_task(self._run(), name="housekeeping")
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
+        task, self.task = self.task, None
+        if task is None:
+            return
+        task.cancel()
+        # A test harness may end the lifespan on another loop than it began on: the task's own
+        # loop then finishes the cancellation, and there is nothing here to wait for.
+        if task.get_loop() is asyncio.get_running_loop():
             with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-            self.task = None
+                await task
 
     async def _run(self) -> None:
         while True:

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from allocator import STATE_NAMES
 
+from .. import operations
 from ..deps import CacheDep, HubDep, PoolDep, RegistryDep
 from ..schemas import (
     BlockMapOut,
@@ -58,7 +59,7 @@ async def reset_pool(handle: PoolDep) -> dict:
 
 @router.post("/{pool}/defragment", response_model=DefragOut)
 async def defragment(handle: PoolDep) -> dict:
-    return handle.pool.defragment().to_dict()
+    return operations.defragment(handle.pool)
 
 
 @router.get("/{pool}/stats", response_model=StatsOut, response_model_exclude_unset=True)
