@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from . import __version__
 from .auth import require_token
 from .errors import install_error_handlers
+from .housekeeping import Housekeeper
 from .limits import BodyLimitMiddleware
 from .metrics import LatencyMiddleware, Metrics
 from .pages import mount_static
@@ -45,7 +46,9 @@ async def lifespan(app: FastAPI):
             await start_pool(registry, hub, spec, **options)
     elif "default" not in registry:
         hub.attach(registry.create(default_pool_spec(app.state.settings)))
+    app.state.housekeeper.start()
     yield
+    await app.state.housekeeper.stop()
     for handle in registry:
         await hub.detach(handle, reason="server shutting down")
 
@@ -63,6 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.registry = Registry(settings)
     app.state.hub = Hub(settings.stream_interval_s)
+    app.state.housekeeper = Housekeeper(app.state.registry)
     app.state.metrics = Metrics(app.state.registry)
     install_error_handlers(app)
     for router in API_ROUTERS:
