@@ -87,6 +87,15 @@ class MirrorPool(Pool):
     def defragment(self):
         self._refuse()
 
+    # The allocator's own verbs never reach these (refused above); a mirror has no allocations.
+    _allocate = _extend = _truncate = _release = _refuse
+
+    def _block_ids(self, aid: int):
+        return ()
+
+    def _compact(self) -> tuple[list[tuple[int, int, int]], bool]:
+        return [], True
+
     def reset(self) -> int:
         """Forget the mirrored set (the engine's own cache is untouched). Returns blocks dropped."""
         dropped = len(self._slot_of) + len(self._unplaced)

@@ -81,6 +81,10 @@ ZMQ_ENDPOINT = r"^(tcp://[^\s/]+:\d{1,5}|ipc://[^\s]+|inproc://[^\s]+)$"
 Endpoint = Annotated[str, Field(max_length=256, pattern=ZMQ_ENDPOINT,
                                 examples=["tcp://127.0.0.1:5557"])]
 Topic = Annotated[str, Field(max_length=256)]
+# A publisher binds: over the API only TCP, so that a request cannot make the server create a
+# socket file at a path of its choosing (ipc://).
+BindEndpoint = Annotated[str, Field(max_length=256, pattern=r"^tcp://[^\s/]+:\d{1,5}$",
+                                    examples=["tcp://*:5557"])]
 
 
 class MirrorSpec(Strict):
@@ -93,11 +97,12 @@ class MirrorSpec(Strict):
 
 
 class PublishSpec(Strict):
-    """Where this pool publishes its prefix-cache events (vLLM's wire format)."""
+    """Where this pool publishes its prefix-cache events (vLLM's wire format): TCP endpoints,
+    bound when the host is `*` (vLLM's rule; `tcp://*:5557`), else connected to."""
 
-    endpoint: Endpoint
+    endpoint: BindEndpoint
     topic: Topic = ""
-    replay_endpoint: Endpoint | None = None
+    replay_endpoint: BindEndpoint | None = None
 
 
 class PoolCreate(Strict):

@@ -101,6 +101,8 @@ def test_mirror_pool_follows_vllm(ipc, vllm_kv, metrics_url):
     ({"strategy": "mirror", "num_blocks": 8, "cache": {}, "mirror": {"endpoint": "tcp://h:1"}}, "cache"),
     ({"strategy": "paged", "num_blocks": 8, "block_bytes": 8, "mirror": {"endpoint": "tcp://h:1"}}, "mirror"),
     ({"strategy": "paged", "num_blocks": 8, "block_bytes": 8, "publish": {"endpoint": "tcp://*:1"}}, "publish"),
+    ({"strategy": "mirror", "num_blocks": 8, "mirror": {"endpoint": "tcp://h:1"},
+      "publish": {"endpoint": "ipc:///tmp/x.sock"}}, "publish"),
     ({"strategy": "mirror", "num_blocks": 8, "mirror": {"endpoint": "tcp://h:1", "extra": 1}}, "extra"),
 ])
 def test_bad_mirror_specs_are_422_and_change_nothing(body, where):
@@ -125,7 +127,7 @@ def test_mirror_republishes_and_a_second_mirror_agrees(ipc):
     """engine -> kvscope mirror (publish) -> another mirror: the chain keeps the set."""
     from apputil import free_port
 
-    port = free_port()
+    port, replay_port = free_port(), free_port()
     src_pub = Publisher(ipc("src"), replay_endpoint=ipc("src-replay"), topic="a")
     src = RefPrefixCache(seed=11)
     downstream = MirrorPool(128, name="d", device="cpu")
@@ -133,7 +135,7 @@ def test_mirror_republishes_and_a_second_mirror_agrees(ipc):
         r = client.post("/api/pools", json={
             "name": "engine", "strategy": "mirror", "num_blocks": 128,
             "mirror": {"endpoint": ipc("src"), "replay_endpoint": ipc("src-replay"), "topic": "a"},
-            "publish": {"endpoint": f"tcp://*:{port}", "replay_endpoint": ipc("out-replay"),
+            "publish": {"endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{replay_port}",
                         "topic": "b"}})
         assert r.status_code == 201, r.text
         # The same endpoint again is a conflict, and the failed pool is not left behind.
@@ -143,7 +145,8 @@ def test_mirror_republishes_and_a_second_mirror_agrees(ipc):
             409, "conflict")
         assert "in use" in err["message"]
         assert "again" not in [p["name"] for p in client.get("/api/pools").json()["pools"]]
-        sub = follow(downstream, f"tcp://127.0.0.1:{port}", topic="b", replay_endpoint=ipc("out-replay"))
+        sub = follow(downstream, f"tcp://127.0.0.1:{port}", topic="b",
+                     replay_endpoint=f"tcp://127.0.0.1:{replay_port}")
         try:
             for _ in range(25):
                 src_pub.publish(src.step())
