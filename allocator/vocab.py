@@ -165,6 +165,12 @@ SCENARIOS: tuple[str, ...] = tuple(SCENARIO_INFO)
 
 WORKLOAD_KINDS: tuple[str, ...] = ("scenario", "trace")
 
+# Why an allocation failed (`oom` events, OutOfMemory.cause): not enough free in total, or enough
+# free in total but not in the shape the request needs.
+OOM_CAUSES: tuple[str, ...] = ("capacity", "fragmentation")
+# Why a cache entry left (`evict` events' `reason`, the cache's `evictions` counters).
+EVICTION_REASONS: tuple[str, ...] = ("capacity", "oom", "ttl", "manual")
+
 # Defaults every layer shares.
 DEFAULT_TOKENS_PER_BLOCK = 16
 
@@ -193,14 +199,16 @@ def meta() -> dict:
         "event_groups": {k: {"label": label, "default": on} for k, (label, on) in EVENT_GROUPS.items()},
         "scenarios": {k: asdict(v) for k, v in SCENARIO_INFO.items()},
         "workload_kinds": list(WORKLOAD_KINDS),
+        "oom_causes": list(OOM_CAUSES),
+        "eviction_reasons": list(EVICTION_REASONS),
         "defaults": {"tokens_per_block": DEFAULT_TOKENS_PER_BLOCK},
     }
 
 
 __all__ = [
     "BLOCK_STATES", "BLOCK_STATE_INFO", "BlockState", "DEFAULT_TOKENS_PER_BLOCK", "EVENT_FIELDS",
-    "EVENT_GROUPS", "EVENT_KINDS", "EventKind", "FITS", "POLICIES", "POLICY_INFO", "PolicyInfo",
-    "SCENARIOS", "SCENARIO_INFO", "SOURCE_STRATEGIES", "SOURCE_STRATEGY_INFO", "STATE_NAMES",
-    "STRATEGIES", "STRATEGY_INFO", "ScenarioInfo",
+    "EVENT_GROUPS", "EVENT_KINDS", "EVICTION_REASONS", "EventKind", "FITS", "OOM_CAUSES",
+    "POLICIES", "POLICY_INFO", "PolicyInfo", "SCENARIOS", "SCENARIO_INFO", "SOURCE_STRATEGIES",
+    "SOURCE_STRATEGY_INFO", "STATE_NAMES", "STRATEGIES", "STRATEGY_INFO", "ScenarioInfo",
     "StrategyInfo", "WORKLOAD_KINDS", "meta", "strategy_info",
 ]

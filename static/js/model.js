@@ -25,7 +25,7 @@ export const DEFAULT_THRESHOLDS = Object.freeze({
 /**
  * @typedef {Object} PoolConfig  GET /api/pools/{pool} "config"
  * @property {string} name
- * @property {"paged"|"tiered"|"contiguous"} strategy
+ * @property {string} strategy  a name of the vocabulary (vocab.js, GET /api/meta)
  * @property {number} num_blocks
  * @property {number} block_bytes
  * @property {number} capacity_bytes
@@ -44,16 +44,18 @@ export const DEFAULT_THRESHOLDS = Object.freeze({
  * @property {number} external_fragmentation
  * @property {number} largest_free_bytes
  * @property {number} [free_bytes]
+ * @property {boolean} [scatter_fails]  whether scattered free space can fail a request here (false: paged)
+ * @property {number} [stranded_free_bytes]  free bytes outside the largest extent where it can, else 0
  * @property {{capacity:number, fragmentation:number}} ooms
  * @property {Object<string, number>} [counters]
  * @property {{hits?:number, misses?:number, hit_rate?:number, evictions?:number|Object<string,number>, policy?:string, used_bytes?:number, capacity_bytes?:number, entries?:number}} [cache]
  */
 
 /**
- * @typedef {Object} PoolEvent  one entry of an `events` message (allocator/events.py EVENT_FIELDS)
+ * @typedef {Object} PoolEvent  one entry of an `events` message (fields per kind: allocator/vocab.py EVENT_KINDS)
  * @property {number} seq
  * @property {number} ts       unix seconds
- * @property {string} type     allocate|extend|free|oom|defragment|reset|put|hit|miss|remove|evict|policy|workload
+ * @property {string} type     an event kind of the vocabulary (vocab.js `vocab().events`)
  * @property {string} [key]
  * @property {number} [id]
  * @property {number} [bytes]
@@ -66,7 +68,7 @@ export const DEFAULT_THRESHOLDS = Object.freeze({
  * @property {number} [largest_free_bytes]
  */
 
-/** @typedef {{type:"hello", protocol:number, pool:PoolConfig, states:Object<string,string>, last_event_seq:number}} HelloMessage */
+/** @typedef {{type:"hello", protocol:number, pool:PoolConfig, states:Object<string,string>, last_event_seq:number, meta?:import("./vocab.js").Meta}} HelloMessage */
 /** @typedef {{type:"events", events:PoolEvent[], skipped?:number}} EventsMessage  skipped: events the server left out just before this batch */
 /** @typedef {{type:"resync", last_event_seq:number}} ResyncMessage  after a resync snapshot: queued events up to last_event_seq were dropped */
 /** @typedef {{events:PoolEvent[], last_seq:number}} EventPage  GET /api/pools/{pool}/events?after=&limit= */
