@@ -124,5 +124,6 @@ cdef class BlockMap:
         return starts, ends - starts
 
     def counts(self) -> dict:
-        counts = np.bincount(np.frombuffer(self.state, dtype=np.uint8), minlength=4)
-        return {name: int(counts[i]) for i, name in enumerate(("free", "used", "cached", "pinned"))}
+        from .vocab import STATE_NAMES
+        counts = np.bincount(np.frombuffer(self.state, dtype=np.uint8), minlength=max(STATE_NAMES) + 1)
+        return {STATE_NAMES[i]: int(counts[i]) for i in STATE_NAMES}

@@ -57,7 +57,7 @@ cdef class Entry:
         }
         if pool is not None:
             from .pool import runs_of
-            out["blocks"] = runs_of(pool._block_ids(self.id))
+            out["blocks"] = runs_of(pool.block_ids(self.id))
         return out
 
 

@@ -7,11 +7,10 @@ code stamps its arrays directly; this module names its constants.
 from __future__ import annotations
 
 from ._core import BlockMap
+from .vocab import BLOCK_STATES, STATE_NAMES
 
-FREE, USED, CACHED, PINNED, SHARED = 0, 1, 2, 3, 4
-# SHARED: a prefix-cache block held by two or more sequences (reference count >= 2); in a
-# prefix-caching pool USED is a block with one holder and CACHED an idle cached block.
-STATE_NAMES = {FREE: "free", USED: "used", CACHED: "cached", PINNED: "pinned", SHARED: "shared"}
+# State codes (allocator/vocab.py names them; the codes are the stream's wire format).
+FREE, USED, CACHED, PINNED, SHARED = (BLOCK_STATES[n] for n in ("free", "used", "cached", "pinned", "shared"))
 NO_OWNER = -1
 
 # A change marks the chunk of CHUNK blocks holding it. 64 blocks keep a delta's overhead small

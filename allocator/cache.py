@@ -8,12 +8,12 @@ from collections.abc import Callable
 
 from ._core import CacheCore, Entry, PutResult
 from .blockmap import CACHED, PINNED
-from .errors import Conflict, InvalidRequest, NotFound, OutOfMemory
+from .errors import Conflict, InvalidRequest, NotFound, OutOfMemory, positive_int
 from .policies import POLICIES
 from .pool import Pool
+from .vocab import EVICTION_REASONS
 
 MAX_KEY_LENGTH = 256
-EVICTION_REASONS = ("capacity", "oom", "ttl", "manual")
 
 
 class KVCache(CacheCore):
@@ -44,8 +44,7 @@ class KVCache(CacheCore):
     ) -> None:
         if capacity_bytes is None:
             capacity_bytes = pool.capacity_bytes
-        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
-            raise InvalidRequest(f"capacity_bytes must be a positive integer, got {capacity_bytes!r}")
+        positive_int(capacity_bytes, "capacity_bytes")
         if capacity_bytes > pool.capacity_bytes:
             raise InvalidRequest(
                 f"capacity_bytes {capacity_bytes} exceeds the pool's {pool.capacity_bytes} bytes"
@@ -65,7 +64,7 @@ class KVCache(CacheCore):
         self.misses = 0
         self.evictions = dict.fromkeys(EVICTION_REASONS, 0)
         self.refusals = 0  # puts refused because the budget is held by pinned entries
-        pool.cache = self
+        pool.attach("cache", self)  # the pool tells us of resets; we hold the pool, not it us
         self._bind(POLICIES, OutOfMemory)
 
     # -- policy ---------------------------------------------------------------------------
@@ -302,8 +301,7 @@ class KVCache(CacheCore):
                   pinned: object = None) -> None:
         if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
             raise InvalidRequest(f"key must be a non-empty string of at most {MAX_KEY_LENGTH} characters")
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
-            raise InvalidRequest(f"size must be a positive integer number of bytes, got {nbytes!r}")
+        positive_int(nbytes, "size in bytes")
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             raise InvalidRequest(f"priority must be an integer, got {priority!r}")
         if pinned is not None and not isinstance(pinned, bool):
@@ -398,6 +396,9 @@ class KVCache(CacheCore):
         entry.nbytes = nbytes
         entry.data_bytes = min(entry.data_bytes, nbytes)
         self._shed_excess(entry.key, evicted)
+
+    def on_pool_reset(self) -> None:
+        self._forget_all()
 
     def _forget_all(self) -> None:
         """The pool was reset under us: every entry's memory is already gone."""

@@ -7,6 +7,8 @@ InvalidRequest -> 422, TooLarge -> 413, OutOfMemory -> 507.
 
 from __future__ import annotations
 
+from .vocab import OOM_CAUSES
+
 
 class KVScopeError(Exception):
     """Base class: `code` is a stable machine-readable name, `details()` plain JSON values."""
@@ -64,7 +66,7 @@ class OutOfMemory(KVScopeError):
     code = "out_of_memory"
 
     def __init__(self, requested: int, free: int, largest_free: int, cause: str) -> None:
-        assert cause in ("capacity", "fragmentation"), cause
+        assert cause in OOM_CAUSES, cause
         super().__init__(
             f"out of memory ({cause}): requested {requested} bytes, {free} bytes free, "
             f"largest free extent {largest_free} bytes"
@@ -81,6 +83,16 @@ class OutOfMemory(KVScopeError):
             "largest_free_bytes": self.largest_free,
             "cause": self.cause,
         }
+
+
+def positive_int(value: object, what: str, *, minimum: int = 1) -> int:
+    """`value` if it is an int (not a bool) of at least `minimum`, else InvalidRequest naming
+    `what`. The one check for every count and size a caller hands the core."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"{what} must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidRequest(f"{what} must be {'positive' if minimum == 1 else f'at least {minimum}'}, got {value}")
+    return value
 
 
 class PrefixOutOfMemory(OutOfMemory):

@@ -3,33 +3,7 @@
 from __future__ import annotations
 
 from ._core import EventRing
-
-# Field names of each event kind, after the common (seq, ts, type). Events are stored as plain
-# tuples on the hot path and turned into dicts only when someone reads them.
-EVENT_FIELDS: dict[str, tuple[str, ...]] = {
-    "allocate": ("id", "requested_bytes", "allocated_bytes", "blocks"),
-    "extend": ("id", "requested_bytes", "allocated_bytes", "moved"),
-    "free": ("id", "blocks"),
-    "truncate": ("id", "requested_bytes", "allocated_bytes"),
-    "oom": ("requested_bytes", "free_bytes", "largest_free_bytes", "cause"),
-    "defragment": ("moved_blocks", "moved_bytes", "seconds", "before", "after"),
-    "reset": ("freed",),
-    "put": ("key", "id", "bytes", "blocks"),
-    "hit": ("key",),
-    "miss": ("key",),
-    "remove": ("key", "bytes"),
-    "evict": ("key", "bytes", "blocks", "reason", "policy", "age_s", "idle_s"),
-    "policy": ("policy",),
-    "workload": ("name", "state", "done", "total"),
-    # Prefix cache (allocator/prefix.py): hashes are ints in [0, 2**64); parent None for a root
-    # block; token_ids a flat list over the stored blocks, or None when only hashes were given.
-    "stored": ("blocks", "block_hashes", "parent_block_hash", "token_ids", "block_size", "seq_id"),
-    "removed": ("blocks", "block_hashes", "reason"),
-    "cleared": ("blocks", "block_hashes"),
-    "open": ("seq_id", "num_tokens", "cached_tokens", "blocks"),
-    "append": ("seq_id", "num_tokens", "blocks"),
-    "close": ("seq_id", "blocks"),
-}
+from .vocab import EVENT_FIELDS  # field names of each kind, after the common (seq, ts, type)
 
 
 class EventLog(EventRing):

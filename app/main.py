@@ -11,16 +11,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from . import __version__
 from .auth import require_token
 from .errors import install_error_handlers
+from .housekeeping import Housekeeper
 from .limits import BodyLimitMiddleware
 from .metrics import LatencyMiddleware, Metrics
 from .pages import mount_static
 from .pages import router as pages_router
 from .registry import Registry
-from .routes import allocations, entries, ops, pools, sequences, stream, workload
+from .routes import allocations, entries, meta, ops, pools, sequences, stream, workload
 from .settings import Settings, get_settings
 from .stream import Hub
 
-API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router,
+API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router, meta.router,
                sequences.router)
 
 
@@ -38,9 +39,17 @@ def default_pool_spec(settings: Settings) -> dict:
 async def lifespan(app: FastAPI):
     registry: Registry = app.state.registry
     hub: Hub = app.state.hub
-    if "default" not in registry:
+    startup = getattr(app.state, "startup_pools", None)  # set by `kvscope mirror | recording`
+    if startup is not None:
+        from .mirrors import start_pool
+
+        for spec, options in startup:
+            await start_pool(registry, hub, spec, **options)
+    elif "default" not in registry:
         hub.attach(registry.create(default_pool_spec(app.state.settings)))
+    app.state.housekeeper.start()
     yield
+    await app.state.housekeeper.stop()
     for handle in registry:
         await hub.detach(handle, reason="server shutting down")
 
@@ -58,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.registry = Registry(settings)
     app.state.hub = Hub(settings.stream_interval_s)
+    app.state.housekeeper = Housekeeper(app.state.registry)
     app.state.metrics = Metrics(app.state.registry)
     install_error_handlers(app)
     for router in API_ROUTERS:

@@ -4,37 +4,51 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-from allocator import KVCache, Pool, create_pool, get_model
+from allocator import MirrorPool, Pool, PoolSpec
 from allocator.errors import Conflict, NotFound, TooLarge
 
 from .settings import Settings
 
+if TYPE_CHECKING:
+    from allocator import KVCache
+    from workloads.live import LiveWorkload
+
+    from .stream import Hub, PoolStream
+
 
 @dataclass(slots=True, eq=False)
 class PoolHandle:
-    """One pool as the server holds it.
+    """One pool as the server holds it, and what the server does to it as a whole.
 
-    `lock` is held by exactly two things: the workload runner around each `advance`, and a data
-    upload (PUT .../data) around writing the body it awaited into the entry. Neither awaits while
-    holding it, so it orders them only should one ever do so. Other handlers do not take it: they
+    The handle owns the pool (and through it the cache built on it), the workload running on it
+    and, while the pool is registered, its stream; routes call its methods rather than reach in.
+    `lock` is held by exactly three things: the workload runner around each `advance`, a data
+    upload (PUT .../data) around writing the body it awaited into the entry, and a mirror's
+    applier (app/mirrors.py) around applying the batches its subscriber thread handed over. None
+    awaits while holding it, so it orders them only should one ever do so. Other handlers do not take it: they
     call the synchronous core with no await in between, so the event loop serializes them.
     """
 
     name: str
     pool: Pool
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    workload: Any = None  # the latest LiveWorkload started here, running or not
+    workload: LiveWorkload | None = None  # the latest workload started here, running or not
     workload_task: asyncio.Task | None = None
     workload_error: str | None = None  # why the latest workload failed; None unless it did
-    stream: Any = None  # app.stream.PoolStream, attached by the hub
+    stream: PoolStream | None = None  # set by the hub while the pool is registered
+    links: list = field(default_factory=list)  # engine links (app/mirrors.py), closed on detach
+
+    @property
+    def cache(self) -> KVCache | None:
+        return self.pool.cache
 
     def describe(self) -> dict:
         return {"name": self.name, "config": self.pool.config(), "stats": self.pool.stats()}
 
     def summary(self) -> dict:
-        p = self.pool
+        p, cache = self.pool, self.cache
         return {
             "name": self.name,
             "strategy": p.strategy,
@@ -44,27 +58,36 @@ class PoolHandle:
             "device": str(p.storage.device),
             "used_blocks": p.used_blocks,
             "utilization": p.used_blocks / p.num_blocks,
-            "cache": None if p.cache is None else {"policy": p.cache.policy,
-                                                  "capacity_bytes": p.cache.capacity_bytes},
+            "cache": None if cache is None else {"policy": cache.policy, "capacity_bytes": cache.capacity_bytes},
             "prefix_caching": p.config().get("prefix_caching"),
         }
 
+    def reset(self) -> int:
+        """Free everything (the cache hears of it from the pool); returns how many were freed."""
+        return self.pool.reset()
 
-def planned_geometry(spec: dict) -> tuple[int, int]:
-    """(num_blocks, block_bytes) a create request would build, to check caps before allocating.
+    def check(self) -> list[str]:
+        """Every broken invariant of the pool and its cache (empty: all hold)."""
+        cache = self.cache
+        return self.pool.check() + (cache.check() if cache is not None else [])
 
-    Returns (0, 0) when the spec is too malformed to tell; `create_pool` then rejects it.
-    """
-    block_bytes = spec.get("block_bytes")
-    if block_bytes is None and spec.get("model") is not None:
-        block_bytes = (spec.get("tokens_per_block") or 16) * get_model(spec["model"]).bytes_per_token
-    if not isinstance(block_bytes, int) or block_bytes <= 0:
-        return 0, 0
-    if spec.get("num_blocks") is not None:
-        return int(spec["num_blocks"]), block_bytes
-    if spec.get("capacity_bytes") is not None:
-        return int(spec["capacity_bytes"]) // block_bytes, block_bytes
-    return 0, block_bytes
+    async def start_workload(self, hub: Hub, spec: dict) -> dict:
+        """Start a workload (app/runner.py). Raises Conflict (one runs), InvalidRequest."""
+        from .runner import start_workload
+
+        return await start_workload(self, hub, spec)
+
+    async def stop_workload(self) -> bool:
+        """Stop the running workload; False when none was running."""
+        from .runner import stop_workload
+
+        return await stop_workload(self)
+
+    def workload_progress(self) -> dict | None:
+        """The latest workload's progress, or None when none was started here."""
+        from .runner import workload_progress
+
+        return workload_progress(self)
 
 
 class Registry:
@@ -90,38 +113,45 @@ class Registry:
         except KeyError:
             raise NotFound("pool", name) from None
 
-    def create(self, spec: dict) -> PoolHandle:
-        """Build a pool (and its cache) from a create request. Raises Conflict, TooLarge,
-        InvalidRequest; on any of them nothing is registered."""
+    def parse(self, request: dict) -> PoolSpec:
+        """A create request (the fields of app/schemas.py PoolCreate) parsed into a PoolSpec, with
+        this server's default device. Raises InvalidRequest."""
+        fields = dict(request)
+        fields.pop("publish", None)  # the pool's links (app/mirrors.py), not the allocator's
+        fields["device"] = fields.get("device") or self.settings.device
+        strategy = fields.pop("strategy", "paged")
+        return PoolSpec.parse(strategy, **fields)
+
+    def create(self, spec: PoolSpec | dict) -> PoolHandle:
+        """Build a pool (and its cache) from a spec, or a create request's fields. Raises
+        Conflict, TooLarge, InvalidRequest; on any of them nothing is registered."""
         s = self.settings
-        name = spec["name"]
+        if isinstance(spec, dict) and spec.get("strategy") == "mirror":
+            return self._create_mirror(spec)
+        if isinstance(spec, dict):
+            spec = self.parse(spec)
+        if spec.name in self._pools:
+            raise Conflict(f"pool {spec.name!r} already exists")
+        if len(self._pools) >= s.max_pools:
+            raise Conflict(f"at most {s.max_pools} pools; delete one first")
+        spec.check_caps(s.max_blocks, s.max_pool_bytes)  # before any memory is taken
+        handle = PoolHandle(spec.name, spec.build())
+        self._pools[spec.name] = handle
+        return handle
+
+    def _create_mirror(self, spec: dict) -> PoolHandle:
+        """A MirrorPool (strategy 'mirror', app/mirrors.py resolved its num_blocks). Logical slots
+        only: it holds no KV bytes, so its one-byte-per-slot tensor lives on the CPU."""
+        s = self.settings
+        name, num_blocks = spec["name"], spec["num_blocks"]
         if name in self._pools:
             raise Conflict(f"pool {name!r} already exists")
         if len(self._pools) >= s.max_pools:
             raise Conflict(f"at most {s.max_pools} pools; delete one first")
-        num_blocks, block_bytes = planned_geometry(spec)
         if num_blocks > s.max_blocks:
             raise TooLarge(f"{num_blocks} blocks exceeds the cap of {s.max_blocks}")
-        if num_blocks * block_bytes > s.max_pool_bytes:
-            raise TooLarge(f"{num_blocks * block_bytes} bytes exceeds the cap of {s.max_pool_bytes}")
-        if block_bytes > s.max_pool_bytes:
-            raise TooLarge(f"block of {block_bytes} bytes exceeds the cap of {s.max_pool_bytes}")
-        cache_spec = spec.get("cache")
-        pool = create_pool(
-            spec.get("strategy", "paged"),
-            num_blocks=spec.get("num_blocks"),
-            capacity_bytes=spec.get("capacity_bytes"),
-            block_bytes=spec.get("block_bytes"),
-            tokens_per_block=spec.get("tokens_per_block"),
-            model=spec.get("model"),
-            device=spec.get("device") or s.device,
-            fit=spec.get("fit") or "first",
-            tiers=spec.get("tiers"),
-            name=name,
-            prefix_caching=spec.get("prefix_caching"),
-        )
-        if cache_spec is not None:
-            KVCache(pool, cache_spec.get("capacity_bytes"), cache_spec.get("policy") or "lru")
+        pool = MirrorPool(num_blocks, spec.get("block_bytes") or 1, name=name, device="cpu",
+                          tokens_per_block=spec.get("tokens_per_block"))
         handle = PoolHandle(name, pool)
         self._pools[name] = handle
         return handle
@@ -130,3 +160,7 @@ class Registry:
         handle = self.get(name)
         del self._pools[name]
         return handle
+
+    async def delete(self, name: str, hub: Hub, reason: str = "pool deleted") -> None:
+        """Unregister the pool, stop its workload and close its stream. Raises NotFound."""
+        await hub.detach(self.remove(name), reason=reason)

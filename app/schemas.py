@@ -6,6 +6,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from allocator.vocab import (
+    FITS,
+    POLICIES,
+    PREFIX_POLICIES,
+    SCENARIOS,
+    SOURCE_STRATEGIES,
+    STRATEGIES,
+    STRATEGY_INFO,
+    WORKLOAD_KINDS,
+)
+from workloads.spec import MAX_SEED, MAX_SPEED, MAX_TRACE_LIMIT
+
 from .settings import DEVICE_PATTERN
 
 POOL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -35,7 +47,12 @@ Bytes = Annotated[int, Field(gt=0, le=MAX_BYTES, examples=[65536])]
 Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS, examples=[128])]
 Priority = Annotated[int, Field(ge=-(1 << 31), le=(1 << 31) - 1)]
 TtlSeconds = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
-Policy = Literal["lru", "fifo", "lfu", "s3fifo"]
+# The names come from the one vocabulary (allocator/vocab.py); a new entry there is accepted here.
+Policy = Literal[POLICIES]
+Strategy = Literal[STRATEGIES + SOURCE_STRATEGIES]
+Fit = Literal[FITS]
+ScenarioName = Literal[SCENARIOS]
+WorkloadKind = Literal[WORKLOAD_KINDS]
 
 
 def _exactly_one(model: BaseModel, a: str, b: str) -> None:
@@ -61,12 +78,40 @@ class CacheSpec(Strict):
     policy: Policy = "lru"
 
 
-PrefixPolicy = Literal["lru", "fifo", "lfu", "s3fifo", "belady"]
+PrefixPolicy = Literal[PREFIX_POLICIES]
 
 
 class PrefixCachingSpec(Strict):
     policy: PrefixPolicy = Field("lru", description="eviction order of idle cached blocks; "
                                  "belady needs next_use on each sequence")
+
+
+ZMQ_ENDPOINT = r"^(tcp://[^\s/]+:\d{1,5}|ipc://[^\s]+|inproc://[^\s]+)$"
+Endpoint = Annotated[str, Field(max_length=256, pattern=ZMQ_ENDPOINT,
+                                examples=["tcp://127.0.0.1:5557"])]
+Topic = Annotated[str, Field(max_length=256)]
+# A publisher binds: over the API only TCP, so that a request cannot make the server create a
+# socket file at a path of its choosing (ipc://).
+BindEndpoint = Annotated[str, Field(max_length=256, pattern=r"^tcp://[^\s/]+:\d{1,5}$",
+                                    examples=["tcp://*:5557"])]
+
+
+class MirrorSpec(Strict):
+    """Where the engine publishes (its `--kv-events-config` endpoints, seen from here)."""
+
+    endpoint: Endpoint
+    topic: Topic = ""
+    replay_endpoint: Endpoint | None = None
+    metrics_url: Annotated[str, Field(max_length=2048, pattern=r"^https?://\S+$")] | None = None
+
+
+class PublishSpec(Strict):
+    """Where this pool publishes its prefix-cache events (vLLM's wire format): TCP endpoints,
+    bound when the host is `*` (vLLM's rule; `tcp://*:5557`), else connected to."""
+
+    endpoint: BindEndpoint
+    topic: Topic = ""
+    replay_endpoint: BindEndpoint | None = None
 
 
 class PoolCreate(Strict):
@@ -78,10 +123,12 @@ class PoolCreate(Strict):
          "tokens_per_block": 16},
         {"name": "prefix", "strategy": "paged", "num_blocks": 4096, "block_bytes": 4096,
          "tokens_per_block": 16, "prefix_caching": {"policy": "lru"}},
+        {"name": "engine", "strategy": "mirror", "num_blocks": 20000,
+         "mirror": {"endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558"}},
     ]})
 
     name: PoolName
-    strategy: Literal["paged", "tiered", "contiguous"] = "paged"
+    strategy: Strategy = "paged"
     device: Annotated[str, Field(pattern=DEVICE_PATTERN)] | None = None
     num_blocks: Annotated[int, Field(gt=0, le=1 << 32)] | None = None
     capacity_bytes: Annotated[int, Field(gt=0, le=MAX_BYTES)] | None = None
@@ -89,27 +136,49 @@ class PoolCreate(Strict):
     tokens_per_block: Annotated[int, Field(gt=0, le=1 << 16)] | None = None
     model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     tiers: Annotated[list[TierSpec], Field(min_length=1, max_length=8)] | None = None
-    fit: Literal["first", "best", "worst", "next"] | None = None
+    fit: Fit | None = None
     cache: CacheSpec | None = None
     prefix_caching: PrefixCachingSpec | None = Field(
         None, description="share full blocks between sequences by hash (paged only; needs "
                           "tokens_per_block or a model)")
+    mirror: MirrorSpec | None = Field(None, description="strategy 'mirror': the engine to follow")
+    publish: PublishSpec | None = Field(None, description="publish this pool's prefix-cache events")
 
     @model_validator(mode="after")
     def _sizes(self) -> PoolCreate:
+        if self.strategy == "mirror":
+            return self._mirror()
+        if self.mirror is not None:
+            raise ValueError("'mirror' applies only to strategy 'mirror'")
+        if self.publish is not None and getattr(self, "prefix_caching", None) is None:
+            raise ValueError("'publish' needs a pool that has prefix-cache events: give "
+                             "'prefix_caching', or use strategy 'mirror'")
         _exactly_one(self, "num_blocks", "capacity_bytes")
         if self.block_bytes is None and self.model is None:
             raise ValueError("give 'block_bytes', or 'model' (with optional 'tokens_per_block')")
         # Options of another strategy are refused rather than silently ignored.
-        if self.fit is not None and self.strategy != "contiguous":
-            raise ValueError(f"'fit' applies only to strategy 'contiguous', not {self.strategy!r}")
-        if self.tiers is not None and self.strategy != "tiered":
-            raise ValueError(f"'tiers' applies only to strategy 'tiered', not {self.strategy!r}")
         if self.prefix_caching is not None:
             if self.strategy != "paged":
                 raise ValueError(f"'prefix_caching' applies only to strategy 'paged', not {self.strategy!r}")
             if self.tokens_per_block is None and self.model is None:
                 raise ValueError("'prefix_caching' needs 'tokens_per_block' (or a 'model')")
+        takes = STRATEGY_INFO[self.strategy].options
+        for option in ("fit", "tiers"):
+            if getattr(self, option) is not None and option not in takes:
+                owners = [s for s, info in STRATEGY_INFO.items() if option in info.options]
+                raise ValueError(f"'{option}' applies only to strategy {' or '.join(map(repr, owners))}, "
+                                 f"not {self.strategy!r}")
+        return self
+
+    def _mirror(self) -> PoolCreate:
+        if self.mirror is None:
+            raise ValueError("strategy 'mirror' needs 'mirror': {endpoint, topic, replay_endpoint, metrics_url}")
+        if self.num_blocks is None and self.mirror.metrics_url is None:
+            raise ValueError("give 'num_blocks' (the engine's KV block count), or "
+                             "'mirror.metrics_url' to read it from vllm:cache_config_info")
+        for key in ("capacity_bytes", "cache", "tiers", "fit", "model"):
+            if getattr(self, key) is not None:
+                raise ValueError(f"'{key}' does not apply to strategy 'mirror' (it holds no KV bytes)")
         return self
 
 
@@ -141,7 +210,7 @@ class PoolOut(BaseModel):
 
 
 class StatsOut(BaseModel):
-    """The metrics of DESIGN.md section 2. Strategy-specific extras (`fit`, `tiers`) pass through."""
+    """The metrics of docs/ARCHITECTURE.md (Metrics). Strategy-specific extras (`fit`, `tiers`) pass through."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -162,6 +231,10 @@ class StatsOut(BaseModel):
     free_bytes: int
     free_extents: Any
     free_extent_count: int
+    scatter_fails: bool = Field(description="whether scattered free space can fail a request here "
+                                "(false on a paged pool: any free block serves any request)")
+    stranded_free_bytes: int = Field(description="free bytes outside the largest free extent when "
+                                     "scattered free space can fail a request; 0 when it cannot")
     counters: dict[str, int]
     ooms: dict[str, int]
     last_event_seq: int
@@ -213,6 +286,7 @@ class AllocationOut(BaseModel):
     blocks: list[list[int]]
     state: str
     tier: str | None = None
+    moved: bool | None = Field(None, description="extend only: whether the data had to move")
     key: str | None = None
     age_s: float | None = None
     idle_s: float | None = None
@@ -468,11 +542,11 @@ class WorkloadIn(Strict):
         {"kind": "scenario", "name": "fragmentation", "seed": 0, "speed": 1.0},
         {"kind": "trace", "limit": 500, "speed": 1.0}]})
 
-    kind: Literal["scenario", "trace"]
-    name: Literal["fragmentation", "chat", "burst", "prefix-chat"] | None = None
-    seed: Annotated[int, Field(ge=0, le=(1 << 32) - 1)] = 0
-    speed: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)] = 1.0
-    limit: Annotated[int, Field(gt=0, le=100_000)] | None = None
+    kind: WorkloadKind
+    name: ScenarioName | None = None
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
+    speed: Annotated[float, Field(gt=0, le=MAX_SPEED, allow_inf_nan=False)] = 1.0
+    limit: Annotated[int, Field(gt=0, le=MAX_TRACE_LIMIT)] | None = None
 
     @model_validator(mode="after")
     def _named(self) -> WorkloadIn:
@@ -486,3 +560,20 @@ class WorkloadOut(BaseModel):
         {"workload": {"name": "fragmentation", "kind": "scenario", "state": "running", "done": 0, "total": 400}}]})
 
     workload: dict
+
+
+# -- vocabulary ----------------------------------------------------------------------------------
+class MetaOut(BaseModel):
+    """The vocabulary (allocator/vocab.py `meta()`): every name a client may send or will see."""
+
+    model_config = ConfigDict(extra="allow")
+
+    strategies: dict[str, dict]
+    fits: list[str]
+    policies: dict[str, dict]
+    block_states: dict[str, dict]
+    events: dict[str, dict]
+    event_groups: dict[str, dict]
+    scenarios: dict[str, dict]
+    workload_kinds: list[str]
+    defaults: dict

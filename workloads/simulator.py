@@ -51,11 +51,16 @@ from allocator import (
     PagedPool,
     Pool,
     get_model,
+    positive_int,
 )
 
 from .trace import Trace
 
-STRATEGIES = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
+# How the simulator reserves a request's KV memory: paged blocks on demand, or one contiguous
+# extent sized to the max length, the next power of two, or (oracle) the true final length. Not
+# the allocator's strategies (allocator/vocab.py): these are serving-engine reservation schemes,
+# named by SimConfig.strategy and `kvscope replay --strategies`.
+RESERVATIONS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 GIB = 1 << 30
 FINISH, GROW = 0, 1  # event kinds; at one step, completions run first so growth sees their memory
 
@@ -69,7 +74,7 @@ class SimConfig:
     simulated time passes, not which strategy wins.
     """
 
-    strategy: str = "paged"
+    strategy: str = "paged"  # one of RESERVATIONS
     model: str = "llama-3-8b"
     pool_tokens: int | None = None  # KV pool size in tokens; default from pool_gib
     pool_gib: float = 40.0  # KV pool size in GiB of the model's KV (used when pool_tokens is None)
@@ -83,19 +88,15 @@ class SimConfig:
     sim_bytes_per_token: int = 1
 
     def validate(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise InvalidRequest(f"unknown strategy {self.strategy!r}; choose from {list(STRATEGIES)}")
+        if self.strategy not in RESERVATIONS:
+            raise InvalidRequest(f"unknown strategy {self.strategy!r}; choose from {list(RESERVATIONS)}")
         geometry = get_model(self.model)
-        for name in ("tokens_per_block", "max_batch", "sim_bytes_per_token"):
+        for name in ("tokens_per_block", "max_batch", "sim_bytes_per_token", "max_len", "pool_tokens"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InvalidRequest(f"{name} must be a positive integer, got {value!r}")
-        if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len <= 0):
-            raise InvalidRequest(f"max_len must be a positive integer, got {self.max_len!r}")
+            if value is not None or name not in ("max_len", "pool_tokens"):
+                positive_int(value, name)
         if self.pool_tokens is None and not (self.pool_gib > 0):
             raise InvalidRequest(f"pool_gib must be positive, got {self.pool_gib!r}")
-        if self.pool_tokens is not None and (not isinstance(self.pool_tokens, int) or self.pool_tokens <= 0):
-            raise InvalidRequest(f"pool_tokens must be a positive integer, got {self.pool_tokens!r}")
         if self.capacity_tokens() < self.max_length():
             raise InvalidRequest(
                 f"the pool ({self.capacity_tokens()} tokens) must hold one max-length sequence "
@@ -380,6 +381,20 @@ class Simulator:
     @property
     def finished(self) -> bool:
         return not (self._arrivals or self.queue or self.running)
+
+    # -- for a live driver (workloads/live.py) ----------------------------------------------
+    def memory_changed(self) -> None:
+        """Someone else freed or took pool memory: retry a blocked admission at the next step."""
+        self._retry = True
+
+    def release_running(self) -> int:
+        """Take every running request out of the batch and free its memory (a stopped live
+        replay leaves the pool as it found it); returns how many were running."""
+        running = list(self.running.values())
+        for r in running:
+            self._remove(r)
+            self._release(r)
+        return len(running)
 
     def run(self, progress=None) -> Simulator:
         """Replay to the end. `progress(done, total)` is called now and then."""

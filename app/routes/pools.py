@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Response, status
 from fastapi.responses import JSONResponse
 
 from allocator import STATE_NAMES
+from allocator.errors import InvalidRequest
+from allocator.mirror import forest_of
 
+from .. import mirrors, operations
 from ..deps import CacheDep, HubDep, PoolDep, RegistryDep
 from ..schemas import (
     BlockMapOut,
@@ -35,7 +39,13 @@ async def list_pools(registry: RegistryDep) -> dict:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=PoolOut)
 async def create_pool(body: PoolCreate, registry: RegistryDep, hub: HubDep) -> dict:
-    handle = registry.create(body.model_dump(exclude_none=True, mode="python"))
+    spec = await mirrors.resolve(body.model_dump(exclude_none=True, mode="python"))
+    handle = registry.create(spec)
+    try:
+        mirrors.attach(handle, spec)
+    except Exception:
+        registry.remove(handle.name)
+        raise
     hub.attach(handle)
     return handle.describe()
 
@@ -47,19 +57,18 @@ async def get_pool(handle: PoolDep) -> dict:
 
 @router.delete("/{pool}", status_code=status.HTTP_204_NO_CONTENT)
 async def delete_pool(handle: PoolDep, registry: RegistryDep, hub: HubDep) -> Response:
-    registry.remove(handle.name)
-    await hub.detach(handle, reason="pool deleted")
+    await registry.delete(handle.name, hub)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/{pool}/reset", response_model=ResetOut)
 async def reset_pool(handle: PoolDep) -> dict:
-    return {"freed": handle.pool.reset()}
+    return {"freed": handle.reset()}
 
 
 @router.post("/{pool}/defragment", response_model=DefragOut)
 async def defragment(handle: PoolDep) -> dict:
-    return handle.pool.defragment().to_dict()
+    return operations.defragment(handle.pool)
 
 
 @router.get("/{pool}/stats", response_model=StatsOut, response_model_exclude_unset=True)
@@ -69,9 +78,7 @@ async def pool_stats(handle: PoolDep) -> dict:
 
 @router.get("/{pool}/check", response_model=CheckOut)
 async def check_pool(handle: PoolDep) -> dict:
-    problems = handle.pool.check()
-    if handle.pool.cache is not None:
-        problems += handle.pool.cache.check()
+    problems = handle.check()
     return {"ok": not problems, "problems": problems}
 
 
@@ -109,6 +116,16 @@ async def blockmap(
         "states": {str(k): v for k, v in STATE_NAMES.items()},
         "runs": blockmap_runs(bm),
     })
+
+
+@router.get("/{pool}/forest", description="A mirror pool's prefix forest: roots, orphans, "
+            "depth and the most shared prefixes (computed off the event loop).")
+async def forest(handle: PoolDep) -> dict:
+    pool = handle.pool
+    if not hasattr(pool, "forest_snapshot"):
+        raise InvalidRequest(f"pool {handle.name!r} is not a mirror (strategy {pool.strategy!r})")
+    snapshot = pool.forest_snapshot()
+    return await asyncio.to_thread(forest_of, snapshot)
 
 
 @router.put("/{pool}/cache/policy", response_model=PolicyOut, tags=["entries"])

@@ -1,17 +1,16 @@
 // Compare view: the same scenario on two or three pools of equal size, side by side, so that
 // external fragmentation visibly forms on the contiguous arena and not on the paged pool.
 
-import { ApiError, api, listPools, poolPath } from "./api.js";
+import { ApiError, pool as poolApi, pools as poolsApi } from "./api.js";
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { feedPool } from "./feed.js";
 import { createHeatmap } from "./heatmap.js";
 import { escapeHtml } from "./dom.js";
 import { PoolModel, formatBytes, parseSize, pct } from "./model.js";
 import { PANEL_REFRESH_MS, renderAlerts } from "./panels.js";
+import { scatterFails, usesCache } from "./vocab.js";
 
 const SPARK_HEIGHT = 90;
-/** Scenarios that run cache operations (workloads/scenarios.py): their pools get a cache. */
-const CACHE_SCENARIOS = new Set(["chat"]);
 
 /** A small utilization / external-fragmentation chart for one pane. @param {HTMLElement} box */
 function sparkline(box) {
@@ -71,8 +70,8 @@ export function createCompare(grid, env) {
       if (s) p.peakExt = Math.max(p.peakExt, s.external_fragmentation || 0);
       const cols = p.model.history.toArrays();
       p.spark.setData([cols[0], cols[1], cols[3]]);
-      const paged = p.strategy === "paged";
-      // On a paged pool scattered free space never fails a request: show it, but as what it is.
+      // Where scattered free space never fails a request (paged): show it, but as what it is.
+      const paged = s ? s.scatter_fails === false : !scatterFails(p.strategy);
       const extCls = (v) => (paged ? "calm" : v >= 0.5 ? "hot" : "");
       p.numbers.innerHTML = s
         ? `<span><label>util</label><b>${pct(s.utilization)}</b></span>
@@ -112,13 +111,13 @@ export function createCompare(grid, env) {
     box.dataset.pool = name;
     box.innerHTML = `<div class="panel-head"><h2>${name}</h2><span class="conn small" data-state="connecting"><i></i><span></span></span></div>
       <div class="cmp-alerts"></div><div class="cmp-verdict" hidden></div><div class="cmp-numbers"></div>
-      <div class="cmp-spark"><span class="hint"><i class="sw" style="background:#4fc3f7"></i> utilization <i class="sw" style="background:#ef5350"></i> ${strategy === "paged" ? "free-space scatter (harmless here)" : "external fragmentation"}</span></div>
+      <div class="cmp-spark"><span class="hint"><i class="sw" style="background:#4fc3f7"></i> utilization <i class="sw" style="background:#ef5350"></i> ${scatterFails(strategy) ? "external fragmentation" : "free-space scatter (harmless here)"}</span></div>
       <div class="cmp-map"></div>`;
     grid.appendChild(box);
     const model = new PoolModel();
     const heatmap = createHeatmap(/** @type {HTMLElement} */ (box.querySelector(".cmp-map")), model, {
       compact: true,
-      fetchAllocation: (id) => api("GET", `${poolPath(name)}/allocations/${id}`),
+      fetchAllocation: (id) => poolApi(name).allocation(id),
     });
     const conn = /** @type {HTMLElement} */ (box.querySelector(".conn"));
     // the panes have no log, but missed oom/defragment events decide their banner: feedPool backfills them
@@ -164,15 +163,16 @@ export function createCompare(grid, env) {
     const seed = Number(f.seed.value);
     if (!Number.isInteger(seed)) throw new Error(`not a seed: ${f.seed.value}`);
     const workload = { kind: "scenario", name: f.name.value, speed, seed };
-    const strategies = ["paged", "contiguous", ...(f.tiered.checked ? ["tiered"] : [])];
+    /** @type {string[]} */
+    const strategies = Array.from(form.querySelectorAll("input[name=strategy]:checked"), (el) => /** @type {HTMLInputElement} */ (el).value);
+    if (!strategies.length) throw new Error("tick at least one strategy");
     const pools = strategies.map((strategy) => ({
       name: poolNameFor(strategy),
       strategy,
       num_blocks: numBlocks,
       block_bytes: size.bytes,
-      ...(strategy === "contiguous" ? { fit: "first" } : {}),
       // the cache's capacity defaults to the whole pool, so every pool serves the same entries
-      ...(CACHE_SCENARIOS.has(workload.name) ? { cache: { policy: "lru" } } : {}),
+      ...(usesCache(workload.name) ? { cache: {} } : {}),
     }));
     return { pools, workload };
   }
@@ -180,13 +180,13 @@ export function createCompare(grid, env) {
   async function setupAndRun() {
     const { pools, workload } = readForm();
     teardown();
-    const existing = new Set(await listPools());
+    const existing = new Set(await poolsApi.names());
     for (const body of pools) {
-      if (existing.has(body.name)) await api("DELETE", poolPath(body.name)); // a fresh pool per run
-      await api("POST", "/api/pools", body);
+      if (existing.has(body.name)) await poolApi(body.name).delete(); // a fresh pool per run
+      await poolsApi.create(body);
       openPane(body.strategy);
     }
-    await Promise.all(pools.map((p) => api("POST", `${poolPath(p.name)}/workload`, workload)));
+    await Promise.all(pools.map((p) => poolApi(p.name).startWorkload(workload)));
     return `running ${workload.name} (seed ${workload.seed}) on ${pools.map((p) => p.name).join(", ")}`;
   }
 
@@ -209,10 +209,10 @@ export function createCompare(grid, env) {
     }
   });
   document.getElementById("b-compare-defrag")?.addEventListener("click", () =>
-    each("defragment", (p) => api("POST", `${poolPath(p.name)}/defragment`)),
+    each("defragment", (p) => poolApi(p.name).defragment()),
   );
   document.getElementById("b-compare-stop")?.addEventListener("click", () =>
-    each("stop", (p) => api("DELETE", `${poolPath(p.name)}/workload`).catch((e) => (e instanceof ApiError && e.status === 404 ? null : Promise.reject(e)))),
+    each("stop", (p) => poolApi(p.name).stopWorkload().catch((e) => (e instanceof ApiError && e.status === 404 ? null : Promise.reject(e)))),
   );
 
   return {

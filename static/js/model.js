@@ -1,12 +1,7 @@
 // Pure state of one pool as the page sees it: block map, dirty regions, stats history, events,
 // alerts. No DOM, no network: main.js feeds it stream messages, heatmap/charts read it.
 
-export const FREE = 0;
-export const USED = 1;
-export const CACHED = 2;
-export const PINNED = 3;
-/** A prefix-cache block held by two or more sequences (prefix-caching pools). */
-export const SHARED = 4;
+import { setVocab, stateCodes } from "./vocab.js";
 
 /** Stats samples kept for the charts: 4 samples/s (server rate) x 5 minutes. */
 export const HISTORY_CAPACITY = 1200;
@@ -30,7 +25,7 @@ export const DEFAULT_THRESHOLDS = Object.freeze({
 /**
  * @typedef {Object} PoolConfig  GET /api/pools/{pool} "config"
  * @property {string} name
- * @property {"paged"|"tiered"|"contiguous"} strategy
+ * @property {string} strategy  a name of the vocabulary (vocab.js, GET /api/meta)
  * @property {number} num_blocks
  * @property {number} block_bytes
  * @property {number} capacity_bytes
@@ -49,16 +44,18 @@ export const DEFAULT_THRESHOLDS = Object.freeze({
  * @property {number} external_fragmentation
  * @property {number} largest_free_bytes
  * @property {number} [free_bytes]
+ * @property {boolean} [scatter_fails]  whether scattered free space can fail a request here (false: paged)
+ * @property {number} [stranded_free_bytes]  free bytes outside the largest extent where it can, else 0
  * @property {{capacity:number, fragmentation:number}} ooms
  * @property {Object<string, number>} [counters]
  * @property {{hits?:number, misses?:number, hit_rate?:number, evictions?:number|Object<string,number>, policy?:string, used_bytes?:number, capacity_bytes?:number, entries?:number}} [cache]
  */
 
 /**
- * @typedef {Object} PoolEvent  one entry of an `events` message (allocator/events.py EVENT_FIELDS)
+ * @typedef {Object} PoolEvent  one entry of an `events` message (fields per kind: allocator/vocab.py EVENT_KINDS)
  * @property {number} seq
  * @property {number} ts       unix seconds
- * @property {string} type     allocate|extend|free|oom|defragment|reset|put|hit|miss|remove|evict|policy|workload
+ * @property {string} type     an event kind of the vocabulary (vocab.js `vocab().events`)
  * @property {string} [key]
  * @property {number} [id]
  * @property {number} [bytes]
@@ -71,7 +68,7 @@ export const DEFAULT_THRESHOLDS = Object.freeze({
  * @property {number} [largest_free_bytes]
  */
 
-/** @typedef {{type:"hello", protocol:number, pool:PoolConfig, states:Object<string,string>, last_event_seq:number}} HelloMessage */
+/** @typedef {{type:"hello", protocol:number, pool:PoolConfig, states:Object<string,string>, last_event_seq:number, meta?:import("./vocab.js").Meta}} HelloMessage */
 /** @typedef {{type:"events", events:PoolEvent[], skipped?:number}} EventsMessage  skipped: events the server left out just before this batch */
 /** @typedef {{type:"resync", last_event_seq:number}} ResyncMessage  after a resync snapshot: queued events up to last_event_seq were dropped */
 /** @typedef {{events:PoolEvent[], last_seq:number}} EventPage  GET /api/pools/{pool}/events?after=&limit= */
@@ -93,14 +90,19 @@ export function counterTotal(value) {
 }
 
 /**
- * Hit rate from cache stats (or, on a prefix-caching pool, the token-weighted prefix hit ratio:
- * prompt tokens served from the cache / prompt tokens), or null when there is nothing to rate yet.
+ * Hit rate from cache stats (a mirror pool: the engine's own prefix hit ratio from its /metrics;
+ * a prefix-caching pool: the token-weighted prefix hit ratio, prompt tokens served from the cache
+ * over prompt tokens), or null when there is nothing to rate yet.
  */
 export function hitRateOf(stats) {
   const p = stats && /** @type {any} */ (stats).prefix;
   if (p) return p.queries > 0 ? p.hits / p.queries : null;
   const c = stats && stats.cache;
-  if (!c) return null;
+  if (!c) {
+    const eng = stats && stats.mirror && stats.mirror.source && stats.mirror.source.engine;
+    const hr = eng && eng.latest ? eng.latest.hit_ratio : null;
+    return typeof hr === "number" ? hr : null;
+  }
   const hits = Number(c.hits) || 0;
   const misses = Number(c.misses) || 0;
   if ((c.hits != null || c.misses != null) && hits + misses === 0) return null; // no lookups yet
@@ -199,7 +201,8 @@ export function computeAlerts(stats, fragmentationOom, thresholds = DEFAULT_THRE
     alerts.push({ code: "utilization", level: "warn", message: `${what}: close to full.` });
   }
   const ext = stats.external_fragmentation;
-  if (stats.strategy !== "paged" && ext >= thresholds.externalFragmentationWarn && stats.free_blocks > 0) {
+  // the server says whether scattered free space can fail a request here (on a paged pool it cannot)
+  if (stats.scatter_fails !== false && ext >= thresholds.externalFragmentationWarn && stats.free_blocks > 0) {
     alerts.push({ code: "fragmentation", level: "warn", message: `External fragmentation ${pct(ext)}: free memory is scattered.` });
   }
   return alerts;
@@ -249,6 +252,10 @@ export class PoolModel {
   constructor() {
     /** @type {PoolConfig|null} */
     this.config = null;
+    /** @type {Object<string, number>} block-state name -> code, from the hello's `states` */
+    this.codes = {};
+    /** @type {string[]} block-state code -> name */
+    this.stateNames = [];
     this.blocks = 0;
     this.owner = new Int32Array(0);
     this.state = new Uint8Array(0);
@@ -292,6 +299,10 @@ export class PoolModel {
   /** @param {HelloMessage} hello */
   applyHello(hello) {
     this.config = hello.pool;
+    this.codes = stateCodes(hello.states);
+    this.stateNames = [];
+    for (const [name, code] of Object.entries(this.codes)) this.stateNames[code] = name;
+    setVocab(hello.meta);
     this.resize(hello.pool.num_blocks);
     this.lastFrame = -1;
     const seq = Number(hello.last_event_seq) || 0;
@@ -429,8 +440,11 @@ export class PoolModel {
     }
     this.lastFragOomCounter = frag;
     let evictionsPerSec = NaN;
+    // a mirror pool: blocks the engine removed stand for its evictions; a prefix pool: its own
     const prefix = /** @type {any} */ (stats).prefix;
-    const evictTotal = prefix ? prefix.evicted : stats.cache ? counterTotal(stats.cache.evictions) || this.evictionCount : this.evictionCount;
+    const evictTotal = prefix ? Number(prefix.evicted) || 0
+      : stats.cache ? counterTotal(stats.cache.evictions) || this.evictionCount
+      : stats.mirror ? Number(stats.mirror.removed_blocks) || 0 : this.evictionCount;
     if (this.lastSample) {
       const dt = now - this.lastSample.t;
       if (dt > 0) evictionsPerSec = Math.max(0, evictTotal - this.lastSample.evictions) / dt;
@@ -545,8 +559,9 @@ export class PoolModel {
   /** Reference count of block i as the page knows it (prefix pools): from the state and the last prefix message. @param {number} i */
   refcountOf(i) {
     const st = this.state[i];
-    if (st === SHARED) return this.refcount.get(i) || 2;
-    return st === USED || st === PINNED ? 1 : 0;
+    const c = this.codes;
+    if (st === c.shared) return this.refcount.get(i) || 2;
+    return st === c.used || st === c.pinned ? 1 : 0;
   }
 
   /** @param {OrderMessage} order */

@@ -1,7 +1,9 @@
 // DOM renderers for the read-only panels: current numbers, alert banner, event log.
 
 import { escapeHtml } from "./dom.js";
+import { describePrefixEvent, isMirror, mirrorNumbersHtml } from "./mirror.js";
 import { SKIPPED, filterEvents, formatBytes, hitRateOf, pct, pressureOf } from "./model.js";
+import { eventTypesOf } from "./vocab.js";
 
 /** Panels (numbers, log, alerts) re-render at most this often; the maps have their own rAF loop. */
 export const PANEL_REFRESH_MS = 250;
@@ -9,30 +11,25 @@ export const PANEL_REFRESH_MS = 250;
 /** The log shows at most this many rows; rebuilding more on every batch costs frames. */
 export const LOG_ROWS = 200;
 
-/** Checkbox groups of the event filter -> event types. */
-export const FILTER_GROUPS = {
-  alloc: ["allocate", "extend", "free"],
-  cache: ["put", "hit", "miss", "remove"],
-  prefix: ["stored", "removed", "cleared", "hit"],
-  seq: ["open", "append", "close"],
-};
-
 /**
  * @param {import("./model.js").PoolStats|null} s
  * @param {number} evictionsPerSec
+ * @param {any} [forest] a mirror pool's prefix forest (GET /forest), when fetched
  */
-export function numbersHtml(s, evictionsPerSec) {
+export function numbersHtml(s, evictionsPerSec, forest = null) {
   if (!s) return `<div class="muted">waiting for stats…</div>`;
+  if (isMirror(s)) return mirrorNumbersHtml(s, forest);
   const hr = hitRateOf(s);
   const c = s.cache;
   const cell = (label, value, sub = "", cls = "") => `<div class="num ${cls}"><label>${label}</label><b>${value}</b><small>${sub}</small></div>`;
   const ooms = s.ooms || { capacity: 0, fragmentation: 0 };
   const cached = /** @type {any} */ (s).blocks_by_state ? /** @type {any} */ (s).blocks_by_state.cached || 0 : 0;
   const blocks = `${(s.used_blocks ?? 0).toLocaleString()} / ${(s.total_blocks ?? 0).toLocaleString()} blocks`;
-  // paged pools serve any request from any free blocks: scattered free space costs nothing there
-  const ext = s.strategy === "paged"
-    ? cell("free scatter", pct(s.external_fragmentation), `${s.free_extent_count ?? "?"} free extents · harmless when paged`, "calm")
-    : cell("external frag", pct(s.external_fragmentation), `${s.free_extent_count ?? "?"} free extents`, s.external_fragmentation >= 0.5 ? "hot" : "");
+  // where any free block serves any request (paged), scattered free space costs nothing: the
+  // server says so in `scatter_fails`, and counts what scatter strands in `stranded_free_bytes`
+  const ext = s.scatter_fails === false
+    ? cell("free scatter", pct(s.external_fragmentation), `${s.free_extent_count ?? "?"} free extents · harmless on ${s.strategy}`, "calm")
+    : cell("external frag", pct(s.external_fragmentation), `${s.free_extent_count ?? "?"} free extents${s.stranded_free_bytes ? ` · ${formatBytes(s.stranded_free_bytes)} stranded` : ""}`, s.external_fragmentation >= 0.5 ? "hot" : "");
   return [
     cell("utilization", pct(s.utilization), cached ? `${blocks} · ${cached.toLocaleString()} evictable` : blocks, pressureOf(s) >= 0.9 ? "hot" : ""),
     cell("internal frag", pct(s.internal_fragmentation), `${formatBytes((s.allocated_bytes || 0) - (s.requested_bytes || 0))} wasted in blocks`),
@@ -78,15 +75,6 @@ export function describeEvent(e) {
       return [`#${e.id}`, formatBytes(/** @type {any} */ (e).allocated_bytes), /** @type {any} */ (e).moved ? "moved" : "in place"];
     case "free":
       return [`#${e.id}`, `${e.blocks ?? ""} blocks`, ""];
-    case "stored":
-    case "removed":
-    case "cleared": {
-      const p = /** @type {any} */ (e);
-      const hashes = p.block_hashes || [];
-      const first = hashes.length ? shortHash(hashes[0]) : "";
-      const why = e.type === "stored" ? `seq #${p.seq_id}${p.parent_block_hash == null ? " · root" : ""}` : (p.reason || "reset");
-      return [`${(p.blocks || []).length} block${(p.blocks || []).length === 1 ? "" : "s"}${first ? ` · ${first}…` : ""}`, "", why];
-    }
     case "open": {
       const p = /** @type {any} */ (e);
       const hit = p.num_tokens ? p.cached_tokens / p.num_tokens : 0;
@@ -97,13 +85,8 @@ export function describeEvent(e) {
     case "close":
       return [`seq #${/** @type {any} */ (e).seq_id}`, `${(/** @type {any} */ (e).blocks || []).length} blocks`, "released"];
     default:
-      return [e.key ?? (e.id != null ? `#${e.id}` : ""), e.bytes != null ? formatBytes(e.bytes) : "", ""];
+      return describePrefixEvent(e) || [e.key ?? (e.id != null ? `#${e.id}` : ""), e.bytes != null ? formatBytes(e.bytes) : "", ""];
   }
-}
-
-/** First 8 hex digits of a 64-bit block hash (a JSON number: exact only up to 2**53, enough to tell blocks apart). @param {number} h */
-export function shortHash(h) {
-  return BigInt.asUintN(64, BigInt(Math.trunc(Number(h)))).toString(16).padStart(16, "0").slice(0, 8);
 }
 
 /** Types selected by the filter checkboxes. @param {HTMLElement} box */
@@ -111,7 +94,7 @@ export function selectedTypes(box) {
   const types = new Set();
   box.querySelectorAll("input:checked").forEach((el) => {
     const v = /** @type {HTMLInputElement} */ (el).value;
-    for (const t of FILTER_GROUPS[v] || [v]) types.add(t);
+    for (const t of eventTypesOf(v)) types.add(t);
   });
   return types;
 }
