@@ -82,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if command in ("replay", "scenario", "prefix"):
         from workloads import cli as workloads_cli  # written separately; imported only when used
 
-        run = {"replay": workloads_cli.replay_main, "scenario": workloads_cli.scenario_main,
-               "prefix": workloads_cli.prefix_main}[command]
+        run = getattr(workloads_cli, f"{command}_main")
         return int(run(rest) or 0)
     print(f"unknown command {command!r}\n{usage}", file=sys.stderr)
     return 2
