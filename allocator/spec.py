@@ -69,12 +69,13 @@ class PoolSpec:
         if info is None:
             raise InvalidRequest(f"unknown strategy {strategy!r}; choose one of {list(STRATEGIES)}")
         geometry = get_model(model) if isinstance(model, str) else model
+        if tokens_per_block is not None:
+            positive_int(tokens_per_block, "tokens_per_block")
         if block_bytes is None:
             if geometry is None:
                 raise InvalidRequest("give 'block_bytes', or 'model' (with optional 'tokens_per_block')")
             if tokens_per_block is None:
                 tokens_per_block = DEFAULT_TOKENS_PER_BLOCK
-            positive_int(tokens_per_block, "tokens_per_block")
             block_bytes = tokens_per_block * geometry.bytes_per_token
         elif tokens_per_block is not None and geometry is not None:
             if block_bytes != tokens_per_block * geometry.bytes_per_token:
