@@ -136,3 +136,14 @@ def test_a_pool_tells_its_extensions_of_resets_and_shows_their_stats_and_nothing
     cache.put("a", 16)
     pool.reset()
     assert pool.cache is cache and len(cache) == 0 and cache.check() == [] and rec.resets == 2
+
+
+def test_the_old_way_of_attaching_a_cache_still_attaches_it():
+    pool = create_pool("paged", num_blocks=8, block_bytes=16, device="cpu")
+    rec = Recorder()
+    pool.cache = rec
+    assert pool.extensions == {"cache": rec} and pool.stats()["cache"] == {"resets": 0}
+    pool.reset()
+    assert rec.resets == 1
+    pool.cache = None
+    assert pool.cache is None and "cache" not in pool.stats()
