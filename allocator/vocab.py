@@ -90,6 +90,16 @@ STRATEGY_INFO: dict[str, StrategyInfo] = _by_name(
 )
 STRATEGIES: tuple[str, ...] = tuple(STRATEGY_INFO)
 
+# Strategies whose pool follows an outside source instead of allocating: read-only, created with
+# their own option, never in Compare nor in the allocation strategies above.
+SOURCE_STRATEGY_INFO: dict[str, StrategyInfo] = _by_name(
+    StrategyInfo("mirror", "mirror (read-only)", "mirror:MirrorPool", scatter_fails=False,
+                 options=("mirror",),
+                 description="a live vLLM/SGLang engine's prefix cache, from its KV events, on "
+                             "logical slots (the events carry no physical block ids)"),
+)
+SOURCE_STRATEGIES: tuple[str, ...] = tuple(SOURCE_STRATEGY_INFO)
+
 FITS: tuple[str, ...] = ("first", "best", "worst", "next")
 
 POLICY_INFO: dict[str, PolicyInfo] = _by_name(
@@ -127,13 +137,13 @@ EVENT_KINDS: dict[str, EventKind] = _by_name(
     # Prefix cache (the contract between issues 11, 13 and 14): hashes are ints in [0, 2**64);
     # parent None for a root block; token_ids a flat list over the stored blocks, or None when
     # only hashes were given. `blocks` of open/append are the blocks newly taken.
-    EventKind("stored", ("blocks", "block_hashes", "parent_block_hash", "token_ids", "block_size", "seq_id"),
-              "prefix"),
+    EventKind("stored", ("blocks", "block_hashes", "parent_block_hash", "token_ids", "block_size",
+                         "seq_id"), "prefix"),
     EventKind("removed", ("blocks", "block_hashes", "reason"), "prefix"),
     EventKind("cleared", ("blocks", "block_hashes"), "prefix"),
-    EventKind("open", ("seq_id", "num_tokens", "cached_tokens", "blocks"), "prefix"),
-    EventKind("append", ("seq_id", "num_tokens", "blocks"), "prefix"),
-    EventKind("close", ("seq_id", "blocks"), "prefix"),
+    EventKind("open", ("seq_id", "num_tokens", "cached_tokens", "blocks"), "sequence"),
+    EventKind("append", ("seq_id", "num_tokens", "blocks"), "sequence"),
+    EventKind("close", ("seq_id", "blocks"), "sequence"),
 )
 # Field names of each event kind, after the common (seq, ts, type) (allocator/events.py reads it).
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {k.name: k.fields for k in EVENT_KINDS.values()}
@@ -148,7 +158,8 @@ EVENT_GROUPS: dict[str, tuple[str, bool]] = {
     "workload": ("workload", True),
     "alloc": ("alloc/free", False),
     "cache": ("put/hit/miss", False),
-    "prefix": ("prefix cache", False),
+    "prefix": ("stored/removed/cleared", True),
+    "sequence": ("open/append/close", False),
 }
 
 SCENARIO_INFO: dict[str, ScenarioInfo] = _by_name(
@@ -172,7 +183,7 @@ DEFAULT_TOKENS_PER_BLOCK = 16
 
 def strategy_info(name: str) -> StrategyInfo | None:
     """The strategy named `name`, or None."""
-    return STRATEGY_INFO.get(name)
+    return STRATEGY_INFO.get(name) or SOURCE_STRATEGY_INFO.get(name)
 
 
 def _public(info: StrategyInfo) -> dict:
@@ -186,6 +197,7 @@ def meta() -> dict:
     """The whole vocabulary as plain JSON values (`GET /api/meta`, the stream's `hello`)."""
     return {
         "strategies": {k: _public(v) for k, v in STRATEGY_INFO.items()},
+        "source_strategies": {k: _public(v) for k, v in SOURCE_STRATEGY_INFO.items()},
         "fits": list(FITS),
         "policies": {k: asdict(v) for k, v in POLICY_INFO.items()},
         "block_states": {k: asdict(v) for k, v in BLOCK_STATE_INFO.items()},
@@ -201,7 +213,8 @@ def meta() -> dict:
 
 __all__ = [
     "BLOCK_STATES", "BLOCK_STATE_INFO", "BlockState", "DEFAULT_TOKENS_PER_BLOCK", "EVENT_FIELDS",
-    "EVENT_GROUPS", "EVENT_KINDS", "EVICTION_REASONS", "EventKind", "OOM_CAUSES", "FITS", "POLICIES", "POLICY_INFO", "PolicyInfo",
-    "SCENARIOS", "SCENARIO_INFO", "STATE_NAMES", "STRATEGIES", "STRATEGY_INFO", "ScenarioInfo",
+    "EVENT_GROUPS", "EVENT_KINDS", "EVICTION_REASONS", "EventKind", "FITS", "OOM_CAUSES",
+    "POLICIES", "POLICY_INFO", "PolicyInfo", "SCENARIOS", "SCENARIO_INFO", "SOURCE_STRATEGIES",
+    "SOURCE_STRATEGY_INFO", "STATE_NAMES", "STRATEGIES", "STRATEGY_INFO", "ScenarioInfo",
     "StrategyInfo", "WORKLOAD_KINDS", "meta", "strategy_info",
 ]

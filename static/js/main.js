@@ -9,6 +9,7 @@ import { feedPool } from "./feed.js";
 import { PROTOCOL_VERSION } from "./frames.js";
 import { createHeatmap } from "./heatmap.js";
 import { PoolModel, formatBytes } from "./model.js";
+import { FOREST_REFRESH_MS, describeMirror, mirrorAlerts } from "./mirror.js";
 import { PANEL_REFRESH_MS, numbersHtml, renderAlerts, renderLog, selectedTypes } from "./panels.js";
 
 const $ = (sel) => /** @type {HTMLElement} */ (document.querySelector(sel));
@@ -62,10 +63,36 @@ function schedulePanels() {
   panelTimer = window.setTimeout(renderPanels, PANEL_REFRESH_MS);
 }
 
+/** A mirror pool's prefix forest (GET /forest), refreshed every FOREST_REFRESH_MS while shown. */
+let mirrorForest = null;
+let forestAt = 0;
+let forestPool = "";
+
+function refreshForest() {
+  const c = model.config;
+  if (!c || c.strategy !== "mirror") {
+    mirrorForest = null;
+    return;
+  }
+  const now = Date.now();
+  if (forestPool === poolName && now - forestAt < FOREST_REFRESH_MS) return;
+  if (forestPool !== poolName) mirrorForest = null;
+  forestAt = now;
+  forestPool = poolName;
+  const name = poolName;
+  poolApi(name).forest().then((f) => {
+    if (name === poolName) {
+      mirrorForest = f;
+      schedulePanels();
+    }
+  }).catch(() => {});
+}
+
 function renderPanels() {
   panelTimer = 0;
-  $("#numbers").innerHTML = numbersHtml(model.stats, model.evictionsPerSec());
-  renderAlerts($("#alerts"), model.alerts());
+  $("#numbers").innerHTML = numbersHtml(model.stats, model.evictionsPerSec(), mirrorForest);
+  renderAlerts($("#alerts"), model.alerts().concat(mirrorAlerts(model.stats)));
+  refreshForest();
   if (logDirty) {
     renderLog($("#log"), model.events, selectedTypes($("#event-filters")));
     logDirty = false;
@@ -106,6 +133,10 @@ function onMessage(msg) {
 function describePool() {
   const c = model.config;
   if (!c) return;
+  if (c.strategy === "mirror") {
+    $("#pool-meta").textContent = describeMirror(c);
+    return;
+  }
   const extra = [c.strategy, c.fit ? `${c.fit}-fit` : "", `${Number(c.num_blocks).toLocaleString()} × ${formatBytes(c.block_bytes)}`, c.device].filter(Boolean);
   $("#pool-meta").textContent = extra.join(" · ");
 }
@@ -241,7 +272,7 @@ Object.defineProperty(window, "kvscope", {
     /** Distinct owner ids on the map, ascending (the browser tests compare them to REST). */
     owners: () => Array.from(new Set(model.owner)).filter((o) => o >= 0).sort((a, b) => a - b),
     stats: () => model.stats,
-    alerts: () => model.alerts(),
+    alerts: () => model.alerts().concat(mirrorAlerts(model.stats)),
     events: () => model.events.slice(),
     lastFrame: () => model.lastFrame,
     compare: () => compare.summary(),

@@ -88,10 +88,15 @@ export function counterTotal(value) {
   return 0;
 }
 
-/** Hit rate from cache stats, or null when the pool has no cache or no lookups yet. */
+/** Hit rate from cache stats (a mirror pool: the engine's own prefix hit ratio from its
+ * /metrics), or null when the pool has no cache or no lookups yet. */
 export function hitRateOf(stats) {
   const c = stats && stats.cache;
-  if (!c) return null;
+  if (!c) {
+    const eng = stats && stats.mirror && stats.mirror.source && stats.mirror.source.engine;
+    const hr = eng && eng.latest ? eng.latest.hit_ratio : null;
+    return typeof hr === "number" ? hr : null;
+  }
   const hits = Number(c.hits) || 0;
   const misses = Number(c.misses) || 0;
   if ((c.hits != null || c.misses != null) && hits + misses === 0) return null; // no lookups yet
@@ -425,7 +430,9 @@ export class PoolModel {
     }
     this.lastFragOomCounter = frag;
     let evictionsPerSec = NaN;
-    const evictTotal = stats.cache ? counterTotal(stats.cache.evictions) || this.evictionCount : this.evictionCount;
+    // a mirror pool: blocks the engine removed stand for its evictions
+    const evictTotal = stats.cache ? counterTotal(stats.cache.evictions) || this.evictionCount
+      : stats.mirror ? Number(stats.mirror.removed_blocks) || 0 : this.evictionCount;
     if (this.lastSample) {
       const dt = now - this.lastSample.t;
       if (dt > 0) evictionsPerSec = Math.max(0, evictTotal - this.lastSample.evictions) / dt;
