@@ -69,13 +69,12 @@ class PoolSpec:
         if info is None:
             raise InvalidRequest(f"unknown strategy {strategy!r}; choose one of {list(STRATEGIES)}")
         geometry = get_model(model) if isinstance(model, str) else model
-        if tokens_per_block is not None:
-            positive_int(tokens_per_block, "tokens_per_block")
         if block_bytes is None:
             if geometry is None:
                 raise InvalidRequest("give 'block_bytes', or 'model' (with optional 'tokens_per_block')")
             if tokens_per_block is None:
                 tokens_per_block = DEFAULT_TOKENS_PER_BLOCK
+            positive_int(tokens_per_block, "tokens_per_block")
             block_bytes = tokens_per_block * geometry.bytes_per_token
         elif tokens_per_block is not None and geometry is not None:
             if block_bytes != tokens_per_block * geometry.bytes_per_token:
@@ -88,6 +87,9 @@ class PoolSpec:
                          minimum=block_bytes)
             num_blocks = capacity_bytes // block_bytes
         positive_int(num_blocks, "num_blocks")
+        if tokens_per_block is not None:  # also beside block_bytes, where it only labels the pool
+            positive_int(tokens_per_block, "tokens_per_block")
+
         fit = _option(info.options, "fit", fit, default="first", of=strategy)
         if fit is not None and fit not in FITS:
             raise InvalidRequest(f"unknown fit {fit!r}; choose one of {list(FITS)}")

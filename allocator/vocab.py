@@ -134,16 +134,16 @@ EVENT_KINDS: dict[str, EventKind] = _by_name(
     EventKind("evict", ("key", "bytes", "blocks", "reason", "policy", "age_s", "idle_s"), "evict"),
     EventKind("policy", ("policy",), "policy"),
     EventKind("workload", ("name", "state", "done", "total"), "workload"),
-    # Prefix cache (the contract between issues 11, 13 and 14): hashes are ints in [0, 2**64);
-    # parent None for a root block; token_ids a flat list over the stored blocks, or None when
-    # only hashes were given. `blocks` of open/append are the blocks newly taken.
+    # Prefix-cache events (the contract shared by issues 11, 13 and 14).
     EventKind("stored", ("blocks", "block_hashes", "parent_block_hash", "token_ids", "block_size",
                          "seq_id"), "prefix"),
     EventKind("removed", ("blocks", "block_hashes", "reason"), "prefix"),
     EventKind("cleared", ("blocks", "block_hashes"), "prefix"),
-    EventKind("open", ("seq_id", "num_tokens", "cached_tokens", "blocks"), "sequence"),
-    EventKind("append", ("seq_id", "num_tokens", "blocks"), "sequence"),
-    EventKind("close", ("seq_id", "blocks"), "sequence"),
+    # Sequences of a prefix-caching pool: `blocks` of open are all its blocks (cached ones first),
+    # of append the blocks newly taken, of close the blocks released.
+    EventKind("open", ("seq_id", "num_tokens", "cached_tokens", "blocks"), "seq"),
+    EventKind("append", ("seq_id", "num_tokens", "blocks"), "seq"),
+    EventKind("close", ("seq_id", "blocks"), "seq"),
 )
 # Field names of each event kind, after the common (seq, ts, type) (allocator/events.py reads it).
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {k.name: k.fields for k in EVENT_KINDS.values()}
@@ -159,7 +159,7 @@ EVENT_GROUPS: dict[str, tuple[str, bool]] = {
     "alloc": ("alloc/free", False),
     "cache": ("put/hit/miss", False),
     "prefix": ("stored/removed/cleared", True),
-    "sequence": ("open/append/close", False),
+    "seq": ("open/append/close", False),
 }
 
 SCENARIO_INFO: dict[str, ScenarioInfo] = _by_name(
