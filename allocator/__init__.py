@@ -16,7 +16,7 @@ from __future__ import annotations
 from .blockmap import CACHED, FREE, PINNED, STATE_NAMES, USED, BlockMap
 from .cache import Entry, KVCache, PutResult
 from .contiguous import FITS, ContiguousPool
-from .errors import Conflict, InvalidRequest, KVScopeError, NotFound, OutOfMemory, TooLarge
+from .errors import Conflict, ExceedsCapacity, InvalidRequest, KVScopeError, NotFound, OutOfMemory, TooLarge
 from .events import EVENT_FIELDS, EventLog
 from .geometry import MODEL_PRESETS, ModelGeometry, get_model
 from .paged import PagedPool
@@ -76,7 +76,7 @@ def create_pool(
 
 __all__ = [
     "Allocation", "BlockMap", "BlockStorage", "CACHED", "Conflict", "ContiguousPool",
-    "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "FITS", "FREE",
+    "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "ExceedsCapacity", "FITS", "FREE",
     "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "ModelGeometry", "NotFound",
     "OutOfMemory", "PINNED", "POLICIES", "PagedPool", "Pool", "PutResult", "STATE_NAMES",
     "STRATEGIES", "TieredPool", "TooLarge", "USED", "create_pool", "get_model", "resolve_device",

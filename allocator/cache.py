@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .blockmap import CACHED, PINNED
-from .errors import Conflict, InvalidRequest, NotFound, OutOfMemory
+from .errors import Conflict, ExceedsCapacity, InvalidRequest, NotFound, OutOfMemory
 from .policies import POLICIES
 from .pool import Pool, runs_of
 
@@ -187,10 +187,7 @@ class KVCache:
             self._validate(key, nbytes, priority, ttl_s, pinned)
         need = self.pool.footprint(nbytes)
         if need > self.capacity_bytes:
-            raise InvalidRequest(
-                f"entry of {nbytes} bytes ({need} allocated) exceeds the cache capacity of "
-                f"{self.capacity_bytes} bytes"
-            )
+            raise ExceedsCapacity(need, self.capacity_bytes, "cache")
         now = self.clock()
         entry = self._entries.get(key)
         if entry is not None:
@@ -501,15 +498,18 @@ class KVCache:
             self._evict(key, "ttl" if expired else "capacity")
             evicted.append(key)
 
-    def _refuse_pool(self, need: int) -> OutOfMemory:
+    def _refuse_pool(self, need: int) -> OutOfMemory | ExceedsCapacity:
         """The pool itself cannot hold `need` even with every evictable entry gone."""
         pool = self.pool
         free = (pool.num_blocks - pool.used_blocks) * pool.block_bytes
         return pool._oom(need, free, pool.largest_free_bytes(), "capacity")
 
-    def _refuse_budget(self, need: int) -> OutOfMemory:
+    def _refuse_budget(self, need: int) -> OutOfMemory | ExceedsCapacity:
         """The cache's own budget cannot hold `need` (pinned entries fill it): counted by the
-        cache as a refusal, not as a pool OOM, since the pool may have memory to spare."""
+        cache as a refusal, not as a pool OOM, since the pool may have memory to spare.
+        ExceedsCapacity (not counted) when `need` is over the whole budget: it never fits."""
+        if need > self.capacity_bytes:
+            return ExceedsCapacity(need, self.capacity_bytes, "cache")
         self.refusals += 1
         room = self.capacity_bytes - self.used_bytes + self._evictable_bytes(None)
         return OutOfMemory(need, room, room, "capacity")

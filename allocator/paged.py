@@ -101,7 +101,7 @@ class PagedPool(Pool):
         total = sum(counts)
         if total > len(free):
             free_bytes = len(free) * bb
-            raise self._oom(sum(sizes), free_bytes, free_bytes, "capacity")
+            raise self._oom(sum(sizes), free_bytes, free_bytes, "capacity", one_request=False)
         v = self._bm.version
         own, st, cv = self._own, self._st, self._cv
         allocs, append = self._allocs, self.events._append

@@ -112,8 +112,29 @@ async def handle_http(request: Request, exc: StarletteHTTPException) -> JSONResp
     if exc.status_code == 400 and exc.detail == BODY_PARSE_FAILED:
         return _unparsable_body(exc.__cause__)
     code = HTTP_CODES.get(exc.status_code, "error")
-    return JSONResponse(error_body(code, str(exc.detail)), exc.status_code,
-                        headers=getattr(exc, "headers", None))
+    headers = getattr(exc, "headers", None)
+    if exc.status_code == 405:
+        allow = allowed_methods(request)
+        headers = {**(headers or {}), "Allow": ", ".join(allow)}
+        return JSONResponse(error_body(code, f"{request.method} is not allowed here; use {', '.join(allow)}",
+                                       {"allow": allow}), 405, headers=headers)
+    return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, headers=headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route answers on this path (HEAD with GET: app/head.py), sorted.
+    Starlette's own 405 names only the first route that matched the path."""
+    path = request.url.path
+    methods: set[str] = set()
+    from .routing_index import flat_routes
+
+    for route in flat_routes(request.app):
+        regex = getattr(route, "path_regex", None)
+        if regex is not None and getattr(route, "methods", None) and regex.match(path):
+            methods |= set(route.methods)
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
 
 
 def _unparsable_body(cause: BaseException | None) -> JSONResponse:

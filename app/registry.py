@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from allocator import KVCache, Pool, create_pool, get_model
-from allocator.errors import Conflict, NotFound, TooLarge
+from allocator.errors import Conflict, ExceedsCapacity, NotFound, TooLarge
 
-from .settings import Settings
+from .settings import Settings, total_pool_cap
 
 
 @dataclass(slots=True, eq=False)
@@ -71,7 +71,12 @@ class Registry:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.total_cap = total_pool_cap(settings)  # bytes all pools together may hold
         self._pools: dict[str, PoolHandle] = {}
+
+    def total_bytes(self) -> int:
+        """Bytes of all pools together (what `total_cap` bounds)."""
+        return sum(h.pool.capacity_bytes for h in self._pools.values())
 
     def __contains__(self, name: str) -> bool:
         return name in self._pools
@@ -105,6 +110,13 @@ class Registry:
             raise TooLarge(f"{num_blocks * block_bytes} bytes exceeds the cap of {s.max_pool_bytes}")
         if block_bytes > s.max_pool_bytes:
             raise TooLarge(f"block of {block_bytes} bytes exceeds the cap of {s.max_pool_bytes}")
+        planned = num_blocks * block_bytes
+        if planned > self.total_cap:
+            raise ExceedsCapacity(planned, self.total_cap, "server (KVSCOPE_MAX_TOTAL_BYTES)")
+        held = self.total_bytes()
+        if held + planned > self.total_cap:
+            raise Conflict(f"pools already hold {held} of the server's {self.total_cap} bytes "
+                           f"(KVSCOPE_MAX_TOTAL_BYTES): {planned} more do not fit; delete a pool first")
         cache_spec = spec.get("cache")
         pool = create_pool(
             spec.get("strategy", "paged"),

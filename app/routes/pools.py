@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Response, status
-from fastapi.responses import JSONResponse
+from fastapi.responses import StreamingResponse
 
 from allocator import STATE_NAMES
 
-from ..deps import CacheDep, HubDep, PoolDep, RegistryDep
+from ..deps import CacheDep, HubDep, PoolDep, RegistryDep, run_locked
 from ..schemas import (
     BlockMapOut,
     CheckOut,
@@ -23,7 +23,7 @@ from ..schemas import (
     ResetOut,
     StatsOut,
 )
-from ..stream import blockmap_runs, snapshot_frame
+from ..stream import blockmap_runs_array, json_runs_chunks, snapshot_frame
 
 router = APIRouter(prefix="/api/pools", tags=["pools"])
 
@@ -54,12 +54,12 @@ async def delete_pool(handle: PoolDep, registry: RegistryDep, hub: HubDep) -> Re
 
 @router.post("/{pool}/reset", response_model=ResetOut)
 async def reset_pool(handle: PoolDep) -> dict:
-    return {"freed": handle.pool.reset()}
+    return {"freed": await run_locked(handle.pool.reset)}
 
 
 @router.post("/{pool}/defragment", response_model=DefragOut)
 async def defragment(handle: PoolDep) -> dict:
-    return handle.pool.defragment().to_dict()
+    return (await run_locked(handle.pool.defragment)).to_dict()
 
 
 @router.get("/{pool}/stats", response_model=StatsOut, response_model_exclude_unset=True)
@@ -69,10 +69,16 @@ async def pool_stats(handle: PoolDep) -> dict:
 
 @router.get("/{pool}/check", response_model=CheckOut)
 async def check_pool(handle: PoolDep) -> dict:
-    problems = handle.pool.check()
-    if handle.pool.cache is not None:
-        problems += handle.pool.cache.check()
+    problems = await run_locked(lambda: check_all(handle.pool))
     return {"ok": not problems, "problems": problems}
+
+
+def check_all(pool) -> list[str]:
+    """The pool's and its cache's invariant problems (O(pool): run off the loop)."""
+    problems = pool.check()
+    if pool.cache is not None:
+        problems += pool.cache.check()
+    return problems
 
 
 @router.get("/{pool}/events", response_model=EventList)
@@ -103,12 +109,11 @@ async def blockmap(
     if format is None:
         format = "binary" if accept and "application/octet-stream" in accept else "json"
     if format == "binary":
-        return Response(snapshot_frame(bm, 0), media_type="application/octet-stream")
-    return JSONResponse({
-        "num_blocks": bm.num_blocks,
-        "states": {str(k): v for k, v in STATE_NAMES.items()},
-        "runs": blockmap_runs(bm),
-    })
+        return Response(await run_locked(lambda: snapshot_frame(bm, 0)), media_type="application/octet-stream")
+    runs = await run_locked(lambda: blockmap_runs_array(bm))
+    head = {"num_blocks": bm.num_blocks, "states": {str(k): v for k, v in STATE_NAMES.items()}}
+    # Streamed in chunks by a worker thread (Starlette iterates a plain generator there).
+    return StreamingResponse(json_runs_chunks(head, runs), media_type="application/json")
 
 
 @router.put("/{pool}/cache/policy", response_model=PolicyOut, tags=["entries"])
