@@ -5,24 +5,7 @@ from __future__ import annotations
 from collections import deque
 from time import time as _now
 
-# Field names of each event kind, after the common (seq, ts, type). Events are stored as plain
-# tuples on the hot path and turned into dicts only when someone reads them.
-EVENT_FIELDS: dict[str, tuple[str, ...]] = {
-    "allocate": ("id", "requested_bytes", "allocated_bytes", "blocks"),
-    "extend": ("id", "requested_bytes", "allocated_bytes", "moved"),
-    "free": ("id", "blocks"),
-    "truncate": ("id", "requested_bytes", "allocated_bytes"),
-    "oom": ("requested_bytes", "free_bytes", "largest_free_bytes", "cause"),
-    "defragment": ("moved_blocks", "moved_bytes", "seconds", "before", "after"),
-    "reset": ("freed",),
-    "put": ("key", "id", "bytes", "blocks"),
-    "hit": ("key",),
-    "miss": ("key",),
-    "remove": ("key", "bytes"),
-    "evict": ("key", "bytes", "blocks", "reason", "policy", "age_s", "idle_s"),
-    "policy": ("policy",),
-    "workload": ("name", "state", "done", "total"),
-}
+from .vocab import EVENT_FIELDS  # field names of each kind, after the common (seq, ts, type)
 
 
 class EventLog:

@@ -13,7 +13,7 @@ from typing import Annotated, TypeVar
 from fastapi import Depends, Path, Request
 
 from allocator import KVCache, Pool
-from allocator.errors import Conflict
+from allocator.errors import Conflict, NotFound
 
 from .registry import PoolHandle, Registry
 from .schemas import POOL_NAME_PATTERN, Key

@@ -15,16 +15,16 @@ from .head import HeadMiddleware
 from .instance import Instance
 from .limits import BodyLimitMiddleware
 from .metrics import LatencyMiddleware, Metrics
+from .openapi import install_openapi
 from .pages import mount_static
 from .pages import router as pages_router
 from .registry import Registry
-from .openapi import install_openapi
-from .routes import allocations, entries, ops, pools, stream, workload
+from .routes import allocations, entries, meta, ops, pools, stream, workload
 from .security import SecurityMiddleware
 from .settings import Settings, get_settings
 from .stream import Hub
 
-API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router)
+API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router, meta.router)
 
 
 def default_pool_spec(settings: Settings) -> dict:
