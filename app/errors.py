@@ -30,7 +30,8 @@ STATUS_OF: tuple[tuple[type[KVScopeError], int], ...] = (
 
 HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
               405: "method_not_allowed", 406: "not_acceptable", 409: "conflict",
-              413: "too_large", 415: "unsupported_media_type", 422: "invalid_request"}
+              413: "too_large", 415: "unsupported_media_type", 422: "invalid_request",
+              431: "headers_too_large"}
 
 
 # FastAPI's detail on the 400 it raises when reading a JSON body fails other than by a decode error.

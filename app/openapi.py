@@ -37,7 +37,7 @@ WHY = {
     403: "wrong token, or Host / Origin not allowed",
     404: "no such pool, allocation or entry",
     405: "method not allowed on this path (see the Allow header)",
-    409: "clashes with current state",
+    409: "clashes with current state (`history_reset`: an events cursor from an earlier server)",
     413: "body over the cap, or a request larger than the pool could ever hold (`details.capacity_bytes`)",
     415: "a POST, or a body, without the route's Content-Type (application/json)",
     422: "invalid input; `details.field` names it",
@@ -66,6 +66,8 @@ def error_statuses(method: str, path: str) -> set[int]:
         statuses |= {401}
     if "{pool}" in path:
         statuses.add(404)
+    if path.endswith("/events"):
+        statuses.add(409)  # `after` from an earlier server process: history_reset
     if method.upper() in MUTATING:
         statuses |= {409, 413, 415}
         if path.endswith(ALLOCATING):

@@ -53,6 +53,7 @@ SECURITY_HEADERS = (
 )
 
 JSON = "application/json"
+MAX_HEADER_BYTES = 16 * 1024  # as uvicorn's h11_max_incomplete_event_size (app/cli.py)
 
 
 def hostname_of(host: str) -> str:
@@ -72,6 +73,11 @@ def is_loopback(name: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def is_loopback_bind(bind_host: str) -> bool:
+    """Whether listening on `bind_host` keeps the server to this machine."""
+    return is_loopback(hostname_of(bind_host)) if bind_host.strip() not in WILDCARD_BINDS else False
 
 
 def allowed_hosts_for(bind_host: str, configured: tuple[str, ...] | None) -> tuple[str, ...]:
@@ -148,16 +154,24 @@ class SecurityMiddleware:
             await self.app(scope, receive, send)
             return
         headers = {}
+        head_bytes = 0
         for name, value in scope.get("headers", ()):
+            head_bytes += len(name) + len(value) + 4
             if name in (b"host", b"origin", b"content-type", b"content-length", b"transfer-encoding",
                         b"authorization"):
                 headers[name] = value.decode("latin-1")
         host = headers.get(b"host")
         path = scope.get("path", "")
         if kind == "websocket":
-            await self._websocket(scope, receive, send, headers, host, path)
+            await self._websocket(scope, receive, send, headers, host, path, head_bytes)
             return
         send = self._with_headers(send, path)
+        if head_bytes > MAX_HEADER_BYTES:
+            # h11 caps a head that arrives in pieces; one that arrives whole is caught here
+            await _refuse(send, 431, "headers_too_large",
+                          f"request headers of {head_bytes} bytes exceed {MAX_HEADER_BYTES}",
+                          {"max_bytes": MAX_HEADER_BYTES})
+            return
         if not self.host_ok(host):
             await _refuse(send, 403, "host_not_allowed",
                           f"Host {host!r} is not allowed; add it to KVSCOPE_ALLOWED_HOSTS",
@@ -199,8 +213,9 @@ class SecurityMiddleware:
         return (f"{what}: send Content-Type: {want} (a POST too, even without a body)",
                 {"content_type": declared, "accepted": sorted(accepted)})
 
-    async def _websocket(self, scope, receive, send, headers, host, path) -> None:
-        if not self.host_ok(host) or not self.origin_ok(headers.get(b"origin"), host):
+    async def _websocket(self, scope, receive, send, headers, host, path, head_bytes: int) -> None:
+        if (head_bytes > MAX_HEADER_BYTES or not self.host_ok(host)
+                or not self.origin_ok(headers.get(b"origin"), host)):
             # Refused before it opens: the server answers the handshake with HTTP 403.
             await send({"type": "websocket.close", "code": 1008, "reason": "host or origin not allowed"})
             return

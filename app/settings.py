@@ -89,6 +89,7 @@ class Settings:
     max_stream_clients: int = 64
     max_stream_clients_per_pool: int = 16
     stream_stall_s: float = 5.0
+    head_timeout_s: float = 10.0  # a connection must send a complete request head this soon
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -110,6 +111,8 @@ class Settings:
             max_total_bytes=_env_int("KVSCOPE_MAX_TOTAL_BYTES", 0),
             max_stream_clients=_env_int("KVSCOPE_MAX_STREAM_CLIENTS", 64, 1),
             max_stream_clients_per_pool=_env_int("KVSCOPE_MAX_STREAM_CLIENTS_PER_POOL", 16, 1),
+            stream_stall_s=_env_int("KVSCOPE_STREAM_STALL_MS", 5000, 100) / 1000,
+            head_timeout_s=_env_int("KVSCOPE_HEAD_TIMEOUT_MS", 10_000, 100) / 1000,
         )
 
     def check_default_pool(self) -> None:

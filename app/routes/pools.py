@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
 from allocator import STATE_NAMES
 
 from ..deps import CacheDep, HubDep, PoolDep, RegistryDep, run_locked
+from ..errors import ApiError
 from ..schemas import (
     BlockMapOut,
     CheckOut,
@@ -81,14 +82,24 @@ def check_all(pool) -> list[str]:
     return problems
 
 
-@router.get("/{pool}/events", response_model=EventList)
+@router.get("/{pool}/events", response_model=EventList, description=(
+    "Events with seq > `after`, oldest first. An `after` beyond `last_seq` is 409: that seq came "
+    "from an earlier server process (see `instance_id`) or an earlier pool of this name; the "
+    "history is volatile, so start again from `after=0`."))
 async def pool_events(
+    request: Request,
     handle: PoolDep,
     after: Annotated[int, Query(ge=0, le=1 << 62)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> dict:
     events = handle.pool.events
-    return {"events": events.after(after, limit), "last_seq": events.last_seq}
+    instance = request.app.state.instance.describe()
+    if after > events.last_seq:
+        raise ApiError(409, "history_reset",
+                       f"after={after} is beyond the last event seq {events.last_seq} of pool {handle.name!r}: "
+                       "the server restarted or the pool was recreated since; start again from after=0",
+                       {"after": after, "last_seq": events.last_seq, **instance})
+    return {"events": events.after(after, limit), "last_seq": events.last_seq, **instance}
 
 
 @router.get(

@@ -1,6 +1,6 @@
 // Wiring: one pool's stream -> model -> heatmap / charts / panels; controls; views.
 
-import { api, getToken, listPools, poolPath } from "./api.js";
+import { api, getToken, listPools, poolPath, setToken } from "./api.js";
 import { createCharts } from "./charts.js";
 import { createCompare } from "./compare.js";
 import { createControls, promptToken } from "./controls.js";
@@ -20,6 +20,15 @@ const page = {
 };
 
 const params = new URLSearchParams(window.location.search);
+// A token in the address (the link `kvscope serve` prints) goes to this tab's session storage
+// and out of the address bar, history and any Referer.
+if (params.get("token")) {
+  setToken(params.get("token"));
+  params.delete("token");
+  const clean = new URL(window.location.href);
+  clean.searchParams.delete("token");
+  window.history.replaceState(null, "", clean);
+}
 let poolName = params.get("pool") || "default";
 let model = new PoolModel();
 /** @type {ReturnType<typeof feedPool>|null} */
@@ -81,6 +90,7 @@ function renderPanels() {
 function onMessage(msg) {
   switch (msg.type) {
     case "hello":
+      if (model.restarted) controls.status("server restarted, history reset", "err");
       if (msg.protocol !== page.protocol) controls.status(`server speaks stream protocol ${msg.protocol}, page expects ${page.protocol}: reload`, "err");
       describePool();
       heatmap && heatmap.relayout();

@@ -76,13 +76,13 @@ def free_port() -> int:
 class Server:
     """A real `python -m app.cli serve` on a free loopback port."""
 
-    def __init__(self, env: dict | None = None) -> None:
+    def __init__(self, env: dict | None = None, args: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
         full_env = {**os.environ, "KVSCOPE_DEFAULT_BLOCKS": "4096", **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port)],
+            [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), *args],
             cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 30
