@@ -29,7 +29,9 @@ if (params.get("token")) {
   clean.searchParams.delete("token");
   window.history.replaceState(null, "", clean);
 }
-let poolName = params.get("pool") || "default";
+// "" until one is shown: without ?pool= the page shows the first pool the server lists
+// (`default` unless someone deleted it), or says there is none.
+let poolName = params.get("pool") || "";
 let model = new PoolModel();
 /** @type {ReturnType<typeof feedPool>|null} */
 let socket = null;
@@ -206,6 +208,7 @@ async function showFirstPool() {
   /** @type {HTMLSelectElement} */ ($("#pool-select")).innerHTML = "";
   $("#pool-meta").textContent = "no pools: create one on the Pool tab";
   setPoolInUrl("");
+  /** @type {HTMLElement} */ ($('.controls-panel [data-tab="pool"]')).click(); // the create form
 }
 
 $("#pool-select").addEventListener("change", (ev) => connect(/** @type {HTMLSelectElement} */ (ev.target).value));
@@ -231,7 +234,8 @@ function showView(view) {
 }
 document.querySelectorAll("[data-view]").forEach((b) => b.addEventListener("click", () => showView(/** @type {HTMLElement} */ (b).dataset.view || "dashboard")));
 
-refreshPools(poolName);
+if (poolName) refreshPools(poolName);
+else showFirstPool();
 showView(window.location.hash === "#compare" ? "compare" : "dashboard");
 
 /**
