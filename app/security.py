@@ -231,6 +231,9 @@ class SecurityMiddleware:
                             "code": CLOSE_TOKEN_MISSING if status == 401 else CLOSE_TOKEN_WRONG,
                             "reason": "token required" if status == 401 else "wrong token"})
                 return
+        # The socket itself, for dropping a client that stopped reading (app/routes/stream.py):
+        # uvicorn's send is a method of its protocol, which holds the transport.
+        scope["kvscope.transport"] = getattr(getattr(send, "__self__", None), "transport", None)
         await self.app(scope, receive, send)
 
     def _with_headers(self, send, path: str):

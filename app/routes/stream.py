@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import socket
+import struct
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
@@ -20,6 +23,23 @@ router = APIRouter(tags=["stream"])
 CLOSE_UNKNOWN_POOL = 4404
 CLOSE_TRY_LATER = 1013  # RFC 6455 "try again later": the client caps are reached
 CLOSE_TOO_SLOW = 1008  # policy violation: the client did not read for `stall_s`
+
+
+_LIBC = None
+
+
+def give_back_memory() -> None:
+    """Return freed heap pages to the OS (glibc `malloc_trim`): a dropped client's megabytes of
+    frames are free in the allocator, but RSS would otherwise keep them. No-op elsewhere."""
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
 
 
 class Stalled(Exception):
@@ -67,8 +87,28 @@ async def pool_stream(ws: WebSocket, pool: str) -> None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
     if sender.done() and not sender.cancelled() and isinstance(sender.exception(), Stalled):
-        with contextlib.suppress(Exception):
-            await ws.close(CLOSE_TOO_SLOW, f"not reading: send buffer full for {hub.stall_s:g} s")
+        drop(ws, hub.stall_s)
+
+
+def drop(ws: WebSocket, stall_s: float) -> None:
+    """End a client that stopped reading, releasing what its socket buffers hold now.
+
+    NOTE: a close frame cannot reach a peer that does not read: the websocket library would wait
+    for its close timeout (10 s, then as long again for the TCP close) with the buffer full. So
+    the transport is aborted when the server exposes it (uvicorn: app/security.py puts it in
+    the scope); otherwise the close is left to run in the background."""
+    transport = ws.scope.get("kvscope.transport")
+    if transport is not None and hasattr(transport, "abort"):
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # a reset, not a FIN queued behind megabytes the peer won't read
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        transport.abort()
+        asyncio.get_running_loop().call_later(1.0, give_back_memory)
+        return
+    task = asyncio.get_running_loop().create_task(
+        ws.close(CLOSE_TOO_SLOW, f"not reading: send buffer full for {stall_s:g} s"))
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 async def _drain(ws: WebSocket) -> None:

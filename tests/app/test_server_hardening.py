@@ -119,6 +119,11 @@ def test_a_stalled_stream_client_is_dropped_and_frees_its_slot(hardened):
                 break
             assert time.monotonic() < deadline, "the stalled client still holds its slot"
             time.sleep(0.5)
+        # and its socket was reset, not left holding megabytes in the server's buffers
+        stalled.settimeout(10)
+        with pytest.raises(ConnectionResetError):
+            while stalled.recv(1 << 20):
+                pass
     finally:
         stalled.close()
         httpx.delete(hardened.url + "/api/pools/big")
