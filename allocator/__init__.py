@@ -28,6 +28,7 @@ from .errors import (
 )
 from .events import EventLog
 from .geometry import MODEL_PRESETS, ModelGeometry, get_model
+from .mirror import MirrorPool
 from .paged import PagedPool
 from .pool import Allocation, DefragReport, Pool
 from .spec import CacheSpec, PoolSpec
@@ -36,34 +37,18 @@ from .tiered import DEFAULT_TIERS, TieredPool
 from .vocab import EVENT_FIELDS, FITS, POLICIES, SCENARIOS, STATE_NAMES, STRATEGIES, meta
 
 
-def create_pool(
-    strategy: str = "paged",
-    *,
-    num_blocks: int | None = None,
-    capacity_bytes: int | None = None,
-    block_bytes: int | None = None,
-    tokens_per_block: int | None = None,
-    model: str | ModelGeometry | None = None,
-    device: str = "auto",
-    fit: str | None = None,
-    tiers: list[dict] | None = None,
-    name: str = "pool",
-    event_capacity: int = 10_000,
-) -> Pool:
-    """Build a pool: `PoolSpec.parse(...).build()`. Size by `num_blocks` or `capacity_bytes`;
-    block size by `block_bytes` or by `tokens_per_block` (default 16) with a `model` geometry.
-    Raises InvalidRequest."""
-    return PoolSpec.parse(
-        strategy, num_blocks=num_blocks, capacity_bytes=capacity_bytes, block_bytes=block_bytes,
-        tokens_per_block=tokens_per_block, model=model, device=device, fit=fit, tiers=tiers,
-        name=name, event_capacity=event_capacity,
-    ).build()
+def create_pool(strategy: str = "paged", **options) -> Pool:
+    """Build a pool: `PoolSpec.parse(strategy, **options).build()`. Size by `num_blocks` or
+    `capacity_bytes`; block size by `block_bytes` or by `tokens_per_block` (default 16) with a
+    `model` geometry; `device`, `fit`, `tiers`, `name`, `event_capacity`, `cache` as
+    `PoolSpec.parse` takes them. Raises InvalidRequest."""
+    return PoolSpec.parse(strategy, **options).build()
 
 
 __all__ = [
     "Allocation", "BlockMap", "BlockStorage", "CACHED", "CacheSpec", "Conflict", "ContiguousPool",
     "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "ExceedsCapacity", "FITS", "FREE",
-    "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "ModelGeometry", "NotFound",
+    "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "MirrorPool", "ModelGeometry", "NotFound",
     "OutOfMemory", "PINNED", "POLICIES", "PagedPool", "Pool", "PoolSpec", "PutResult", "SCENARIOS", "STATE_NAMES",
     "STRATEGIES", "TieredPool", "TooLarge", "USED", "create_pool", "get_model", "meta",
     "positive_int", "resolve_device",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .blockmap import NO_OWNER
+from .blockmap import FREE, NO_OWNER
 from .errors import InvalidRequest
 from .pool import Pool, free_mismatch, pair_runs
 
@@ -174,7 +174,7 @@ class TieredPool(Pool):
         tail = blocks[keep:]
         if tail:
             del blocks[keep:]
-            self.blockmap.assign(tier.unit_rows(tail), -1, 0)
+            self.blockmap.assign(tier.unit_rows(tail), NO_OWNER, FREE)
             tail.reverse()
             tier.free.extend(tail)
             self.used_blocks -= len(tail) * tier.units
@@ -196,7 +196,7 @@ class TieredPool(Pool):
     def _release(self, aid: int) -> None:
         requested, i, blocks = self._allocs.pop(aid)
         tier = self.tiers[i]
-        self.blockmap.assign(tier.unit_rows(blocks), -1, 0)
+        self.blockmap.assign(tier.unit_rows(blocks), NO_OWNER, FREE)
         blocks.reverse()
         tier.free.extend(blocks)
         held = len(blocks) * tier.units

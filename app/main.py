@@ -12,6 +12,7 @@ from . import __version__
 from .auth import require_token
 from .errors import install_error_handlers
 from .head import HeadMiddleware
+from .housekeeping import Housekeeper
 from .instance import Instance
 from .limits import BodyLimitMiddleware
 from .metrics import LatencyMiddleware, Metrics
@@ -41,9 +42,17 @@ def default_pool_spec(settings: Settings) -> dict:
 async def lifespan(app: FastAPI):
     registry: Registry = app.state.registry
     hub: Hub = app.state.hub
-    if "default" not in registry:
+    startup = getattr(app.state, "startup_pools", None)  # set by `kvscope mirror | recording`
+    if startup is not None:
+        from .mirrors import start_pool
+
+        for spec, options in startup:
+            await start_pool(registry, hub, spec, **options)
+    elif "default" not in registry:
         hub.attach(registry.create(default_pool_spec(app.state.settings)))
+    app.state.housekeeper.start()
     yield
+    await app.state.housekeeper.stop()
     for handle in registry:
         await hub.detach(handle, reason="server shutting down")
 
@@ -61,7 +70,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.instance = Instance.new()
     app.state.registry = Registry(settings)
+    app.state.instance = Instance.new()
     app.state.hub = Hub(settings.stream_interval_s, app.state.instance, settings)
+    app.state.housekeeper = Housekeeper(app.state.registry)
     app.state.metrics = Metrics(app.state.registry)
     install_error_handlers(app)
     for router in API_ROUTERS:

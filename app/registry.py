@@ -4,37 +4,51 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
-from allocator import Pool, PoolSpec
-from allocator.errors import Conflict, ExceedsCapacity, NotFound
+from allocator import MirrorPool, Pool, PoolSpec
+from allocator.errors import Conflict, ExceedsCapacity, NotFound, TooLarge
 
 from .settings import Settings, total_pool_cap
+
+if TYPE_CHECKING:
+    from allocator import KVCache
+    from workloads.live import LiveWorkload
+
+    from .stream import Hub, PoolStream
 
 
 @dataclass(slots=True, eq=False)
 class PoolHandle:
-    """One pool as the server holds it.
+    """One pool as the server holds it, and what the server does to it as a whole.
 
-    `lock` is held by exactly two things: the workload runner around each `advance`, and a data
-    upload (PUT .../data) around writing the body it awaited into the entry. Neither awaits while
-    holding it, so it orders them only should one ever do so. Other handlers do not take it: they
+    The handle owns the pool (and through it the cache built on it), the workload running on it
+    and, while the pool is registered, its stream; routes call its methods rather than reach in.
+    `lock` is held by exactly three things: the workload runner around each `advance`, a data
+    upload (PUT .../data) around writing the body it awaited into the entry, and a mirror's
+    applier (app/mirrors.py) around applying the batches its subscriber thread handed over. None
+    awaits while holding it, so it orders them only should one ever do so. Other handlers do not take it: they
     call the synchronous core with no await in between, so the event loop serializes them.
     """
 
     name: str
     pool: Pool
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    workload: Any = None  # the latest LiveWorkload started here, running or not
+    workload: LiveWorkload | None = None  # the latest workload started here, running or not
     workload_task: asyncio.Task | None = None
     workload_error: str | None = None  # why the latest workload failed; None unless it did
-    stream: Any = None  # app.stream.PoolStream, attached by the hub
+    stream: PoolStream | None = None  # set by the hub while the pool is registered
+    links: list = field(default_factory=list)  # engine links (app/mirrors.py), closed on detach
+
+    @property
+    def cache(self) -> KVCache | None:
+        return self.pool.cache
 
     def describe(self) -> dict:
         return {"name": self.name, "config": self.pool.config(), "stats": self.pool.stats()}
 
     def summary(self) -> dict:
-        p = self.pool
+        p, cache = self.pool, self.cache
         return {
             "name": self.name,
             "strategy": p.strategy,
@@ -44,9 +58,35 @@ class PoolHandle:
             "device": str(p.storage.device),
             "used_blocks": p.used_blocks,
             "utilization": p.used_blocks / p.num_blocks,
-            "cache": None if p.cache is None else {"policy": p.cache.policy,
-                                                  "capacity_bytes": p.cache.capacity_bytes},
+            "cache": None if cache is None else {"policy": cache.policy, "capacity_bytes": cache.capacity_bytes},
         }
+
+    def reset(self) -> int:
+        """Free everything (the cache hears of it from the pool); returns how many were freed."""
+        return self.pool.reset()
+
+    def check(self) -> list[str]:
+        """Every broken invariant of the pool and its cache (empty: all hold)."""
+        cache = self.cache
+        return self.pool.check() + (cache.check() if cache is not None else [])
+
+    async def start_workload(self, hub: Hub, spec: dict) -> dict:
+        """Start a workload (app/runner.py). Raises Conflict (one runs), InvalidRequest."""
+        from .runner import start_workload
+
+        return await start_workload(self, hub, spec)
+
+    async def stop_workload(self) -> bool:
+        """Stop the running workload; False when none was running."""
+        from .runner import stop_workload
+
+        return await stop_workload(self)
+
+    def workload_progress(self) -> dict | None:
+        """The latest workload's progress, or None when none was started here."""
+        from .runner import workload_progress
+
+        return workload_progress(self)
 
 
 class Registry:
@@ -81,6 +121,7 @@ class Registry:
         """A create request (the fields of app/schemas.py PoolCreate) parsed into a PoolSpec, with
         this server's default device. Raises InvalidRequest."""
         fields = dict(request)
+        fields.pop("publish", None)  # the pool's links (app/mirrors.py), not the allocator's
         fields["device"] = fields.get("device") or self.settings.device
         strategy = fields.pop("strategy", "paged")
         return PoolSpec.parse(strategy, **fields)
@@ -89,6 +130,8 @@ class Registry:
         """Build a pool (and its cache) from a spec, or a create request's fields. Raises
         Conflict, TooLarge, InvalidRequest; on any of them nothing is registered."""
         s = self.settings
+        if isinstance(spec, dict) and spec.get("strategy") == "mirror":
+            return self._create_mirror(spec)
         if isinstance(spec, dict):
             spec = self.parse(spec)
         if spec.name in self._pools:
@@ -107,7 +150,28 @@ class Registry:
         self._pools[spec.name] = handle
         return handle
 
+    def _create_mirror(self, spec: dict) -> PoolHandle:
+        """A MirrorPool (strategy 'mirror', app/mirrors.py resolved its num_blocks). Logical slots
+        only: it holds no KV bytes, so its one-byte-per-slot tensor lives on the CPU."""
+        s = self.settings
+        name, num_blocks = spec["name"], spec["num_blocks"]
+        if name in self._pools:
+            raise Conflict(f"pool {name!r} already exists")
+        if len(self._pools) >= s.max_pools:
+            raise Conflict(f"at most {s.max_pools} pools; delete one first")
+        if num_blocks > s.max_blocks:
+            raise TooLarge(f"{num_blocks} blocks exceeds the cap of {s.max_blocks}")
+        pool = MirrorPool(num_blocks, spec.get("block_bytes") or 1, name=name, device="cpu",
+                          tokens_per_block=spec.get("tokens_per_block"))
+        handle = PoolHandle(name, pool)
+        self._pools[name] = handle
+        return handle
+
     def remove(self, name: str) -> PoolHandle:
         handle = self.get(name)
         del self._pools[name]
         return handle
+
+    async def delete(self, name: str, hub: Hub, reason: str = "pool deleted") -> None:
+        """Unregister the pool, stop its workload and close its stream. Raises NotFound."""
+        await hub.detach(self.remove(name), reason=reason)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
 from allocator import STATE_NAMES
+from allocator.errors import InvalidRequest
+from allocator.mirror import forest_of
 
+from .. import mirrors, operations
 from ..deps import CacheDep, HubDep, PoolDep, RegistryDep, run_locked
 from ..errors import ApiError
 from ..schemas import (
@@ -36,7 +40,13 @@ async def list_pools(registry: RegistryDep) -> dict:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=PoolOut)
 async def create_pool(body: PoolCreate, registry: RegistryDep, hub: HubDep) -> dict:
-    handle = registry.create(body.model_dump(exclude_none=True, mode="python"))
+    spec = await mirrors.resolve(body.model_dump(exclude_none=True, mode="python"))
+    handle = registry.create(spec)
+    try:
+        mirrors.attach(handle, spec)
+    except Exception:
+        registry.remove(handle.name)
+        raise
     hub.attach(handle)
     return handle.describe()
 
@@ -48,19 +58,18 @@ async def get_pool(handle: PoolDep) -> dict:
 
 @router.delete("/{pool}", status_code=status.HTTP_204_NO_CONTENT)
 async def delete_pool(handle: PoolDep, registry: RegistryDep, hub: HubDep) -> Response:
-    registry.remove(handle.name)
-    await hub.detach(handle, reason="pool deleted")
+    await registry.delete(handle.name, hub)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/{pool}/reset", response_model=ResetOut)
 async def reset_pool(handle: PoolDep) -> dict:
-    return {"freed": await run_locked(handle.pool.reset)}
+    return {"freed": await run_locked(handle.reset)}
 
 
 @router.post("/{pool}/defragment", response_model=DefragOut)
 async def defragment(handle: PoolDep) -> dict:
-    return (await run_locked(handle.pool.defragment)).to_dict()
+    return await run_locked(lambda: operations.defragment(handle.pool))
 
 
 @router.get("/{pool}/stats", response_model=StatsOut, response_model_exclude_unset=True)
@@ -70,7 +79,7 @@ async def pool_stats(handle: PoolDep) -> dict:
 
 @router.get("/{pool}/check", response_model=CheckOut)
 async def check_pool(handle: PoolDep) -> dict:
-    problems = await run_locked(lambda: check_all(handle.pool))
+    problems = await run_locked(handle.check)
     return {"ok": not problems, "problems": problems}
 
 
@@ -125,6 +134,16 @@ async def blockmap(
     head = {"num_blocks": bm.num_blocks, "states": {str(k): v for k, v in STATE_NAMES.items()}}
     # Streamed in chunks by a worker thread (Starlette iterates a plain generator there).
     return StreamingResponse(json_runs_chunks(head, runs), media_type="application/json")
+
+
+@router.get("/{pool}/forest", description="A mirror pool's prefix forest: roots, orphans, "
+            "depth and the most shared prefixes (computed off the event loop).")
+async def forest(handle: PoolDep) -> dict:
+    pool = handle.pool
+    if not hasattr(pool, "forest_snapshot"):
+        raise InvalidRequest(f"pool {handle.name!r} is not a mirror (strategy {pool.strategy!r})")
+    snapshot = pool.forest_snapshot()
+    return await asyncio.to_thread(forest_of, snapshot)
 
 
 @router.put("/{pool}/cache/policy", response_model=PolicyOut, tags=["entries"])

@@ -1,6 +1,6 @@
 // Wiring: one pool's stream -> model -> heatmap / charts / panels; controls; views.
 
-import { api, getToken, listPools, poolPath, setToken } from "./api.js";
+import { getToken, pool as poolApi, pools, setToken } from "./api.js";
 import { createCharts } from "./charts.js";
 import { createCompare } from "./compare.js";
 import { createControls, promptToken } from "./controls.js";
@@ -9,6 +9,7 @@ import { feedPool } from "./feed.js";
 import { PROTOCOL_VERSION } from "./frames.js";
 import { createHeatmap } from "./heatmap.js";
 import { PoolModel, formatBytes } from "./model.js";
+import { FOREST_REFRESH_MS, describeMirror, mirrorAlerts } from "./mirror.js";
 import { PANEL_REFRESH_MS, numbersHtml, renderAlerts, renderLog, selectedTypes } from "./panels.js";
 
 const $ = (sel) => /** @type {HTMLElement} */ (document.querySelector(sel));
@@ -73,10 +74,36 @@ function schedulePanels() {
   panelTimer = window.setTimeout(renderPanels, PANEL_REFRESH_MS);
 }
 
+/** A mirror pool's prefix forest (GET /forest), refreshed every FOREST_REFRESH_MS while shown. */
+let mirrorForest = null;
+let forestAt = 0;
+let forestPool = "";
+
+function refreshForest() {
+  const c = model.config;
+  if (!c || c.strategy !== "mirror") {
+    mirrorForest = null;
+    return;
+  }
+  const now = Date.now();
+  if (forestPool === poolName && now - forestAt < FOREST_REFRESH_MS) return;
+  if (forestPool !== poolName) mirrorForest = null;
+  forestAt = now;
+  forestPool = poolName;
+  const name = poolName;
+  api("GET", `${poolPath(name)}/forest`).then((f) => {
+    if (name === poolName) {
+      mirrorForest = f;
+      schedulePanels();
+    }
+  }).catch(() => {});
+}
+
 function renderPanels() {
   panelTimer = 0;
-  $("#numbers").innerHTML = numbersHtml(model.stats, model.evictionsPerSec());
-  renderAlerts($("#alerts"), model.alerts());
+  $("#numbers").innerHTML = numbersHtml(model.stats, model.evictionsPerSec(), mirrorForest);
+  renderAlerts($("#alerts"), model.alerts().concat(mirrorAlerts(model.stats)));
+  refreshForest();
   if (logDirty) {
     renderLog($("#log"), model.events, selectedTypes($("#event-filters")));
     logDirty = false;
@@ -118,6 +145,10 @@ function onMessage(msg) {
 function describePool() {
   const c = model.config;
   if (!c) return;
+  if (c.strategy === "mirror") {
+    $("#pool-meta").textContent = describeMirror(c);
+    return;
+  }
   const extra = [c.strategy, c.fit ? `${c.fit}-fit` : "", `${Number(c.num_blocks).toLocaleString()} × ${formatBytes(c.block_bytes)}`, c.device].filter(Boolean);
   $("#pool-meta").textContent = extra.join(" · ");
 }
@@ -136,7 +167,7 @@ function connect(name) {
   if (name !== poolName) controls.clearChips();
   poolName = name;
   model = new PoolModel();
-  heatmap = createHeatmap($("#heatmap"), model, { fetchAllocation: (id) => api("GET", `${poolPath(poolName)}/allocations/${id}`) });
+  heatmap = createHeatmap($("#heatmap"), model, { fetchAllocation: (id) => poolApi(poolName).allocation(id) });
   charts = createCharts($("#charts"), model);
   logDirty = true;
   renderPanels();
@@ -164,7 +195,7 @@ function setPoolInUrl(name) {
 /** Pool names on the server; [] (and a status line) when they cannot be listed. */
 async function poolNames() {
   try {
-    return await listPools();
+    return await pools.names();
   } catch (err) {
     controls.status(`could not list pools: ${/** @type {Error} */ (err).message}`, "err");
     return [];
@@ -255,7 +286,7 @@ Object.defineProperty(window, "kvscope", {
     /** Distinct owner ids on the map, ascending (the browser tests compare them to REST). */
     owners: () => Array.from(new Set(model.owner)).filter((o) => o >= 0).sort((a, b) => a - b),
     stats: () => model.stats,
-    alerts: () => model.alerts(),
+    alerts: () => model.alerts().concat(mirrorAlerts(model.stats)),
     events: () => model.events.slice(),
     lastFrame: () => model.lastFrame,
     compare: () => compare.summary(),

@@ -156,7 +156,8 @@ def test_head_works_on_every_get_route(client):
         path = concrete(template)
         path += "/js/main.js" if template == "/static" else ""
         get, head = client.get(path), client.head(path)
-        assert head.status_code == get.status_code == 200, (path, get.text[:200])
+        assert head.status_code == get.status_code, (path, get.text[:200])
+        assert get.status_code == 200 or template.endswith("/forest"), (path, get.text[:200])  # not a mirror
         assert head.content == b""
         assert head.headers["content-type"] == get.headers["content-type"]
 
