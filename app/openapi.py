@@ -4,7 +4,8 @@
   FastAPI's `HTTPValidationError` (the server never answers with it: app/errors.py);
 - the "exactly one of" rules that pydantic checks in `model_validator`s, as `oneOf`;
 - the key pattern the server really accepts in a path (no '/', no U+FFFD);
-- a bearer security scheme on every gated route, so that /docs can send the token.
+- a bearer security scheme on every gated route, so that /docs can send the token;
+- a JSON request body `{}` on the POSTs that take no fields (the server wants the media type).
 
 Done as a post-processing pass over the generated description, so new routes get it too.
 """
@@ -55,6 +56,15 @@ ALLOCATING = ("/allocations", "/entries/{key}", "/ops", "/workload", "/api/pools
 PATH_KEY_PATTERN = "^[^\\x00-\\x1f\\x7f-\\x9f/\\ufffd]{1,256}$"
 
 
+# A POST that takes no fields still declares JSON (app/security.py refuses a POST without it).
+EMPTY_JSON_BODY = {
+    "required": True,
+    "description": "No fields: send `{}` (or no body) with `Content-Type: application/json`; a POST "
+                   "without it is 415, so that a cross-site form cannot send one.",
+    "content": {"application/json": {"schema": {"type": "object", "maxProperties": 0}, "example": {}}},
+}
+
+
 def exactly_one(a: str, b: str) -> list[dict]:
     return [{"required": [a], "properties": {b: {"type": "null"}}},
             {"required": [b], "properties": {a: {"type": "null"}}}]
@@ -66,8 +76,8 @@ def error_statuses(method: str, path: str) -> set[int]:
         statuses |= {401}
     if "{pool}" in path:
         statuses.add(404)
-    if path.endswith("/events"):
-        statuses.add(409)  # `after` from an earlier server process: history_reset
+    if path.endswith("/events") or "/entries" in path or path.endswith("/cache/policy"):
+        statuses.add(409)  # history_reset; a pool without a cache
     if method.upper() in MUTATING:
         statuses |= {409, 413, 415}
         if path.endswith(ALLOCATING):
@@ -75,8 +85,9 @@ def error_statuses(method: str, path: str) -> set[int]:
     return statuses
 
 
-def complete(schema: dict) -> dict:
-    """Add error responses, oneOf rules, the path key pattern and bearer security (in place)."""
+def complete(schema: dict, token_required: bool = True) -> dict:
+    """Add error responses, oneOf rules, the path key pattern and bearer security (in place).
+    Without a token on the server the bearer scheme is declared but optional (`{}` allowed)."""
     components = schema.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas["Error"] = ERROR_SCHEMA
@@ -86,6 +97,10 @@ def complete(schema: dict) -> dict:
         if name in schemas:
             schemas[name]["oneOf"] = exactly_one(a, b)
             schemas[name].setdefault("description", f"Give exactly one of '{a}' or '{b}'.")
+    if "PoolCreate" in schemas:  # and a block size: `block_bytes`, or a `model` to derive it from
+        schemas["PoolCreate"]["anyOf"] = [
+            {"required": ["block_bytes"], "properties": {"block_bytes": {"type": "integer"}}},
+            {"required": ["model"], "properties": {"model": {"type": "string"}}}]
     components["securitySchemes"] = {"bearer": {
         "type": "http", "scheme": "bearer",
         "description": "KVSCOPE_TOKEN (or the one the server printed at start); "
@@ -98,8 +113,10 @@ def complete(schema: dict) -> dict:
             responses = op.setdefault("responses", {})
             for status in sorted(error_statuses(method, path)):
                 responses[str(status)] = {"description": WHY[status], **ref}
+            if method.upper() == "POST" and "requestBody" not in op:
+                op["requestBody"] = EMPTY_JSON_BODY
             if not is_public(path):
-                op["security"] = [{"bearer": []}]
+                op["security"] = [{"bearer": []}] if token_required else [{}, {"bearer": []}]
             for param in op.get("parameters", ()):
                 if param.get("in") == "path" and param.get("name") == "key":
                     param["schema"]["pattern"] = PATH_KEY_PATTERN
@@ -112,7 +129,8 @@ def install_openapi(app: FastAPI) -> None:
     def openapi() -> dict:
         if app.openapi_schema is None:
             app.openapi_schema = complete(get_openapi(
-                title=app.title, version=app.version, description=app.description, routes=app.routes))
+                title=app.title, version=app.version, description=app.description, routes=app.routes),
+                token_required=bool(app.state.settings.token))
         return app.openapi_schema
 
     app.openapi = openapi

@@ -128,9 +128,10 @@ class SecurityMiddleware:
         # Same host and port as the request; the scheme may differ behind a TLS proxy.
         return host is not None and parts.netloc == host.strip().lower()
 
-    def route_media_types(self, scope) -> frozenset[str]:
+    def route_media_types(self, scope) -> frozenset[str] | None:
         """The body media types of the route `scope` goes to: what its OpenAPI requestBody
-        declares (openapi_extra), else JSON."""
+        declares (openapi_extra), else JSON. None when no route takes this method and path
+        (the router answers 404 / 405 then)."""
         app = scope.get("app")
         if self._routes is None and app is not None:
             self._routes = flat_routes(app)
@@ -145,7 +146,7 @@ class SecurityMiddleware:
                     types = frozenset(content)
                     self._media_types[key] = types
                 return types
-        return frozenset({JSON})
+        return None
 
     # -- ASGI ---------------------------------------------------------------------------------
     async def __call__(self, scope, receive, send) -> None:
@@ -206,7 +207,7 @@ class SecurityMiddleware:
             return None
         accepted = self.route_media_types(scope)
         given = media_type(declared)
-        if given in accepted:
+        if accepted is None or given in accepted:
             return None
         want = " or ".join(sorted(accepted))
         what = f"Content-Type {declared!r}" if declared is not None else "no Content-Type"

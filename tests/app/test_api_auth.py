@@ -131,6 +131,11 @@ def test_page_says_a_token_is_required(authed, client):
     assert 'data-token-required="false"' in client.get("/").text
 
 
+def test_without_a_token_the_bearer_scheme_is_optional(client):
+    spec = client.get("/openapi.json").json()
+    assert spec["paths"]["/api/pools"]["get"]["security"] == [{}, {"bearer": []}]
+
+
 def test_openapi_declares_bearer_on_gated_routes_only():
     with make_client(token="t") as c:
         spec = c.get("/openapi.json").json()

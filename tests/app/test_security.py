@@ -177,3 +177,9 @@ def test_405_names_every_allowed_method(client, method, path, allow):
     err = assert_error(r, 405, "method_not_allowed")
     assert r.headers["allow"] == allow
     assert err["details"]["allow"] == allow.split(", ")
+
+
+def test_a_post_to_a_path_without_post_is_405_not_415(client):
+    r = client.post("/api/pools/default/stats")  # no Content-Type either: the method is what is wrong
+    assert_error(r, 405, "method_not_allowed")
+    assert r.headers["allow"] == "GET, HEAD"
