@@ -119,6 +119,8 @@ export function pool(name) {
     defragment: () => api("POST", `${base}/defragment`),
     check: () => api("GET", `${base}/check`),
     stats: () => api("GET", `${base}/stats`),
+    /** A mirror pool's prefix forest (roots, orphans, depth, most shared prefixes). */
+    forest: () => api("GET", `${base}/forest`),
     /** @param {import("./model.js").EventGap} gap */
     events: (gap) => api("GET", `${base}/events?after=${gap.after}&limit=${gap.limit}`),
     /** @param {Size} size */

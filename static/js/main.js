@@ -91,7 +91,7 @@ function refreshForest() {
   forestAt = now;
   forestPool = poolName;
   const name = poolName;
-  api("GET", `${poolPath(name)}/forest`).then((f) => {
+  poolApi(name).forest().then((f) => {
     if (name === poolName) {
       mirrorForest = f;
       schedulePanels();
