@@ -235,7 +235,7 @@ cdef class CacheCore:
                    or self.c_next_victim(exclude))
             e = entries[key]
             expired = e.expires_at is not None and e.expires_at <= self.now()
-            self.c_evict(key, "ttl" if expired else "capacity")
+            self.c_evict_entry(e, "ttl" if expired else "capacity")
             evicted.append(key)
         return 0
 
@@ -247,13 +247,20 @@ cdef class CacheCore:
         self.c_make_room(need, exclude, evicted, helps)
 
     cdef int c_evict(self, str key, str reason) except -1:
-        cdef Entry entry = self._entries[key]
+        return self.c_evict_entry(self._entries[key], reason)
+
+    cdef int c_evict_entry(self, Entry entry, str reason) except -1:
+        cdef str key = entry.key
         cdef double now = self.now()
         self.c_drop(entry, True)
         self.evictions[reason] += 1
-        self.ev.record_values(self.code_evict, (
-            key, entry.nbytes, entry.allocated_bytes // self.bb, reason, self._policy,
-            now - entry.created_at, now - entry.last_access), wall_time())
+        cdef int64_t *v = self.ev.record_keyed(self.code_evict, key, wall_time())
+        v[0] = entry.nbytes
+        v[1] = entry.allocated_bytes // self.bb
+        v[2] = self.ev.intern(reason)
+        v[3] = self.ev.intern(self._policy)
+        v[4] = f2i(now - entry.created_at)
+        v[5] = f2i(now - entry.last_access)
         return 0
 
     def _evict(self, str key, str reason) -> None:
@@ -334,5 +341,8 @@ cdef class CacheCore:
             heapq.heappush(self._ttl_heap, (e.expires_at, key, aid))
         if held > need:  # a tiered pool fell back to a larger tier than estimated
             me._shed_excess(key, evicted)
-        self.ev.record_values(self.code_put, (key, aid, nbytes, held // self.bb), wall_time())
+        cdef int64_t *v = self.ev.record_keyed(self.code_put, key, wall_time())
+        v[0] = e.id
+        v[1] = e.nbytes
+        v[2] = held // self.bb
         return PutResult(e, True, evicted)
