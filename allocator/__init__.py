@@ -18,6 +18,7 @@ from .cache import Entry, KVCache, PutResult
 from .contiguous import ContiguousPool
 from .errors import (
     Conflict,
+    ExceedsCapacity,
     InvalidRequest,
     KVScopeError,
     NotFound,
@@ -58,7 +59,7 @@ def create_pool(strategy: str = "paged", **options) -> Pool:
 
 __all__ = [
     "Allocation", "BlockMap", "BlockStorage", "CACHED", "CacheSpec", "Conflict", "ContiguousPool",
-    "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "FITS", "FREE",
+    "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "ExceedsCapacity", "FITS", "FREE",
     "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "MirrorPool", "ModelGeometry", "NotFound",
     "OutOfMemory", "PINNED", "POLICIES", "PREFIX_POLICIES", "PagedPool", "Pool", "PoolSpec",
     "PrefixOutOfMemory", "PrefixPool", "PutResult", "SCENARIOS", "SHARED", "STATE_NAMES",

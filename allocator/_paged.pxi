@@ -283,7 +283,7 @@ cdef class PagedCore:
             total = min(total, self.num_blocks + 1)
         if total > self.free_count:
             free_bytes = self.free_count * self.block_bytes
-            raise self._oom(sum(sizes), free_bytes, free_bytes, "capacity")
+            raise self._oom(sum(sizes), free_bytes, free_bytes, "capacity", False)  # a batch: an OOM
         cdef double now = wall_time()
         for nbytes in sizes:
             nb = nbytes

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from ._core import CacheCore, Entry, PutResult
 from .blockmap import CACHED, PINNED
-from .errors import Conflict, InvalidRequest, NotFound, OutOfMemory, positive_int
+from .errors import Conflict, ExceedsCapacity, InvalidRequest, NotFound, OutOfMemory, positive_int
 from .policies import POLICIES
 from .pool import Pool
 from .vocab import EVICTION_REASONS
@@ -312,21 +312,22 @@ class KVCache(CacheCore):
         ):
             raise InvalidRequest(f"ttl_s must be a positive finite number of seconds, got {ttl_s!r}")
 
-    def _too_large(self, nbytes: int, need: int) -> InvalidRequest:
-        return InvalidRequest(
-            f"entry of {nbytes} bytes ({need} allocated) exceeds the cache capacity of "
-            f"{self.capacity_bytes} bytes"
-        )
+    def _too_large(self, nbytes: int, need: int) -> ExceedsCapacity:
+        """An entry whose footprint is over the whole budget: it can never fit (413)."""
+        return ExceedsCapacity(need, self.capacity_bytes, "cache")
 
-    def _refuse_pool(self, need: int) -> OutOfMemory:
+    def _refuse_pool(self, need: int) -> OutOfMemory | ExceedsCapacity:
         """The pool itself cannot hold `need` even with every evictable entry gone."""
         pool = self.pool
         free = (pool.num_blocks - pool.used_blocks) * pool.block_bytes
         return pool._oom(need, free, pool.largest_free_bytes(), "capacity")
 
-    def _refuse_budget(self, need: int) -> OutOfMemory:
+    def _refuse_budget(self, need: int) -> OutOfMemory | ExceedsCapacity:
         """The cache's own budget cannot hold `need` (pinned entries fill it): counted by the
-        cache as a refusal, not as a pool OOM, since the pool may have memory to spare."""
+        cache as a refusal, not as a pool OOM, since the pool may have memory to spare.
+        ExceedsCapacity (not counted) when `need` is over the whole budget: it never fits."""
+        if need > self.capacity_bytes:
+            return ExceedsCapacity(need, self.capacity_bytes, "cache")
         self.refusals += 1
         room = self.capacity_bytes - self.used_bytes + self._evictable_bytes(None)
         return OutOfMemory(need, room, room, "capacity")

@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 
 from .blockmap import CACHED, FREE, NO_OWNER, PINNED, STATE_NAMES, USED, BlockMap
-from .errors import InvalidRequest, NotFound, OutOfMemory, positive_int
+from .errors import ExceedsCapacity, InvalidRequest, NotFound, OutOfMemory, positive_int
 from .events import EventLog
 from .geometry import ModelGeometry, size_in_bytes
 from .metrics import fragmentation_stats
@@ -376,6 +376,14 @@ class Pool(ABC):
         """The KV cache built on this pool, or None (the extension named "cache")."""
         return self.extensions.get("cache")
 
+    @cache.setter
+    def cache(self, cache) -> None:
+        # The old way a cache announced itself (`pool.cache = self`): kept working, as `attach`.
+        if cache is None:
+            self.extensions.pop("cache", None)
+        else:
+            self.attach("cache", cache)
+
     # -- stats ---------------------------------------------------------------------------
     def _frag_summary(self) -> dict:
         s = fragmentation_stats(
@@ -537,7 +545,13 @@ class Pool(ABC):
             raise InvalidRequest(f"size must be positive, got {nbytes} bytes")
         raise InvalidRequest(f"size must be an integer number of bytes, got {nbytes!r}")
 
-    def _oom(self, requested: int, free_bytes: int, largest_free: int, cause: str) -> OutOfMemory:
+    def _oom(self, requested: int, free_bytes: int, largest_free: int, cause: str,
+             one_request: bool = True) -> OutOfMemory | ExceedsCapacity:
+        """The error for a refused request: ExceedsCapacity when one request exceeds the whole
+        pool (it never fits; not counted as an OOM), else OutOfMemory (counted, logged). A batch
+        (`one_request=False`) is an OOM like the calls it stands for."""
+        if one_request and requested > self.capacity_bytes:
+            return ExceedsCapacity(requested, self.capacity_bytes)
         self.counters["ooms_" + cause] += 1
         self.events.record("oom", requested, free_bytes, largest_free, cause)
         return OutOfMemory(requested, free_bytes, largest_free, cause)

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from allocator import MirrorPool, Pool, PoolSpec
-from allocator.errors import Conflict, NotFound, TooLarge
+from allocator.errors import Conflict, ExceedsCapacity, NotFound, TooLarge
 
-from .settings import Settings
+from .settings import Settings, total_pool_cap
 
 if TYPE_CHECKING:
     from allocator import KVCache
@@ -95,7 +95,12 @@ class Registry:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.total_cap = total_pool_cap(settings)  # bytes all pools together may hold
         self._pools: dict[str, PoolHandle] = {}
+
+    def total_bytes(self) -> int:
+        """Bytes of all pools together (what `total_cap` bounds)."""
+        return sum(h.pool.capacity_bytes for h in self._pools.values())
 
     def __contains__(self, name: str) -> bool:
         return name in self._pools
@@ -130,11 +135,15 @@ class Registry:
             return self._create_mirror(spec)
         if isinstance(spec, dict):
             spec = self.parse(spec)
-        if spec.name in self._pools:
-            raise Conflict(f"pool {spec.name!r} already exists")
-        if len(self._pools) >= s.max_pools:
-            raise Conflict(f"at most {s.max_pools} pools; delete one first")
+        self._admit(spec.name)
         spec.check_caps(s.max_blocks, s.max_pool_bytes)  # before any memory is taken
+        planned = spec.capacity_bytes
+        if planned > self.total_cap:
+            raise ExceedsCapacity(planned, self.total_cap, "server (KVSCOPE_MAX_TOTAL_BYTES)")
+        held = self.total_bytes()
+        if held + planned > self.total_cap:
+            raise Conflict(f"pools already hold {held} of the server's {self.total_cap} bytes "
+                           f"(KVSCOPE_MAX_TOTAL_BYTES): {planned} more do not fit; delete a pool first")
         handle = PoolHandle(spec.name, spec.build())
         self._pools[spec.name] = handle
         return handle
@@ -144,10 +153,7 @@ class Registry:
         only: it holds no KV bytes, so its one-byte-per-slot tensor lives on the CPU."""
         s = self.settings
         name, num_blocks = spec["name"], spec["num_blocks"]
-        if name in self._pools:
-            raise Conflict(f"pool {name!r} already exists")
-        if len(self._pools) >= s.max_pools:
-            raise Conflict(f"at most {s.max_pools} pools; delete one first")
+        self._admit(name)
         if num_blocks > s.max_blocks:
             raise TooLarge(f"{num_blocks} blocks exceeds the cap of {s.max_blocks}")
         pool = MirrorPool(num_blocks, spec.get("block_bytes") or 1, name=name, device="cpu",
@@ -155,6 +161,13 @@ class Registry:
         handle = PoolHandle(name, pool)
         self._pools[name] = handle
         return handle
+
+    def _admit(self, name: str) -> None:
+        """Raises Conflict when `name` is taken or the server holds its most pools already."""
+        if name in self._pools:
+            raise Conflict(f"pool {name!r} already exists")
+        if len(self._pools) >= self.settings.max_pools:
+            raise Conflict(f"at most {self.settings.max_pools} pools; delete one first")
 
     def remove(self, name: str) -> PoolHandle:
         handle = self.get(name)

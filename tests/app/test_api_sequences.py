@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from apputil import assert_error, assert_ok_check, make_client, state_of
+from apputil import JSON, assert_error, assert_ok_check, make_client, state_of
 
 BASE = "/api/pools/px"
 SPEC = {"name": "px", "num_blocks": 8, "block_bytes": 64, "tokens_per_block": 4, "device": "cpu",
@@ -49,7 +49,7 @@ def test_open_reuses_the_cached_prefix_and_stats_count_tokens(client):
     assert client.delete(f"{BASE}/sequences/{b['id']}").status_code == 204
     order = client.get(f"{BASE}/prefix-cache/order").json()
     assert order["total"] == 3 and len(order["blocks"]) == 3
-    assert client.post(f"{BASE}/prefix-cache/reset").json() == {"cleared": 3}
+    assert client.post(f"{BASE}/prefix-cache/reset", headers=JSON).json() == {"cleared": 3}
     assert client.get(f"{BASE}/prefix-cache/order").json()["total"] == 0
     types = [e["type"] for e in client.get(f"{BASE}/events").json()["events"]]
     assert {"open", "stored", "append", "close", "cleared"} <= set(types)
@@ -114,7 +114,7 @@ def test_unknown_sequences_are_404_and_plain_pools_409(client):
     assert_error(client.post(f"{BASE}/sequences/99/append", json={"tokens": [1]}), 404, "not_found")
     assert_error(client.post("/api/pools/nope/sequences", json={"tokens": [1]}), 404, "not_found")
     assert_error(client.post("/api/pools/default/sequences", json={"tokens": [1]}), 409, "conflict")
-    assert_error(client.post("/api/pools/default/prefix-cache/reset"), 409, "conflict")
+    assert_error(client.post("/api/pools/default/prefix-cache/reset", headers=JSON), 409, "conflict")
     assert_error(client.get(f"{BASE}/prefix-cache/blocks/8"), 404, "not_found")
 
 
