@@ -108,6 +108,7 @@ class SecurityMiddleware:
         self.allowed_origins = frozenset(o.lower().rstrip("/") for o in settings.allowed_origins)
         self._media_types: dict[int, frozenset[str]] = {}
         self._routes: list | None = None  # the app's routes, read at the first request
+        self._special: list = []  # those that declare a body type of their own
 
     # -- checks ---------------------------------------------------------------------------------
     def host_ok(self, host: str | None) -> bool:
@@ -128,14 +129,17 @@ class SecurityMiddleware:
         # Same host and port as the request; the scheme may differ behind a TLS proxy.
         return host is not None and parts.netloc == host.strip().lower()
 
-    def route_media_types(self, scope) -> frozenset[str] | None:
+    def route_media_types(self, scope, only_special: bool = False) -> frozenset[str] | None:
         """The body media types of the route `scope` goes to: what its OpenAPI requestBody
         declares (openapi_extra), else JSON. None when no route takes this method and path
-        (the router answers 404 / 405 then)."""
+        (the router answers 404 / 405 then). `only_special`: look only at the routes that
+        declare a type of their own (None when none of them matches)."""
         app = scope.get("app")
         if self._routes is None and app is not None:
             self._routes = flat_routes(app)
-        for route in self._routes or ():
+            self._special = [r for r in self._routes
+                             if ((getattr(r, "openapi_extra", None) or {}).get("requestBody") or {}).get("content")]
+        for route in (self._special if only_special else self._routes) or ():
             match, _ = route.matches(scope)
             if match is Match.FULL:
                 key = id(route)
@@ -205,8 +209,10 @@ class SecurityMiddleware:
         has_body = b"transfer-encoding" in headers or headers.get(b"content-length", "0").strip() not in ("", "0")
         if method != "POST" and not has_body and declared is None:
             return None
-        accepted = self.route_media_types(scope)
         given = media_type(declared)
+        # Fast path: JSON is every route's type but the few that declare others (the raw-data
+        # upload); only those need matching, not the whole route list.
+        accepted = self.route_media_types(scope, only_special=given == JSON)
         if accepted is None or given in accepted:
             return None
         want = " or ".join(sorted(accepted))
