@@ -62,6 +62,15 @@ def mirror_main(argv: list[str]) -> int:
     if err:
         p.error(err)
     spec["mirror"] = {k: v for k, v in spec["mirror"].items() if v is not None}
+    if args.num_blocks is None:  # read it now: a bad URL is one line here, not a failed startup
+        from kvevents.engine_metrics import MetricsError, num_gpu_blocks
+
+        try:
+            spec["num_blocks"] = num_gpu_blocks(args.metrics_url)
+        except MetricsError as exc:
+            print(f"kvscope mirror: {exc}", file=sys.stderr)
+            return 2
+        print(f"kvscope mirror: {spec['num_blocks']:,} GPU blocks (vllm:cache_config_info)", flush=True)
     return _serve("kvscope mirror", args, [(spec, {"record": args.record})])
 
 

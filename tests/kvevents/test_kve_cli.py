@@ -89,6 +89,9 @@ def test_mirror_command_records_and_the_recording_plays_back(ipc, vllm_kv, tmp_p
 def test_cli_refusals_are_one_line_exit_2(tmp_path):
     r = run("mirror", "tcp://127.0.0.1:5557")
     assert r.returncode == 2 and "--num-blocks" in r.stderr
+    r = run("mirror", "tcp://127.0.0.1:5557", "--metrics-url", "http://127.0.0.1:9/metrics")
+    assert r.returncode == 2 and "could not read http://127.0.0.1:9/metrics" in r.stderr
+    assert "Traceback" not in r.stderr
     r = run("mirror", "http://nope", "--num-blocks", "8")
     assert r.returncode == 2 and "endpoint" in r.stderr and "Traceback" not in r.stderr
     bad = tmp_path / "x.kvrec"
