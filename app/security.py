@@ -109,13 +109,21 @@ class SecurityMiddleware:
         self._media_types: dict[int, frozenset[str]] = {}
         self._routes: list | None = None  # the app's routes, read at the first request
         self._special: list = []  # those that declare a body type of their own
+        self._host_verdicts: dict[str, bool] = {}  # Host header -> allowed (bounded, see host_ok)
+        self._csp = CSP.encode()
+        self._docs_csp = DOCS_CSP.encode()
 
     # -- checks ---------------------------------------------------------------------------------
     def host_ok(self, host: str | None) -> bool:
         if host is None or "*" in self.allowed_hosts:
             return True
-        name = hostname_of(host)
-        return is_loopback(name) or name in self.allowed_hosts
+        verdict = self._host_verdicts.get(host)
+        if verdict is None:
+            name = hostname_of(host)
+            verdict = is_loopback(name) or name in self.allowed_hosts
+            if len(self._host_verdicts) < 256:  # a client can send any Host: keep the memo small
+                self._host_verdicts[host] = verdict
+        return verdict
 
     def origin_ok(self, origin: str | None, host: str | None) -> bool:
         if origin is None or "*" in self.allowed_origins:
@@ -244,7 +252,7 @@ class SecurityMiddleware:
         await self.app(scope, receive, send)
 
     def _with_headers(self, send, path: str):
-        csp = (DOCS_CSP if path == "/docs" else CSP).encode()
+        csp = self._docs_csp if path == "/docs" else self._csp
 
         async def send_with_headers(message) -> None:
             if message["type"] == "http.response.start":
