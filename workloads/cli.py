@@ -18,7 +18,13 @@ from allocator import MODEL_PRESETS, InvalidRequest
 from allocator.vocab import POLICIES, STRATEGIES
 
 from .report import build_report, markdown, write_report
-from .scenarios import SCENARIOS, compare_scenario, comparison_text, run_scenario
+from .scenarios import (
+    SCENARIOS,
+    compare_prefix_caching,
+    compare_scenario,
+    comparison_text,
+    run_scenario,
+)
 from .simulator import RESERVATIONS, SimConfig, Simulator
 from .trace import load_trace
 
@@ -155,8 +161,10 @@ def scenario_parser() -> argparse.ArgumentParser:
         "mixed sizes, free every other allocation, then ask for one large request (less than "
         "the free total, more than any hole); without --strategy it runs on a contiguous and a "
         "paged pool and prints them side by side. chat: multi-turn conversations on the pool's "
-        "cache (hit rate, evictions). burst: waves of arrivals that overfill the pool. A single "
-        "strategy's report is printed as JSON."))
+        "cache (hit rate, evictions). burst: waves of arrivals that overfill the pool. "
+        "prefix-chat: multi-turn conversations whose prompts grow by reply + message over shared "
+        "system prompts; without --strategy it runs with prefix caching on and off side by side. "
+        "A single strategy's report is printed as JSON."))
     p.add_argument("name", choices=SCENARIOS, help="which scenario")
     p.add_argument("--strategy", choices=STRATEGIES, help=(
         "allocation strategy of the pool (default: fragmentation compares contiguous and paged; "
@@ -172,7 +180,7 @@ def scenario_parser() -> argparse.ArgumentParser:
 
 def scenario_main(argv: list[str] | None = None) -> int:
     args = scenario_parser().parse_args(argv)
-    compare = args.strategy is None and args.name == "fragmentation"
+    compare = args.strategy is None and args.name in ("fragmentation", "prefix-chat")
     out = None
     try:
         if args.out:
@@ -181,7 +189,9 @@ def scenario_main(argv: list[str] | None = None) -> int:
             raise InvalidRequest(f"--seed must be >= 0, got {args.seed}")
         if args.blocks < 8:
             raise InvalidRequest(f"--blocks must be at least 8, got {args.blocks}")
-        if compare:
+        if compare and args.name == "prefix-chat":
+            report = compare_prefix_caching(args.seed, args.blocks, args.policy)
+        elif compare:
             report = compare_scenario(args.name, args.seed, args.blocks, args.policy)
         else:
             report = run_scenario(args.name, args.strategy or "paged", args.seed, args.blocks, args.policy)
@@ -235,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     usage = (f"usage: python -m workloads {{{','.join(COMMANDS)}}} [options]\n"
              "  replay        replay an LLM request trace through the serving simulator\n"
-             "  scenario      run a fragmentation / chat / burst scenario on a fresh pool\n"
+             "  scenario      run a fragmentation / chat / burst / prefix-chat scenario on a fresh pool\n"
              "  policy-study  hit rate of each cache eviction policy next to Belady's MIN\n"
              "(python -m workloads COMMAND -h for a command's options)")
     if argv and argv[0] in ("-h", "--help"):
