@@ -87,6 +87,9 @@ class PoolSpec:
                          minimum=block_bytes)
             num_blocks = capacity_bytes // block_bytes
         positive_int(num_blocks, "num_blocks")
+        if tokens_per_block is not None:  # also beside block_bytes, where it only labels the pool
+            positive_int(tokens_per_block, "tokens_per_block")
+
         fit = _option(info.options, "fit", fit, default="first", of=strategy)
         if fit is not None and fit not in FITS:
             raise InvalidRequest(f"unknown fit {fit!r}; choose one of {list(FITS)}")

@@ -139,6 +139,11 @@ EVENT_KINDS: dict[str, EventKind] = _by_name(
                          "seq_id"), "prefix"),
     EventKind("removed", ("blocks", "block_hashes", "reason"), "prefix"),
     EventKind("cleared", ("blocks", "block_hashes"), "prefix"),
+    # Sequences of a prefix-caching pool: `blocks` of open are all its blocks (cached ones first),
+    # of append the blocks newly taken, of close the blocks released.
+    EventKind("open", ("seq_id", "num_tokens", "cached_tokens", "blocks"), "seq"),
+    EventKind("append", ("seq_id", "num_tokens", "blocks"), "seq"),
+    EventKind("close", ("seq_id", "blocks"), "seq"),
 )
 # Field names of each event kind, after the common (seq, ts, type) (allocator/events.py reads it).
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {k.name: k.fields for k in EVENT_KINDS.values()}
@@ -154,6 +159,7 @@ EVENT_GROUPS: dict[str, tuple[str, bool]] = {
     "alloc": ("alloc/free", False),
     "cache": ("put/hit/miss", False),
     "prefix": ("stored/removed/cleared", True),
+    "seq": ("open/append/close", False),
 }
 
 SCENARIO_INFO: dict[str, ScenarioInfo] = _by_name(

@@ -106,6 +106,15 @@ def _flag_message(exc: Exception) -> str:
     return text
 
 
+def _failed(exc: BaseException, describe=str) -> int:
+    """Say why a command stopped; returns its exit code (130 when interrupted, else 2)."""
+    if isinstance(exc, KeyboardInterrupt):
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    print(f"error: {describe(exc)}", file=sys.stderr)
+    return 2
+
+
 def _out_dir(path: str) -> Path:
     """Check the output directory up front (without creating it), so a bad --out fails before
     a long run: it, or the nearest part of it that exists, must be a writable directory."""
@@ -130,15 +139,11 @@ def replay_main(argv: list[str] | None = None) -> int:
         out = _out_dir(args.out)
         report = run_replay(args)
         paths = write_report(report, out, png=not args.no_png)
-    except InvalidRequest as exc:
-        print(f"error: {_flag_message(exc)}", file=sys.stderr)
-        return 2
+    except (InvalidRequest, KeyboardInterrupt) as exc:
+        return _failed(exc, _flag_message)
     except OSError as exc:
         print(f"error: cannot write the report to {args.out!r}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
     print(markdown(report))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
@@ -180,12 +185,8 @@ def scenario_main(argv: list[str] | None = None) -> int:
             report = compare_scenario(args.name, args.seed, args.blocks, args.policy)
         else:
             report = run_scenario(args.name, args.strategy or "paged", args.seed, args.blocks, args.policy)
-    except InvalidRequest as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+    except (InvalidRequest, KeyboardInterrupt) as exc:
+        return _failed(exc)
     text = json.dumps(report, indent=2)
     shown = comparison_text(report) if compare and not args.json else text + "\n"
     if out is not None:
@@ -217,12 +218,8 @@ def policy_main(argv: list[str] | None = None) -> int:
             raise InvalidRequest(f"--seed must be >= 0, got {args.seed}")
         out = _out_dir(args.out) if args.out else None
         result = run_study(args.seed, load_trace(limit=args.limit))
-    except InvalidRequest as exc:
-        print(f"error: {_flag_message(exc)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+    except (InvalidRequest, KeyboardInterrupt) as exc:
+        return _failed(exc, _flag_message)
     text = study_markdown(result)
     if out is not None:
         (_mkdir(out) / "policy_study.json").write_text(json.dumps(result, indent=2) + "\n")
