@@ -186,7 +186,8 @@ SCENARIO_INFO: dict[str, ScenarioInfo] = _by_name(
 )
 SCENARIOS: tuple[str, ...] = tuple(SCENARIO_INFO)
 
-WORKLOAD_KINDS: tuple[str, ...] = ("scenario", "trace")
+# mooncake: the Mooncake trace (prompt block hashes) replayed into a prefix-caching pool.
+WORKLOAD_KINDS: tuple[str, ...] = ("scenario", "trace", "mooncake")
 
 # Why an allocation failed (`oom` events, OutOfMemory.cause): not enough free in total, or enough
 # free in total but not in the shape the request needs.
