@@ -93,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return serve(rest)
+    if command == "prefix" and any(a == "--publish" or a.startswith("--publish=") for a in rest):
+        from . import cli_events
+
+        return int(cli_events.prefix_publish_main(rest))
     if command in ("mirror", "recording"):
         from . import cli_events
 

@@ -172,6 +172,10 @@ def test_cli_dispatches_to_the_workloads_cli(monkeypatch):
     ("KVSCOPE_DEFAULT_BLOCK_BYTES", str(1 << 30),
      f"the default pool's 4096 x {1 << 30} bytes exceed KVSCOPE_MAX_POOL_BYTES={2 << 30} "
      "(set KVSCOPE_DEFAULT_BLOCKS or KVSCOPE_DEFAULT_BLOCK_BYTES)"),
+    ("KVSCOPE_MAX_TOTAL_BYTES", "1000",
+     "the default pool's 4096 x 4096 bytes exceed the server's total of 1000 bytes (KVSCOPE_MAX_TOTAL_BYTES)"),
+    ("KVSCOPE_MAX_STREAM_CLIENTS", "0", "KVSCOPE_MAX_STREAM_CLIENTS must be at least 1, got 0"),
+    ("KVSCOPE_STREAM_STALL_MS", "5", "KVSCOPE_STREAM_STALL_MS must be at least 100, got 5"),
 ])
 def test_serve_with_a_bad_env_value_says_which_and_exits_2(monkeypatch, capsys, name, value, says):
     import uvicorn
