@@ -6,9 +6,9 @@ import json
 from fractions import Fraction
 
 import pytest
-from curve_model import REF_POLICIES, ref_pool
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prefix_curve_model import REF_POLICIES, ref_pool
 
 from allocator import InvalidRequest
 from workloads.mooncake import parse_mooncake

@@ -1,9 +1,8 @@
 """A small, obviously-correct prefix cache: the reference the capacity curve is checked against.
 
-Imported by name (`from curve_model import RefPrefixPool`; tests/allocator's `prefix_model` is
-another one, of the pool's full API). It answers the calls the curve makes on the pool
-(`open_sequence(block_hashes, num_tokens, next_use)`, `close_sequence`, `prefix_stats`) with
-plain dictionaries and linear scans, no cleverness:
+Imported by name (`from prefix_curve_model import RefPrefixPool`). It answers the same calls the curve
+makes on the allocator's pool (`open_sequence(block_hashes, num_tokens, next_use)`,
+`close_sequence`, `prefix_stats`) with plain dictionaries and linear scans, no cleverness:
 
 - a sequence's cached prefix is its longest run of leading hashes held in the cache;
 - its other blocks are all new, as in vLLM: one whose hash the cache already holds (past the
