@@ -59,6 +59,7 @@ class PoolHandle:
             "used_blocks": p.used_blocks,
             "utilization": p.used_blocks / p.num_blocks,
             "cache": None if cache is None else {"policy": cache.policy, "capacity_bytes": cache.capacity_bytes},
+            "prefix_caching": p.config().get("prefix_caching"),
         }
 
     def reset(self) -> int:

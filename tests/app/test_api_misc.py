@@ -149,13 +149,15 @@ def test_cli_dispatches_to_the_workloads_cli(monkeypatch):
     fake = types.ModuleType("workloads.cli")
     fake.replay_main = lambda argv: calls.append(("replay", argv)) or 0
     fake.scenario_main = lambda argv: calls.append(("scenario", argv)) or 0
+    fake.prefix_main = lambda argv: calls.append(("prefix", argv)) or 0
     monkeypatch.setitem(sys.modules, "workloads.cli", fake)
     import workloads
 
     monkeypatch.setattr(workloads, "cli", fake, raising=False)
     assert cli.main(["replay", "--limit", "5"]) == 0
     assert cli.main(["scenario", "chat"]) == 0
-    assert calls == [("replay", ["--limit", "5"]), ("scenario", ["chat"])]
+    assert cli.main(["prefix", "--quiet"]) == 0
+    assert calls == [("replay", ["--limit", "5"]), ("scenario", ["chat"]), ("prefix", ["--quiet"])]
     assert cli.main(["bogus"]) == 2
     assert cli.main(["--help"]) == 0
 
