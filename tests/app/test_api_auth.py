@@ -17,7 +17,7 @@ H = {"Authorization": "Bearer s3cret"}
 # Exactly what is answered without the token (method, path template).
 PUBLIC = {("GET", "/"), ("GET", "/docs"), ("GET", "/openapi.json"), ("GET", "/healthz"),
           ("GET", "/metrics"), ("GET", "/static")}
-SAMPLE = {"pool": "default", "key": "a", "id": "1"}
+SAMPLE = {"pool": "default", "key": "a", "id": "1", "block": "0"}
 
 
 def every_route(app) -> list[tuple[str, str]]:
