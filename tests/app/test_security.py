@@ -153,7 +153,6 @@ def test_head_works_on_every_get_route(client):
     client.put("/api/pools/default/entries/a", json={"bytes": 1})
     client.post("/api/pools/default/allocations", json={"bytes": 1})
     client.post("/api/pools/default/workload", json={"kind": "scenario", "name": "burst"})
-    answered_200 = 0
     for method, template in every_route(client.app):
         if method != "GET":
             continue
@@ -161,12 +160,9 @@ def test_head_works_on_every_get_route(client):
         path += "/js/main.js" if template == "/static" else ""
         get, head = client.get(path), client.head(path)
         assert head.status_code == get.status_code, (path, get.text[:200])
-        # some GET routes need another kind of pool (a mirror, prefix caching): 409/422 is their answer
-        assert get.status_code not in (405, 500), (path, get.text[:200])
-        answered_200 = answered_200 + 1 if get.status_code == 200 else answered_200
+        assert get.status_code == 200 or template.endswith("/forest"), (path, get.text[:200])  # not a mirror
         assert head.content == b""
         assert head.headers["content-type"] == get.headers["content-type"]
-    assert answered_200 >= 15
 
 
 @pytest.mark.parametrize("method,path,allow", [
