@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import __version__
-from .auth import require_token
 from .errors import install_error_handlers
 from .head import HeadMiddleware
 from .housekeeping import Housekeeper
@@ -20,12 +19,13 @@ from .openapi import install_openapi
 from .pages import mount_static
 from .pages import router as pages_router
 from .registry import Registry
-from .routes import allocations, entries, meta, ops, pools, stream, workload
+from .routes import allocations, entries, meta, ops, pools, sequences, stream, workload
 from .security import SecurityMiddleware
 from .settings import Settings, get_settings
 from .stream import Hub
 
-API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router, meta.router)
+API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router, meta.router,
+               sequences.router)
 
 
 def default_pool_spec(settings: Settings) -> dict:
@@ -76,7 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = Metrics(app.state.registry)
     install_error_handlers(app)
     for router in API_ROUTERS:
-        app.include_router(router, dependencies=[Depends(require_token)])
+        app.include_router(router)  # the token: app/security.py, for every route at once
     app.include_router(stream.router)
     app.include_router(pages_router)
     mount_static(app)

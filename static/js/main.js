@@ -167,7 +167,10 @@ function connect(name) {
   if (name !== poolName) controls.clearChips();
   poolName = name;
   model = new PoolModel();
-  heatmap = createHeatmap($("#heatmap"), model, { fetchAllocation: (id) => poolApi(poolName).allocation(id) });
+  heatmap = createHeatmap($("#heatmap"), model, {
+    fetchAllocation: (id) => poolApi(poolName).allocation(id),
+    fetchBlock: (b) => poolApi(poolName).block(b),
+  });
   charts = createCharts($("#charts"), model);
   logDirty = true;
   renderPanels();
@@ -282,6 +285,8 @@ Object.defineProperty(window, "kvscope", {
     },
     paintedCounts: () => (heatmap ? heatmap.paintedCounts() : null),
     paintStats: () => (heatmap ? heatmap.paintStats() : null),
+    blockColor: (i) => (heatmap ? heatmap.blockColor(i) : null),
+    setMode: (m) => heatmap && heatmap.setMode(m),
     modelCounts: () => model.countStates(),
     /** Distinct owner ids on the map, ascending (the browser tests compare them to REST). */
     owners: () => Array.from(new Set(model.owner)).filter((o) => o >= 0).sort((a, b) => a - b),
