@@ -19,13 +19,13 @@ from .openapi import install_openapi
 from .pages import mount_static
 from .pages import router as pages_router
 from .registry import Registry
-from .routes import allocations, entries, meta, ops, pools, sequences, stream, workload
+from .routes import allocations, entries, meta, ops, pools, prefix, sequences, stream, workload
 from .security import SecurityMiddleware
 from .settings import Settings, get_settings
 from .stream import Hub
 
 API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router, meta.router,
-               sequences.router)
+               sequences.router, prefix.router)
 
 
 def default_pool_spec(settings: Settings) -> dict:

@@ -8,7 +8,8 @@ the pool. Then the serving simulation of the full trace with prefix caching on a
 120 s for both; the off run is the same-run baseline). Checks the targets on the measured points (MIN >= every policy at every capacity, LRU
 non-decreasing, max 0.374 and LRU at 3M 0.139 within 0.005 of the independent computation) and
 writes the report to `docs/report/prefix_report.*` (no timings in it: the same code rewrites it
-byte for byte).
+byte for byte) and its drawable part to `workloads/reports/mooncake_prefix_curve.json`, which the
+server ships as `GET /api/prefix/curve`.
 
     .venv/bin/python -m bench.bench_mooncake [--no-report]
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from workloads.mooncake import TRACE_BLOCK_TOKENS, load_mooncake
 from workloads.prefix_curve import capacity_curve, prepare, ratio_at, run_point
+from workloads.prefix_curve_data import write_bundled_curve
 from workloads.prefix_report import write_prefix_report
 from workloads.prefix_sim import compare, sim_config
 
@@ -91,7 +93,7 @@ def run(write: bool = True) -> dict:
           f"req/s {on['throughput_rps']:.2f} vs {off['throughput_rps']:.2f}")
     if write:
         write_prefix_report(report, REPORT_DIR)
-        print(f"wrote {REPORT_DIR / 'prefix_report.md'}")
+        print(f"wrote {REPORT_DIR / 'prefix_report.md'} and {write_bundled_curve(report)}")
     return {"curve_s": curve_s, "baseline_s": base_s, "point_s": point.wall_s, "sim_s": sim_s,
             "report": report}
 
