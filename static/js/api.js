@@ -103,6 +103,9 @@ export const pools = {
 /** The vocabulary (allocator/vocab.py), as GET /api/meta serves it. */
 export const meta = () => api("GET", "/api/meta");
 
+/** The bundled trace's hit ratio vs capacity per policy (GET /api/prefix/curve). */
+export const prefixCurve = () => api("GET", "/api/prefix/curve");
+
 /**
  * One pool's REST API, typed: every URL of it lives here.
  * @param {string} name

@@ -1,9 +1,11 @@
 // Wiring: one pool's stream -> model -> heatmap / charts / panels; controls; views.
 
-import { getToken, pool as poolApi, pools, setToken } from "./api.js";
+import { getToken, pool as poolApi, pools, prefixCurve, setToken } from "./api.js";
 import { createCharts } from "./charts.js";
 import { createCompare } from "./compare.js";
 import { createControls, promptToken } from "./controls.js";
+import { poolOnCurve } from "./curve.js";
+import { createCurveChart } from "./curve-chart.js";
 import { escapeHtml } from "./dom.js";
 import { feedPool } from "./feed.js";
 import { PROTOCOL_VERSION } from "./frames.js";
@@ -42,6 +44,8 @@ let heatmap = null;
 let charts = null;
 let panelTimer = 0;
 let logDirty = true;
+/** The bundled trace's capacity curve beside the live charts, with a prefix-caching pool on it. */
+const curve = createCurveChart($("#prefix-curve"), { load: prefixCurve });
 
 const controls = createControls({
   getPool: () => poolName,
@@ -123,12 +127,14 @@ function onMessage(msg) {
       if (msg.protocol !== page.protocol) controls.status(`server speaks stream protocol ${msg.protocol}, page expects ${page.protocol}: reload`, "err");
       describePool();
       heatmap && heatmap.relayout();
+      curve.update(poolOnCurve(model.config, model.stats));
       break;
     case "events":
       logDirty = true;
       break;
     case "stats":
       charts && charts.update();
+      curve.update(poolOnCurve(model.config, model.stats));
       break;
     case "order":
       heatmap && heatmap.schedule();
@@ -161,6 +167,7 @@ function disconnect() {
   if (heatmap) heatmap.destroy();
   if (charts) charts.destroy();
   socket = heatmap = charts = null;
+  curve.update(null);
 }
 
 function connect(name) {
@@ -297,6 +304,7 @@ Object.defineProperty(window, "kvscope", {
     events: () => model.events.slice(),
     lastFrame: () => model.lastFrame,
     compare: () => compare.summary(),
+    prefixCurve: () => curve.summary(),
     version: page.version,
   }),
 });
