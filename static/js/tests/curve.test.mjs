@@ -55,3 +55,21 @@ test("token counts read short", () => {
   assert.equal(formatTokens(100000000), "100M");
   assert.equal(formatTokens(4096), "4,096");
 });
+
+test("the shipped curve file shapes into full policy columns and a flat maximum", async () => {
+  const { readFile } = await import("node:fs/promises");
+  const url = new URL("../../../workloads/reports/mooncake_prefix_curve.json", import.meta.url);
+  const report = JSON.parse(await readFile(url, "utf8"));
+  const { labels, data } = curveData(report, { capacity: 262144, hitRatio: 0.1 });
+  const n = report.policies.length;
+  assert.equal(labels.length, n + 2);
+  assert.equal(data.length, n + 3);
+  const at = data[0].indexOf(262144);
+  assert.ok(at > 0, "the pool's capacity lies inside the measured range");
+  for (let p = 1; p <= n; p++) {
+    assert.equal(data[p].filter((v) => v != null).length, report.capacities_tokens.length, labels[p - 1]);
+    assert.equal(data[p][at], null);
+  }
+  assert.ok(data[n + 1].every((v) => v === report.max_hit_ratio));
+  assert.deepEqual(data[n + 2].filter((v) => v != null), [0.1]);
+});
