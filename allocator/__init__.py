@@ -19,6 +19,7 @@ from .contiguous import FITS, ContiguousPool
 from .errors import Conflict, InvalidRequest, KVScopeError, NotFound, OutOfMemory, TooLarge
 from .events import EVENT_FIELDS, EventLog
 from .geometry import MODEL_PRESETS, ModelGeometry, get_model
+from .history import DEFAULT_HISTORY_BYTES, History, HistoryView, OutsideHistory
 from .paged import PagedPool
 from .policies import POLICIES
 from .pool import Allocation, DefragReport, Pool
@@ -41,6 +42,7 @@ def create_pool(
     tiers: list[dict] | None = None,
     name: str = "pool",
     event_capacity: int = 10_000,
+    history_bytes: int | None = DEFAULT_HISTORY_BYTES,
 ) -> Pool:
     """Build a pool. Size by `num_blocks` or `capacity_bytes`; block size by `block_bytes` or by
     `tokens_per_block` (default 16) with a `model` geometry. Raises InvalidRequest."""
@@ -66,7 +68,7 @@ def create_pool(
             raise InvalidRequest(f"capacity_bytes must be an integer of at least one block ({block_bytes} bytes)")
         num_blocks = capacity_bytes // block_bytes
     kw = dict(name=name, device=device, model=geometry, tokens_per_block=tokens_per_block,
-              event_capacity=event_capacity)
+              event_capacity=event_capacity, history_bytes=history_bytes)
     if strategy == "paged":
         return PagedPool(num_blocks, block_bytes, **kw)
     if strategy == "contiguous":
@@ -76,7 +78,7 @@ def create_pool(
 
 __all__ = [
     "Allocation", "BlockMap", "BlockStorage", "CACHED", "Conflict", "ContiguousPool",
-    "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "FITS", "FREE",
+    "DEFAULT_TIERS", "DefragReport", "History", "HistoryView", "OutsideHistory", "EVENT_FIELDS", "Entry", "EventLog", "FITS", "FREE",
     "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "ModelGeometry", "NotFound",
     "OutOfMemory", "PINNED", "POLICIES", "PagedPool", "Pool", "PutResult", "STATE_NAMES",
     "STRATEGIES", "TieredPool", "TooLarge", "USED", "create_pool", "get_model", "resolve_device",

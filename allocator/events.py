@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
+from itertools import islice
 from time import time as _now
 
 # Field names of each event kind, after the common (seq, ts, type). Events are stored as plain
 # tuples on the hot path and turned into dicts only when someone reads them.
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
-    "allocate": ("id", "requested_bytes", "allocated_bytes", "blocks"),
-    "extend": ("id", "requested_bytes", "allocated_bytes", "moved"),
-    "free": ("id", "blocks"),
-    "truncate": ("id", "requested_bytes", "allocated_bytes"),
+    # Map-changing kinds end with the block-map rows they change (`block_ids`: rows now owned;
+    # `freed_ids`: rows released; `moves`: (src, dst, count) runs applied in order) and what
+    # the history needs to rebuild the numbers (state code, bytes added or removed), so any
+    # past map replays exactly from a keyframe (allocator/history.py).
+    "allocate": ("id", "requested_bytes", "allocated_bytes", "blocks", "block_ids", "state"),
+    "extend": ("id", "requested_bytes", "allocated_bytes", "moved", "block_ids", "freed_ids",
+               "added_bytes", "state"),
+    "free": ("id", "blocks", "block_ids", "requested_bytes"),
+    "truncate": ("id", "requested_bytes", "allocated_bytes", "block_ids", "removed_bytes"),
     "oom": ("requested_bytes", "free_bytes", "largest_free_bytes", "cause"),
-    "defragment": ("moved_blocks", "moved_bytes", "seconds", "before", "after"),
+    "defragment": ("moved_blocks", "moved_bytes", "seconds", "before", "after", "moves",
+                   "moved_allocations"),
     "reset": ("freed",),
     "put": ("key", "id", "bytes", "blocks"),
     "hit": ("key",),
@@ -22,7 +30,58 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "evict": ("key", "bytes", "blocks", "reason", "policy", "age_s", "idle_s"),
     "policy": ("policy",),
     "workload": ("name", "state", "done", "total"),
+    # The blocks of allocation `id` took state code `state` (the cache pins and unpins).
+    "state": ("id", "state", "block_ids"),
 }
+
+# Fields holding block ids. Stored in the cheapest form that packs fast (allocator/history.py
+# pickles events; arrays and ranges pickle ~30x slower than bytes): an int for one block, bytes
+# of native int32 ids, a list of ints, a range, or (start, stop) for a range once packed.
+# `after()` hands out plain lists.
+BLOCK_FIELDS = frozenset(("block_ids", "freed_ids"))
+NEVER = 1 << 62
+
+
+def stored_ids(value):
+    """Block ids as an event stores them: an array('i') becomes its bytes (ints, lists, ranges
+    and None stay)."""
+    return value.tobytes() if value.__class__ is array else value
+
+
+def block_list(value) -> list[int]:
+    """A stored block-id field as a plain list of ints (None -> [])."""
+    cls = value.__class__
+    if value is None:
+        return []
+    if cls is int:
+        return [value]
+    if cls is bytes:
+        return array("i", value).tolist()
+    if cls is tuple:
+        return list(range(*value))
+    return list(value)
+
+
+def _plain(kind: str, values: tuple) -> list:
+    out = []
+    for name, v in zip(EVENT_FIELDS[kind], values):
+        if name in BLOCK_FIELDS:
+            v = block_list(v)
+        elif name == "moves" and v is not None:
+            v = [list(m) for m in v]
+        out.append(v)
+    return out
+
+
+_PLAIN_KINDS = frozenset(k for k, f in EVENT_FIELDS.items() if BLOCK_FIELDS.intersection(f) or "moves" in f)
+
+
+def event_dict(row: tuple) -> dict:
+    """One stored tuple `(seq, ts, type, *values)` as the dict readers get."""
+    kind = row[2]
+    event = {"seq": row[0], "ts": row[1], "type": kind}
+    event.update(zip(EVENT_FIELDS[kind], _plain(kind, row[3:]) if kind in _PLAIN_KINDS else row[3:]))
+    return event
 
 
 class EventLog:
@@ -39,18 +98,48 @@ class EventLog:
     object in the process (torch's included), which once cost more than the allocator itself.
     """
 
-    __slots__ = ("_ring", "_append", "last_seq")
+    __slots__ = ("_ring", "_append", "last_seq", "capacity", "spill_at", "sink")
 
     def __init__(self, capacity: int = 10_000) -> None:
+        self.capacity = capacity
         self._ring: deque[tuple] = deque(maxlen=capacity)
         self._append = self._ring.append
         self.last_seq = 0
+        # A history (`sink`) drains the ring before it drops events: writers call
+        # `sink.spill()` once `last_seq` reaches `spill_at`, at a point where the pool is
+        # consistent (after the event's change is complete).
+        self.sink = None
+        self.spill_at = NEVER
 
     def record(self, kind: str, *values: object) -> int:
         """Append one event; `values` follow EVENT_FIELDS[kind]. Returns its seq."""
         self.last_seq = seq = self.last_seq + 1
         self._append((seq, _now(), kind, *values))
+        if seq >= self.spill_at:
+            self.sink.spill()
         return seq
+
+    def reserve(self, n: int) -> None:
+        """Make room for `n` events appended without a spill check (a batch): drain the ring
+        into the history first, and widen the ring if the batch alone exceeds it."""
+        if self.sink is None or self.last_seq + n < self.spill_at:
+            return
+        self.sink.spill()
+        if n >= self.capacity:
+            self.capacity = n + 1
+            self._ring = deque(self._ring, maxlen=self.capacity)
+            self._append = self._ring.append
+            self.sink.spill()
+
+    def raw_after(self, seq: int) -> list[tuple]:
+        """The stored tuples with seq > `seq`, oldest first (for the history)."""
+        ring = self._ring
+        if not ring or ring[-1][0] <= seq:
+            return []
+        k = ring[-1][0] - seq
+        if k >= len(ring):
+            return list(ring)
+        return list(islice(ring, len(ring) - k, None))
 
     def truncate(self, seq: int) -> None:
         """Forget events after `seq` (a rolled-back batch that no reader has seen yet)."""
@@ -58,6 +147,8 @@ class EventLog:
         while ring and ring[-1][0] > seq:
             ring.pop()
         self.last_seq = seq
+        if self.sink is not None:
+            self.sink.rollback(seq)
 
     def after(self, seq: int = 0, limit: int = 1000, kinds: set[str] | None = None) -> list[dict]:
         """Events with seq > `seq`, oldest first, at most `limit`."""
@@ -71,9 +162,7 @@ class EventLog:
             kind = row[2]
             if kinds is not None and kind not in kinds:
                 continue
-            event = {"seq": row[0], "ts": row[1], "type": kind}
-            event.update(zip(EVENT_FIELDS[kind], row[3:]))
-            out.append(event)
+            out.append(event_dict(row))
             if len(out) >= limit:
                 break
         return out

@@ -77,11 +77,14 @@ class PagedPool(Pool):
                 own[b] = aid
                 st[b] = state
                 cv[b >> CHUNK_SHIFT] = v
+            b = blocks.tobytes()  # events hold ids as an int or int32 bytes (fast to pack)
         self._allocs[aid] = (nbytes, blocks)
         self.requested_total += nbytes
         ev = self.events
         ev.last_seq = seq = ev.last_seq + 1
-        ev._append((seq, _now(), "allocate", aid, nbytes, n * self.block_bytes, n))
+        ev._append((seq, _now(), "allocate", aid, nbytes, n * self.block_bytes, n, b, state))
+        if seq >= ev.spill_at:
+            ev.sink.spill()
         return aid
 
     def allocate_many(self, sizes: list[int], state: int = USED) -> list[int]:
@@ -102,10 +105,11 @@ class PagedPool(Pool):
         if total > len(free):
             free_bytes = len(free) * bb
             raise self._oom(sum(sizes), free_bytes, free_bytes, "capacity")
+        ev = self.events
+        ev.reserve(len(sizes))
         v = self._bm.version
         own, st, cv = self._own, self._st, self._cv
-        allocs, append = self._allocs, self.events._append
-        ev = self.events
+        allocs, append = self._allocs, ev._append
         seq = ev.last_seq
         aid = self._last_id
         now = _now()
@@ -122,7 +126,7 @@ class PagedPool(Pool):
                 cv[b >> CHUNK_SHIFT] = v
             allocs[aid] = (nbytes, blocks)
             seq += 1
-            append((seq, now, "allocate", aid, nbytes, n * bb, n))
+            append((seq, now, "allocate", aid, nbytes, n * bb, n, blocks.tobytes() if n > 1 else blocks[0], state))
             ids.append(aid)
         self._last_id = aid
         ev.last_seq = seq
@@ -134,10 +138,11 @@ class PagedPool(Pool):
         allocs = self._allocs
         if len(set(ids)) != len(ids) or not all(aid.__class__ is int and aid in allocs for aid in ids):
             self._check_ids(ids)  # names the offending id
+        ev = self.events
+        ev.reserve(len(ids))
         v = self._bm.version
         own, st, cv = self._own, self._st, self._cv
         free = self._free
-        ev = self.events
         append = ev._append
         seq = ev.last_seq
         now = _now()
@@ -149,11 +154,10 @@ class PagedPool(Pool):
                 own[b] = NO_OWNER
                 st[b] = FREE
                 cv[b >> CHUNK_SHIFT] = v
-            if len(blocks) > 1:
-                blocks.reverse()
-            free.extend(blocks)
+            # Reversed as a copy: the allocate event still holds `blocks` (events never change).
+            free.extend(blocks[::-1] if len(blocks) > 1 else blocks)
             seq += 1
-            append((seq, now, "free", aid, len(blocks)))
+            append((seq, now, "free", aid, len(blocks), blocks.tobytes() if len(blocks) > 1 else blocks[0], req))
         ev.last_seq = seq
         self.requested_total -= requested
         self._frees += len(ids)
@@ -166,14 +170,17 @@ class PagedPool(Pool):
         if need > len(self._free):
             free_bytes = len(self._free) * bb
             raise self._oom(need * bb, free_bytes, free_bytes, "capacity")
+        state = self.blockmap.state[blocks[0]]
+        new = None
         if need:
             new = self._take(need)
-            self.blockmap.assign(new, aid, self.blockmap.state[blocks[0]])
-            blocks.extend(new)
+            self.blockmap.assign(new, aid, state)
+            blocks = blocks + new  # a new array: events recorded earlier hold the old one
         self._allocs[aid] = (rec[0] + nbytes, blocks)
         self.requested_total += nbytes
         self.counters["extends"] += 1
-        self.events.record("extend", aid, rec[0] + nbytes, len(blocks) * bb, False)
+        self.events.record("extend", aid, rec[0] + nbytes, len(blocks) * bb, False,
+                           new and new.tobytes(), None, nbytes, state)
         return False
 
     def free(self, aid: int) -> None:
@@ -193,32 +200,34 @@ class PagedPool(Pool):
             st[b] = FREE
             cv[b >> CHUNK_SHIFT] = v
             self._free.append(b)
+            blocks = b  # the event names one block as an int
         else:
             for b in blocks:
                 own[b] = NO_OWNER
                 st[b] = FREE
                 cv[b >> CHUNK_SHIFT] = v
-            blocks.reverse()
-            self._free.extend(blocks)
+            self._free.extend(blocks[::-1])  # a copy: the allocate event still holds `blocks`
         self.requested_total -= requested
         self._frees += 1
         ev = self.events
         ev.last_seq = seq = ev.last_seq + 1
-        ev._append((seq, _now(), "free", aid, n))
+        ev._append((seq, _now(), "free", aid, n, blocks if n == 1 else blocks.tobytes(), requested))
+        if seq >= ev.spill_at:
+            ev.sink.spill()
 
     _release = free
 
-    def _truncate(self, aid: int, nbytes: int) -> None:
+    def _truncate(self, aid: int, nbytes: int):
         requested, blocks = self._allocs[aid]
         keep = -(-nbytes // self.block_bytes)
         tail = blocks[keep:]
         if tail:
-            del blocks[keep:]
+            blocks = blocks[:keep]  # a new array: events recorded earlier hold the old one
             self.blockmap.assign(tail, NO_OWNER, FREE)
-            tail.reverse()
-            self._free.extend(tail)
+            self._free.extend(tail[::-1])
         self._allocs[aid] = (nbytes, blocks)
         self.requested_total += nbytes - requested
+        return tail.tobytes()
 
     def _block_ids(self, aid: int):
         return self._allocs[aid][1]

@@ -1,0 +1,483 @@
+"""History: a pool's whole event history with keyframes, so any past block map can be rebuilt."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import zlib
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .blockmap import FREE, NO_OWNER, STATE_NAMES
+from .errors import NotFound
+from .events import event_dict
+from .metrics import fragmentation_stats
+
+DEFAULT_HISTORY_BYTES = 64 << 20
+# Keyframe at most every this many events, and at least every KEYFRAME_BLOCK_RATIO * blocks
+# events: replay from a keyframe costs ~1 us per event, a keyframe ~1 ns per block.
+KEYFRAME_EVENTS = 16_384
+KEYFRAME_BLOCK_RATIO = 0.25
+COUNTER_NAMES = ("extends", "truncates", "moves", "moved_blocks", "defragmentations",
+                 "ooms_capacity", "ooms_fragmentation")
+
+
+class OutsideHistory(NotFound):
+    """A point before the oldest kept event or after the newest one."""
+
+    def __init__(self, seq: int, first: int, last: int, dropped: int) -> None:
+        why = (f"; older events were dropped to keep the history within its memory budget "
+               f"({dropped} so far)" if dropped and seq < first else "")
+        super().__init__("history point", seq)
+        self.args = (f"event seq {seq} is outside the history, which holds seq {first}..{last}{why}",)
+        self.first, self.last = first, last
+
+    def details(self) -> dict:
+        return {"kind": self.kind, "id": self.ident, "first_seq": self.first, "last_seq": self.last}
+
+
+@dataclass(frozen=True, slots=True)
+class Keyframe:
+    """The block map and the numbers right after event `seq` (owner int32 and state uint8
+    arrays, zlib-compressed), from which events after `seq` replay."""
+
+    seq: int
+    owner_z: bytes
+    state_z: bytes
+    requested: int
+    allocations: int  # live allocation count
+    last_id: int
+    frees: int
+    counters: tuple  # values of COUNTER_NAMES
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.owner_z) + len(self.state_z) + 200
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        owner = np.frombuffer(zlib.decompress(self.owner_z), dtype=np.int32).copy()
+        state = np.frombuffer(zlib.decompress(self.state_z), dtype=np.uint8).copy()
+        return owner, state
+
+    def to_row(self) -> dict:
+        return {"seq": self.seq, "owner_z": self.owner_z, "state_z": self.state_z,
+                "scalars": pickle.dumps((self.requested, self.allocations, self.last_id, self.frees,
+                                         self.counters), 4)}
+
+    @classmethod
+    def from_row(cls, seq: int, owner_z: bytes, state_z: bytes, scalars: bytes) -> Keyframe:
+        requested, allocations, last_id, frees, counters = pickle.loads(scalars)
+        return cls(seq, owner_z, state_z, requested, allocations, last_id, frees, tuple(counters))
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Events first..last (contiguous seqs) as a pickle of the stored tuples (not compressed:
+    zlib would double the packing cost on the allocator's hot path for ~3x less memory)."""
+
+    first: int
+    last: int
+    blob: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.blob) + 100
+
+    def rows(self) -> list[tuple]:
+        return pickle.loads(self.blob)
+
+    @classmethod
+    def pack(cls, rows: list[tuple]) -> Segment:
+        buf = io.BytesIO()
+        pickler = pickle.Pickler(buf, 5)
+        pickler.fast = True  # no memo: ~30% faster, and events hold no shared or cyclic objects
+        pickler.dump(rows)
+        return cls(rows[0][0], rows[-1][0], buf.getvalue())
+
+
+def keyframe_of(seq: int, owner: np.ndarray, state: np.ndarray, requested: int, allocations: int,
+                last_id: int, frees: int, counters) -> Keyframe:
+    return Keyframe(seq, zlib.compress(owner.tobytes(), 1), zlib.compress(state.tobytes(), 1),
+                    requested, allocations, last_id, frees, tuple(counters))
+
+
+class History:
+    """Every event of one pool since it was made (or since the oldest kept keyframe), packed.
+
+    The pool's EventLog ring holds the newest events as tuples; before it would drop one, the
+    log calls `spill()`, which packs the ring's unconsumed events into a `Segment` and, every
+    `keyframe_every` events, snapshots the live block map and counters as a `Keyframe`. The
+    hot path pays one comparison per event; the packing (~0.3 us an event) is amortised.
+
+    Invariants: `keyframes[0].seq == first_seq`; segments cover first_seq+1..consumed
+    contiguously and the ring holds consumed+1..events.last_seq; `nbytes <= max_bytes` after
+    every spill except while only one keyframe is kept. When over budget the oldest keyframe
+    and the segments before the next one are dropped (`dropped_events` counts them).
+    """
+
+    def __init__(self, pool, max_bytes: int = DEFAULT_HISTORY_BYTES,
+                 keyframe_every: int | None = None) -> None:
+        self.pool = pool
+        self.max_bytes = max_bytes
+        self.keyframe_every = keyframe_every or max(
+            pool.events.capacity, min(KEYFRAME_EVENTS, int(pool.num_blocks * KEYFRAME_BLOCK_RATIO)))
+        self._has_ranges = pool.strategy == "contiguous"  # its events name runs as ranges
+        self.keyframes: list[Keyframe] = []
+        self.segments: list[Segment] = []
+        self.nbytes = 0
+        self.dropped_events = 0
+        self.consumed = pool.events.last_seq
+        if hasattr(pool, "_allocs"):
+            self._add_keyframe(self._snapshot())
+        else:  # made from Pool.__init__, before the strategy's structures exist: pool empty
+            bm = pool.blockmap
+            self._add_keyframe(keyframe_of(self.consumed, bm.owners_np(), bm.states_np(), 0, 0, 0, 0,
+                                           [0] * len(COUNTER_NAMES)))
+        events = pool.events
+        events.sink = self
+        events.spill_at = self.consumed + events.capacity
+
+    @property
+    def first_seq(self) -> int:
+        return self.keyframes[0].seq
+
+    # -- writing (called by the EventLog) --------------------------------------------------------
+    def _snapshot(self) -> Keyframe:
+        p = self.pool
+        last_id = p._last_id
+        newest = p.events._ring[-1] if len(p.events) else None
+        if newest is not None and newest[2] == "allocate":
+            # Strategies other than paged record the allocate before Pool.allocate stores the id.
+            last_id = max(last_id, newest[3])
+        return keyframe_of(p.events.last_seq, p.blockmap.owners_np(), p.blockmap.states_np(),
+                           p.requested_total, len(p._allocs), last_id, p._frees,
+                           [p.counters[n] for n in COUNTER_NAMES])
+
+    def _add_keyframe(self, kf: Keyframe) -> None:
+        self.keyframes.append(kf)
+        self.nbytes += kf.nbytes
+
+    def spill(self) -> None:
+        """Pack the ring's unconsumed events; keyframe the live map when one is due."""
+        events = self.pool.events
+        rows = events.raw_after(self.consumed)
+        if rows:
+            seg = Segment.pack(_packable(rows) if self._has_ranges else rows)
+            self.segments.append(seg)
+            self.nbytes += seg.nbytes
+            self.consumed = seg.last
+            if self.consumed - self.keyframes[-1].seq >= self.keyframe_every:
+                self._add_keyframe(self._snapshot())
+            if self.nbytes > self.max_bytes:
+                self._trim()
+        events.spill_at = self.consumed + events.capacity
+
+    def _trim(self) -> None:
+        if len(self.keyframes) < 2 and self.consumed > self.keyframes[-1].seq:
+            self._add_keyframe(self._snapshot())  # so the older one can go
+        while self.nbytes > self.max_bytes and len(self.keyframes) >= 2:
+            old = self.keyframes.pop(0)
+            self.nbytes -= old.nbytes
+            keep_from = self.keyframes[0].seq
+            while self.segments and self.segments[0].first <= keep_from:
+                seg = self.segments[0]
+                if seg.last > keep_from:  # split: keep the events after the keyframe
+                    rows = [r for r in seg.rows() if r[0] > keep_from]
+                    self.segments[0] = Segment.pack(rows)
+                    self.nbytes += self.segments[0].nbytes - seg.nbytes
+                    break
+                self.segments.pop(0)
+                self.nbytes -= seg.nbytes
+            self.dropped_events = keep_from
+
+    def rollback(self, seq: int) -> None:
+        """Forget what was consumed after `seq` (the EventLog truncated a rolled-back batch)."""
+        while self.keyframes[-1].seq > seq and len(self.keyframes) > 1:
+            self.nbytes -= self.keyframes.pop().nbytes
+        if self.keyframes[-1].seq > seq:  # the only keyframe is newer: retake it now
+            self.nbytes -= self.keyframes.pop().nbytes
+            self._add_keyframe(self._snapshot())
+        while self.segments and self.segments[-1].last > seq:
+            seg = self.segments.pop()
+            self.nbytes -= seg.nbytes
+            if seg.first <= seq:
+                kept = Segment.pack([r for r in seg.rows() if r[0] <= seq])
+                self.segments.append(kept)
+                self.nbytes += kept.nbytes
+        self.consumed = min(self.consumed, seq)
+        self.consumed = max(self.consumed, self.keyframes[-1].seq)
+        self.pool.events.spill_at = self.consumed + self.pool.events.capacity
+
+    # -- reading ------------------------------------------------------------------------------
+    def view(self) -> HistoryView:
+        """An immutable snapshot of the history up to now, safe to read from another thread."""
+        p = self.pool
+        return HistoryView(
+            geometry=pool_geometry(p), keyframes=list(self.keyframes), segments=list(self.segments),
+            tail=p.events.raw_after(self.consumed), last_seq=p.events.last_seq,
+            dropped_events=self.dropped_events)
+
+    def info(self) -> dict:
+        return {"first_seq": self.first_seq, "last_seq": self.pool.events.last_seq,
+                "keyframes": len(self.keyframes), "bytes": self.nbytes, "max_bytes": self.max_bytes,
+                "dropped_events": self.dropped_events, "keyframe_every": self.keyframe_every}
+
+
+def pool_geometry(pool) -> dict:
+    """What replay needs to know of a pool besides its events (plain data, stored in recordings)."""
+    geo = {"strategy": pool.strategy, "num_blocks": pool.num_blocks, "block_bytes": pool.block_bytes}
+    if pool.strategy == "tiered":
+        geo["tiers"] = [{"name": t.name, "units": t.units, "start": t.start, "count": t.count}
+                        for t in pool.tiers]
+    if pool.strategy == "contiguous":
+        geo["fit"] = pool.fit
+    return geo
+
+
+def _rows(value) -> np.ndarray | slice | int | None:
+    """A stored block-id field as an index for numpy."""
+    if value is None:
+        return None
+    cls = value.__class__
+    if cls is int:
+        return value
+    if cls is bytes:
+        return np.frombuffer(value, dtype=np.int32) if value else None
+    if cls is range:
+        return slice(value.start, value.stop)
+    if cls is tuple:  # a packed range
+        return slice(value[0], value[1])
+    return np.asarray(value, dtype=np.int64) if len(value) else None
+
+
+def _count(value) -> int:
+    if value is None:
+        return 0
+    cls = value.__class__
+    if cls is int:
+        return 1
+    if cls is bytes:
+        return len(value) // 4
+    if cls is tuple:
+        return value[1] - value[0]
+    return len(value)
+
+
+def _packable(rows: list[tuple]) -> list[tuple]:
+    """Rows with ranges turned into (start, stop) tuples (a range pickles ~30x slower)."""
+    out = []
+    for r in rows:
+        if range in map(type, r):
+            r = tuple((v.start, v.stop) if v.__class__ is range else v for v in r)
+        out.append(r)
+    return out
+
+
+class Replayer:
+    """Block map and numbers being rolled forward one stored event at a time."""
+
+    __slots__ = ("owner", "state", "requested", "allocations", "last_id", "frees", "counters", "seq")
+
+    def __init__(self, kf: Keyframe) -> None:
+        self.owner, self.state = kf.arrays()
+        self.requested, self.allocations, self.last_id, self.frees = (
+            kf.requested, kf.allocations, kf.last_id, kf.frees)
+        self.counters = dict(zip(COUNTER_NAMES, kf.counters))
+        self.seq = kf.seq
+
+    def apply(self, row: tuple) -> None:
+        kind = row[2]
+        owner, state = self.owner, self.state
+        if kind == "allocate":
+            idx = _rows(row[7])
+            if idx is not None:
+                owner[idx] = row[3]
+                state[idx] = row[8]
+            self.requested += row[4]
+            self.allocations += 1
+            self.last_id = max(self.last_id, row[3])
+        elif kind == "free":
+            idx = _rows(row[5])
+            if idx is not None:
+                owner[idx] = NO_OWNER
+                state[idx] = FREE
+            self.requested -= row[6]
+            self.allocations -= 1
+            self.frees += 1
+        elif kind == "extend":
+            freed = _rows(row[8])
+            if freed is not None:
+                owner[freed] = NO_OWNER
+                state[freed] = FREE
+                self.counters["moves"] += 1
+                self.counters["moved_blocks"] += _count(row[8])
+            idx = _rows(row[7])
+            if idx is not None:
+                owner[idx] = row[3]
+                state[idx] = row[10]
+            self.requested += row[9]
+            self.counters["extends"] += 1
+        elif kind == "truncate":
+            idx = _rows(row[6])
+            if idx is not None:
+                owner[idx] = NO_OWNER
+                state[idx] = FREE
+            self.requested -= row[7]
+            self.counters["truncates"] += 1
+        elif kind == "state":
+            idx = _rows(row[5])
+            if idx is not None:
+                state[idx] = row[4]
+        elif kind == "defragment":
+            for s, d, n in row[8] or ():
+                o, st = owner[s:s + n].copy(), state[s:s + n].copy()
+                owner[s:s + n] = NO_OWNER
+                state[s:s + n] = FREE
+                owner[d:d + n] = o
+                state[d:d + n] = st
+            self.counters["defragmentations"] += 1
+            self.counters["moved_blocks"] += row[3]
+            self.counters["moves"] += row[9] or 0
+        elif kind == "reset":
+            owner[:] = NO_OWNER
+            state[:] = FREE
+            self.requested = 0
+            self.allocations = 0
+        elif kind == "oom":
+            self.counters["ooms_" + row[6]] += 1
+        self.seq = row[0]
+
+
+@dataclass(slots=True)
+class HistoryView:
+    """A frozen history (live snapshot or a recording): map, stats and events at any kept seq."""
+
+    geometry: dict
+    keyframes: list[Keyframe]
+    segments: list[Segment]
+    tail: list[tuple] = field(default_factory=list)  # unpacked events after the last segment
+    last_seq: int = 0
+    dropped_events: int = 0
+
+    @property
+    def first_seq(self) -> int:
+        return self.keyframes[0].seq
+
+    def check_seq(self, seq: int) -> None:
+        if not self.first_seq <= seq <= self.last_seq:
+            raise OutsideHistory(seq, self.first_seq, self.last_seq, self.dropped_events)
+
+    def rows(self, after: int, upto: int):
+        """Stored event tuples with after < seq <= upto, oldest first."""
+        segs = self.segments
+        i = bisect_right([s.last for s in segs], after)
+        for seg in segs[i:]:
+            if seg.first > upto:
+                return
+            for r in seg.rows():
+                if after < r[0] <= upto:
+                    yield r
+        for r in self.tail:
+            if r[0] > upto:
+                return
+            if r[0] > after:
+                yield r
+
+    def replay_to(self, seq: int) -> Replayer:
+        """The map and numbers right after event `seq`. Raises OutsideHistory."""
+        self.check_seq(seq)
+        k = bisect_right([kf.seq for kf in self.keyframes], seq) - 1
+        rep = Replayer(self.keyframes[k])
+        apply = rep.apply
+        for row in self.rows(rep.seq, seq):
+            apply(row)
+        rep.seq = seq
+        return rep
+
+    def stats_at(self, seq: int) -> dict:
+        """The pool's stats as they were right after event `seq` (without cache stats)."""
+        return stats_of(self.geometry, self.replay_to(seq))
+
+    def events(self, after: int = 0, limit: int = 1000, kinds: set[str] | None = None,
+               upto: int | None = None) -> list[dict]:
+        out = []
+        for row in self.rows(max(after, self.first_seq), self.last_seq if upto is None else upto):
+            if kinds is None or row[2] in kinds:
+                out.append(event_dict(row))
+                if len(out) >= limit:
+                    break
+        return out
+
+
+def free_lengths(geometry: dict, owner: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """Free extents as the strategy's own `_free_lengths` reports them, from the map alone."""
+    if geometry["strategy"] == "tiered":
+        tiers = geometry["tiers"]
+        parts = []
+        for t in tiers[:-1]:
+            nfree = int((owner[t["start"]: t["start"] + t["count"] * t["units"]: t["units"]] == NO_OWNER).sum())
+            parts.append(np.full(nfree, t["units"], dtype=np.int64))
+        big = tiers[-1]
+        nfree = int((owner[big["start"]: big["start"] + big["count"] * big["units"]: big["units"]] == NO_OWNER).sum())
+        if nfree:
+            parts.append(np.array([nfree * big["units"]], dtype=np.int64))
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+    free = state == FREE
+    if not free.any():
+        return np.empty(0, np.int64)
+    edges = np.diff(np.concatenate(([False], free, [False])).astype(np.int8))
+    return np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+
+
+def stats_of(geometry: dict, rep: Replayer) -> dict:
+    """Pool.stats() fields rebuilt from a replayed map (the cache's own figures are not kept)."""
+    n, bb = geometry["num_blocks"], geometry["block_bytes"]
+    used = int((rep.owner != NO_OWNER).sum())
+    counts = np.bincount(rep.state, minlength=4)
+    allocated = used * bb
+    frag = fragmentation_stats(free_lengths(geometry, rep.owner, rep.state), bb, rep.requested, allocated)
+    out = {
+        "strategy": geometry["strategy"],
+        "total_blocks": n,
+        "used_blocks": used,
+        "free_blocks": n - used,
+        "blocks_by_state": {STATE_NAMES[i]: int(counts[i]) for i in STATE_NAMES},
+        "block_bytes": bb,
+        "capacity_bytes": n * bb,
+        "utilization": used / n,
+        "requested_bytes": rep.requested,
+        "allocated_bytes": allocated,
+        "allocation_count": rep.allocations,
+        **frag,
+        "counters": {"allocations": rep.last_id, "frees": rep.frees, **rep.counters},
+        "ooms": {"capacity": rep.counters["ooms_capacity"],
+                 "fragmentation": rep.counters["ooms_fragmentation"]},
+        "last_event_seq": rep.seq,
+    }
+    if geometry["strategy"] == "contiguous":
+        out["fit"] = geometry["fit"]
+    if geometry["strategy"] == "tiered":
+        out["tiers"] = [
+            {"name": t["name"], "block_bytes": t["units"] * bb, "units": t["units"], "start": t["start"],
+             "blocks": t["count"],
+             "free_blocks": int((rep.owner[t["start"]: t["start"] + t["count"] * t["units"]: t["units"]]
+                                 == NO_OWNER).sum())}
+            for t in geometry["tiers"]]
+    return out
+
+
+def map_runs(owner: np.ndarray, state: np.ndarray) -> list[list[int]]:
+    """The map run-length encoded as [start, count, owner, state], like the live blockmap route."""
+    n = owner.size
+    if n == 0:
+        return []
+    change = np.flatnonzero((owner[1:] != owner[:-1]) | (state[1:] != state[:-1])) + 1
+    starts = np.concatenate(([0], change))
+    counts = np.diff(np.concatenate((starts, [n])))
+    return np.stack([starts, counts, owner[starts], state[starts]], axis=1).tolist()
+
+
+__all__ = ["DEFAULT_HISTORY_BYTES", "History", "HistoryView", "Keyframe", "OutsideHistory", "Replayer",
+           "Segment", "map_runs", "pool_geometry", "stats_of"]
