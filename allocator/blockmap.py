@@ -6,8 +6,10 @@ from array import array
 
 import numpy as np
 
-FREE, USED, CACHED, PINNED = 0, 1, 2, 3
-STATE_NAMES = {FREE: "free", USED: "used", CACHED: "cached", PINNED: "pinned"}
+from .vocab import BLOCK_STATES, STATE_NAMES
+
+# State codes (allocator/vocab.py names them; the codes are the stream's wire format).
+FREE, USED, CACHED, PINNED = (BLOCK_STATES[n] for n in ("free", "used", "cached", "pinned"))
 NO_OWNER = -1
 
 # A change marks the chunk of CHUNK blocks holding it. 64 blocks keep a delta's overhead small
@@ -118,5 +120,5 @@ class BlockMap:
         return starts, ends - starts
 
     def counts(self) -> dict[str, int]:
-        counts = np.bincount(np.frombuffer(self.state, dtype=np.uint8), minlength=4)
+        counts = np.bincount(np.frombuffer(self.state, dtype=np.uint8), minlength=max(STATE_NAMES) + 1)
         return {STATE_NAMES[i]: int(counts[i]) for i in STATE_NAMES}

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .blockmap import CACHED, PINNED
-from .errors import Conflict, InvalidRequest, NotFound, OutOfMemory
+from .errors import Conflict, InvalidRequest, NotFound, OutOfMemory, positive_int
 from .policies import POLICIES
 from .pool import Pool, runs_of
 
@@ -88,8 +88,7 @@ class KVCache:
     ) -> None:
         if capacity_bytes is None:
             capacity_bytes = pool.capacity_bytes
-        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
-            raise InvalidRequest(f"capacity_bytes must be a positive integer, got {capacity_bytes!r}")
+        positive_int(capacity_bytes, "capacity_bytes")
         if capacity_bytes > pool.capacity_bytes:
             raise InvalidRequest(
                 f"capacity_bytes {capacity_bytes} exceeds the pool's {pool.capacity_bytes} bytes"
@@ -420,8 +419,7 @@ class KVCache:
                   pinned: object = None) -> None:
         if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
             raise InvalidRequest(f"key must be a non-empty string of at most {MAX_KEY_LENGTH} characters")
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes <= 0:
-            raise InvalidRequest(f"size must be a positive integer number of bytes, got {nbytes!r}")
+        positive_int(nbytes, "size in bytes")
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             raise InvalidRequest(f"priority must be an integer, got {priority!r}")
         if pinned is not None and not isinstance(pinned, bool):

@@ -8,8 +8,7 @@ import numpy as np
 
 from .errors import InvalidRequest
 from .pool import Pool, free_mismatch
-
-FITS = ("first", "best", "worst", "next")
+from .vocab import FITS
 
 
 class ContiguousPool(Pool):
@@ -28,7 +27,7 @@ class ContiguousPool(Pool):
     strategy = "contiguous"
 
     def __init__(self, num_blocks: int, block_bytes: int, fit: str = "first", **kw) -> None:
-        if fit not in FITS:
+        if fit not in FITS:  # allocator/vocab.py
             raise InvalidRequest(f"unknown fit {fit!r}; choose one of {list(FITS)}")
         super().__init__(num_blocks, block_bytes, **kw)
         self.fit = fit

@@ -81,3 +81,13 @@ class OutOfMemory(KVScopeError):
             "largest_free_bytes": self.largest_free,
             "cause": self.cause,
         }
+
+
+def positive_int(value: object, what: str, *, minimum: int = 1) -> int:
+    """`value` if it is an int (not a bool) of at least `minimum`, else InvalidRequest naming
+    `what`. The one check for every count and size a caller hands the core."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"{what} must be an integer, got {value!r}")
+    if value < minimum:
+        raise InvalidRequest(f"{what} must be {'positive' if minimum == 1 else f'at least {minimum}'}, got {value}")
+    return value

@@ -7,32 +7,7 @@ from collections import deque
 from itertools import islice
 from time import time as _now
 
-# Field names of each event kind, after the common (seq, ts, type). Events are stored as plain
-# tuples on the hot path and turned into dicts only when someone reads them.
-EVENT_FIELDS: dict[str, tuple[str, ...]] = {
-    # Map-changing kinds end with the block-map rows they change (`block_ids`: rows now owned;
-    # `freed_ids`: rows released; `moves`: (src, dst, count) runs applied in order) and what
-    # the history needs to rebuild the numbers (state code, bytes added or removed), so any
-    # past map replays exactly from a keyframe (allocator/history.py).
-    "allocate": ("id", "requested_bytes", "allocated_bytes", "blocks", "block_ids", "state"),
-    "extend": ("id", "requested_bytes", "allocated_bytes", "moved", "block_ids", "freed_ids",
-               "added_bytes", "state"),
-    "free": ("id", "blocks", "block_ids", "requested_bytes"),
-    "truncate": ("id", "requested_bytes", "allocated_bytes", "block_ids", "removed_bytes"),
-    "oom": ("requested_bytes", "free_bytes", "largest_free_bytes", "cause"),
-    "defragment": ("moved_blocks", "moved_bytes", "seconds", "before", "after", "moves",
-                   "moved_allocations"),
-    "reset": ("freed",),
-    "put": ("key", "id", "bytes", "blocks"),
-    "hit": ("key",),
-    "miss": ("key",),
-    "remove": ("key", "bytes"),
-    "evict": ("key", "bytes", "blocks", "reason", "policy", "age_s", "idle_s"),
-    "policy": ("policy",),
-    "workload": ("name", "state", "done", "total"),
-    # The blocks of allocation `id` took state code `state` (the cache pins and unpins).
-    "state": ("id", "state", "block_ids"),
-}
+from .vocab import EVENT_FIELDS  # field names of each kind, after the common (seq, ts, type)
 
 # Fields holding block ids. Stored in the cheapest form that packs fast (allocator/history.py
 # pickles events; arrays and ranges pickle ~30x slower than bytes): an int for one block, bytes

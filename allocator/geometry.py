@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import InvalidRequest
+from .errors import InvalidRequest, positive_int
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 
@@ -64,13 +64,5 @@ def size_in_bytes(nbytes: int | None, tokens: int | None, bytes_per_token: int |
     if tokens is not None:
         if not bytes_per_token:
             raise InvalidRequest("this pool has no model geometry; give 'bytes' instead of 'tokens'")
-        nbytes = _positive_int(tokens, "tokens") * bytes_per_token
-    return _positive_int(nbytes, "bytes")
-
-
-def _positive_int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"'{what}' must be an integer, got {value!r}")
-    if value <= 0:
-        raise InvalidRequest(f"'{what}' must be positive, got {value}")
-    return value
+        nbytes = positive_int(tokens, "'tokens'") * bytes_per_token
+    return positive_int(nbytes, "'bytes'")

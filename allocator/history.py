@@ -227,7 +227,8 @@ class History:
 
 def pool_geometry(pool) -> dict:
     """What replay needs to know of a pool besides its events (plain data, stored in recordings)."""
-    geo = {"strategy": pool.strategy, "num_blocks": pool.num_blocks, "block_bytes": pool.block_bytes}
+    geo = {"strategy": pool.strategy, "num_blocks": pool.num_blocks, "block_bytes": pool.block_bytes,
+           "scatter_fails": pool.scatter_fails}
     if pool.strategy == "tiered":
         geo["tiers"] = [{"name": t.name, "units": t.units, "start": t.start, "count": t.count}
                         for t in pool.tiers]
@@ -451,6 +452,8 @@ def stats_of(geometry: dict, rep: Replayer) -> dict:
         "allocated_bytes": allocated,
         "allocation_count": rep.allocations,
         **frag,
+        "scatter_fails": geometry["scatter_fails"],
+        "stranded_free_bytes": frag["free_bytes"] - frag["largest_free_bytes"] if geometry["scatter_fails"] else 0,
         "counters": {"allocations": rep.last_id, "frees": rep.frees, **rep.counters},
         "ooms": {"capacity": rep.counters["ooms_capacity"],
                  "fragmentation": rep.counters["ooms_fragmentation"]},

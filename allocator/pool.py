@@ -8,12 +8,13 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .blockmap import CACHED, FREE, NO_OWNER, PINNED, STATE_NAMES, USED, BlockMap
-from .errors import InvalidRequest, NotFound, OutOfMemory
+from .errors import InvalidRequest, NotFound, OutOfMemory, positive_int
 from .events import EventLog, stored_ids
 from .geometry import ModelGeometry, size_in_bytes
 from .history import DEFAULT_HISTORY_BYTES, History
 from .metrics import fragmentation_stats
 from .storage import BlockStorage
+from .vocab import STRATEGY_INFO
 
 
 @dataclass(slots=True)
@@ -114,10 +115,8 @@ class Pool:
         event_capacity: int = 10_000,
         history_bytes: int | None = DEFAULT_HISTORY_BYTES,
     ) -> None:
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0:
-            raise InvalidRequest(f"num_blocks must be a positive integer, got {num_blocks!r}")
-        if isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes <= 0:
-            raise InvalidRequest(f"block_bytes must be a positive integer, got {block_bytes!r}")
+        positive_int(num_blocks, "num_blocks")
+        positive_int(block_bytes, "block_bytes")
         self.name = name
         self.num_blocks = num_blocks
         self.block_bytes = block_bytes
@@ -155,6 +154,12 @@ class Pool:
     def to_bytes(self, nbytes: int | None = None, tokens: int | None = None) -> int:
         """Resolve bytes-or-tokens to bytes. Raises InvalidRequest."""
         return size_in_bytes(nbytes, tokens, self.bytes_per_token)
+
+    @property
+    def scatter_fails(self) -> bool:
+        """Whether free space scattered in pieces can fail a request here (allocator/vocab.py)."""
+        info = STRATEGY_INFO.get(self.strategy)
+        return True if info is None else info.scatter_fails
 
     @property
     def capacity_bytes(self) -> int:
@@ -367,7 +372,8 @@ class Pool:
         }
 
     def stats(self) -> dict:
-        """The metrics of DESIGN.md section 2, as plain values."""
+        """The metrics of docs/ARCHITECTURE.md (Metrics), as plain values. `stranded_free_bytes`: free
+        bytes outside the largest free extent when scattered free space can fail a request, else 0."""
         frag = fragmentation_stats(
             self._free_lengths(), self._free_unit_bytes(), self.requested_total, self.allocated_total
         )
@@ -385,6 +391,8 @@ class Pool:
             "allocated_bytes": self.allocated_total,
             "allocation_count": len(self._allocs),
             **frag,
+            "scatter_fails": self.scatter_fails,
+            "stranded_free_bytes": frag["free_bytes"] - frag["largest_free_bytes"] if self.scatter_fails else 0,
             "counters": {"allocations": self._last_id, "frees": self._frees, **self.counters},
             "ooms": {
                 "capacity": self.counters["ooms_capacity"],
@@ -447,8 +455,9 @@ class Pool:
         if bad.size:
             b = int(bad[0])
             problems.append(f"block {b} has state {STATE_NAMES.get(int(states[b]), states[b])} but owner {int(owners[b])}")
-        if (states > PINNED).any():
-            problems.append(f"block {int(np.flatnonzero(states > PINNED)[0])} has an unknown state code")
+        unknown = np.flatnonzero(~np.isin(states, list(STATE_NAMES)))
+        if unknown.size:
+            problems.append(f"block {int(unknown[0])} has an unknown state code {int(states[unknown[0]])}")
         problems += self._free_problems(expected == NO_OWNER)
         for what, have, want in (
             ("requested_total", self.requested_total, requested),

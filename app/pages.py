@@ -16,7 +16,7 @@ from fastapi.templating import Jinja2Templates
 
 from . import __version__
 from .errors import ApiError
-from .stream import PROTOCOL_VERSION
+from .stream import META, PROTOCOL_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = ROOT / "templates"
@@ -38,6 +38,7 @@ async def index(request: Request) -> HTMLResponse:
         "protocol": PROTOCOL_VERSION,
         "token_required": bool(request.app.state.settings.token),
         "version": __version__,
+        "meta": META,
     })
 
 

@@ -6,8 +6,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator import KVCache, Pool, create_pool, get_model
-from allocator.errors import Conflict, NotFound, TooLarge
+from allocator import Pool, PoolSpec
+from allocator.errors import Conflict, NotFound
 
 from .settings import Settings
 
@@ -49,23 +49,6 @@ class PoolHandle:
         }
 
 
-def planned_geometry(spec: dict) -> tuple[int, int]:
-    """(num_blocks, block_bytes) a create request would build, to check caps before allocating.
-
-    Returns (0, 0) when the spec is too malformed to tell; `create_pool` then rejects it.
-    """
-    block_bytes = spec.get("block_bytes")
-    if block_bytes is None and spec.get("model") is not None:
-        block_bytes = (spec.get("tokens_per_block") or 16) * get_model(spec["model"]).bytes_per_token
-    if not isinstance(block_bytes, int) or block_bytes <= 0:
-        return 0, 0
-    if spec.get("num_blocks") is not None:
-        return int(spec["num_blocks"]), block_bytes
-    if spec.get("capacity_bytes") is not None:
-        return int(spec["capacity_bytes"]) // block_bytes, block_bytes
-    return 0, block_bytes
-
-
 class Registry:
     """Pools by name. Creating checks the caps before any memory is taken."""
 
@@ -89,39 +72,27 @@ class Registry:
         except KeyError:
             raise NotFound("pool", name) from None
 
-    def create(self, spec: dict) -> PoolHandle:
-        """Build a pool (and its cache) from a create request. Raises Conflict, TooLarge,
-        InvalidRequest; on any of them nothing is registered."""
+    def parse(self, request: dict) -> PoolSpec:
+        """A create request (the fields of app/schemas.py PoolCreate) parsed into a PoolSpec, with
+        this server's default device. Raises InvalidRequest."""
+        fields = dict(request)
+        fields["device"] = fields.get("device") or self.settings.device
+        strategy = fields.pop("strategy", "paged")
+        return PoolSpec.parse(strategy, **fields)
+
+    def create(self, spec: PoolSpec | dict) -> PoolHandle:
+        """Build a pool (and its cache) from a spec, or a create request's fields. Raises
+        Conflict, TooLarge, InvalidRequest; on any of them nothing is registered."""
         s = self.settings
-        name = spec["name"]
-        if name in self._pools:
-            raise Conflict(f"pool {name!r} already exists")
+        if isinstance(spec, dict):
+            spec = self.parse(spec)
+        if spec.name in self._pools:
+            raise Conflict(f"pool {spec.name!r} already exists")
         if len(self._pools) >= s.max_pools:
             raise Conflict(f"at most {s.max_pools} pools; delete one first")
-        num_blocks, block_bytes = planned_geometry(spec)
-        if num_blocks > s.max_blocks:
-            raise TooLarge(f"{num_blocks} blocks exceeds the cap of {s.max_blocks}")
-        if num_blocks * block_bytes > s.max_pool_bytes:
-            raise TooLarge(f"{num_blocks * block_bytes} bytes exceeds the cap of {s.max_pool_bytes}")
-        if block_bytes > s.max_pool_bytes:
-            raise TooLarge(f"block of {block_bytes} bytes exceeds the cap of {s.max_pool_bytes}")
-        cache_spec = spec.get("cache")
-        pool = create_pool(
-            spec.get("strategy", "paged"),
-            num_blocks=spec.get("num_blocks"),
-            capacity_bytes=spec.get("capacity_bytes"),
-            block_bytes=spec.get("block_bytes"),
-            tokens_per_block=spec.get("tokens_per_block"),
-            model=spec.get("model"),
-            device=spec.get("device") or s.device,
-            fit=spec.get("fit") or "first",
-            tiers=spec.get("tiers"),
-            name=name,
-        )
-        if cache_spec is not None:
-            KVCache(pool, cache_spec.get("capacity_bytes"), cache_spec.get("policy") or "lru")
-        handle = PoolHandle(name, pool)
-        self._pools[name] = handle
+        spec.check_caps(s.max_blocks, s.max_pool_bytes)  # before any memory is taken
+        handle = PoolHandle(spec.name, spec.build())
+        self._pools[spec.name] = handle
         return handle
 
     def remove(self, name: str) -> PoolHandle:

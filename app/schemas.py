@@ -6,6 +6,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from allocator.vocab import FITS, POLICIES, SCENARIOS, STRATEGIES, STRATEGY_INFO, WORKLOAD_KINDS
+from workloads.spec import MAX_SEED, MAX_SPEED, MAX_TRACE_LIMIT
+
 from .settings import DEVICE_PATTERN
 
 POOL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -35,7 +38,12 @@ Bytes = Annotated[int, Field(gt=0, le=MAX_BYTES, examples=[65536])]
 Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS, examples=[128])]
 Priority = Annotated[int, Field(ge=-(1 << 31), le=(1 << 31) - 1)]
 TtlSeconds = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
-Policy = Literal["lru", "fifo", "lfu", "s3fifo"]
+# The names come from the one vocabulary (allocator/vocab.py); a new entry there is accepted here.
+Policy = Literal[POLICIES]
+Strategy = Literal[STRATEGIES]
+Fit = Literal[FITS]
+ScenarioName = Literal[SCENARIOS]
+WorkloadKind = Literal[WORKLOAD_KINDS]
 
 
 def _exactly_one(model: BaseModel, a: str, b: str) -> None:
@@ -71,7 +79,7 @@ class PoolCreate(Strict):
     ]})
 
     name: PoolName
-    strategy: Literal["paged", "tiered", "contiguous"] = "paged"
+    strategy: Strategy = "paged"
     device: Annotated[str, Field(pattern=DEVICE_PATTERN)] | None = None
     num_blocks: Annotated[int, Field(gt=0, le=1 << 32)] | None = None
     capacity_bytes: Annotated[int, Field(gt=0, le=MAX_BYTES)] | None = None
@@ -79,7 +87,7 @@ class PoolCreate(Strict):
     tokens_per_block: Annotated[int, Field(gt=0, le=1 << 16)] | None = None
     model: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     tiers: Annotated[list[TierSpec], Field(min_length=1, max_length=8)] | None = None
-    fit: Literal["first", "best", "worst", "next"] | None = None
+    fit: Fit | None = None
     cache: CacheSpec | None = None
 
     @model_validator(mode="after")
@@ -88,10 +96,12 @@ class PoolCreate(Strict):
         if self.block_bytes is None and self.model is None:
             raise ValueError("give 'block_bytes', or 'model' (with optional 'tokens_per_block')")
         # Options of another strategy are refused rather than silently ignored.
-        if self.fit is not None and self.strategy != "contiguous":
-            raise ValueError(f"'fit' applies only to strategy 'contiguous', not {self.strategy!r}")
-        if self.tiers is not None and self.strategy != "tiered":
-            raise ValueError(f"'tiers' applies only to strategy 'tiered', not {self.strategy!r}")
+        takes = STRATEGY_INFO[self.strategy].options
+        for option in ("fit", "tiers"):
+            if getattr(self, option) is not None and option not in takes:
+                owners = [s for s, info in STRATEGY_INFO.items() if option in info.options]
+                raise ValueError(f"'{option}' applies only to strategy {' or '.join(map(repr, owners))}, "
+                                 f"not {self.strategy!r}")
         return self
 
 
@@ -122,7 +132,7 @@ class PoolOut(BaseModel):
 
 
 class StatsOut(BaseModel):
-    """The metrics of DESIGN.md section 2. Strategy-specific extras (`fit`, `tiers`) pass through."""
+    """The metrics of docs/ARCHITECTURE.md (Metrics). Strategy-specific extras (`fit`, `tiers`) pass through."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -143,6 +153,10 @@ class StatsOut(BaseModel):
     free_bytes: int
     free_extents: Any
     free_extent_count: int
+    scatter_fails: bool = Field(description="whether scattered free space can fail a request here "
+                                "(false on a paged pool: any free block serves any request)")
+    stranded_free_bytes: int = Field(description="free bytes outside the largest free extent when "
+                                     "scattered free space can fail a request; 0 when it cannot")
     counters: dict[str, int]
     ooms: dict[str, int]
     last_event_seq: int
@@ -356,11 +370,11 @@ class WorkloadIn(Strict):
         {"kind": "scenario", "name": "fragmentation", "seed": 0, "speed": 1.0},
         {"kind": "trace", "limit": 500, "speed": 1.0}]})
 
-    kind: Literal["scenario", "trace"]
-    name: Literal["fragmentation", "chat", "burst"] | None = None
-    seed: Annotated[int, Field(ge=0, le=(1 << 32) - 1)] = 0
-    speed: Annotated[float, Field(gt=0, le=1000, allow_inf_nan=False)] = 1.0
-    limit: Annotated[int, Field(gt=0, le=100_000)] | None = None
+    kind: WorkloadKind
+    name: ScenarioName | None = None
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
+    speed: Annotated[float, Field(gt=0, le=MAX_SPEED, allow_inf_nan=False)] = 1.0
+    limit: Annotated[int, Field(gt=0, le=MAX_TRACE_LIMIT)] | None = None
 
     @model_validator(mode="after")
     def _named(self) -> WorkloadIn:
@@ -374,3 +388,20 @@ class WorkloadOut(BaseModel):
         {"workload": {"name": "fragmentation", "kind": "scenario", "state": "running", "done": 0, "total": 400}}]})
 
     workload: dict
+
+
+# -- vocabulary ----------------------------------------------------------------------------------
+class MetaOut(BaseModel):
+    """The vocabulary (allocator/vocab.py `meta()`): every name a client may send or will see."""
+
+    model_config = ConfigDict(extra="allow")
+
+    strategies: dict[str, dict]
+    fits: list[str]
+    policies: dict[str, dict]
+    block_states: dict[str, dict]
+    events: dict[str, dict]
+    event_groups: dict[str, dict]
+    scenarios: dict[str, dict]
+    workload_kinds: list[str]
+    defaults: dict

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from allocator import STATE_NAMES, BlockMap
+from allocator import STATE_NAMES, BlockMap, meta
 
 PROTOCOL_VERSION = 1
 FRAME_MAGIC = 0x4B
@@ -62,6 +62,7 @@ ORDER_LIMIT = 5_000
 EVENTS_PER_TICK = 1_000
 
 log = logging.getLogger("kvscope.stream")
+META = meta()  # the vocabulary, in every hello (allocator/vocab.py)
 
 
 def encode_frame(bm: BlockMap, kind: int, runs: list[tuple[int, int]], frame: int = 0) -> bytes:
@@ -172,7 +173,7 @@ class PoolStream:
         pool = self.handle.pool
         return {"type": "hello", "protocol": PROTOCOL_VERSION, "pool": pool.config(),
                 "states": {str(k): v for k, v in STATE_NAMES.items()},
-                "last_event_seq": pool.events.last_seq}
+                "last_event_seq": pool.events.last_seq, "meta": META}
 
     def join(self) -> Client:
         """A new client, queued with hello + snapshot (synchronously: no delta can slip between)."""

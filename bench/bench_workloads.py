@@ -21,7 +21,7 @@ from pathlib import Path
 
 from allocator import OutOfMemory
 from workloads.report import build_report, markdown, write_report
-from workloads.simulator import STRATEGIES, PagedStrategy, Request, SimConfig, Simulator
+from workloads.simulator import RESERVATIONS, PagedStrategy, Request, SimConfig, Simulator
 from workloads.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +95,7 @@ def run(write: bool = True, limit: int | None = None) -> dict:
     if write:
         t0 = time.perf_counter()
         sims = []
-        for name in STRATEGIES:
+        for name in RESERVATIONS:
             s = Simulator(trace, SimConfig(strategy=name, pool_gib=20.0))
             s.run()
             sims.append(s)

@@ -6,10 +6,10 @@ Depends only on `allocator/` (never on `app/`). The server's entry point is
 
 from .live import LiveWorkload, build_live_workload
 from .scenarios import SCENARIOS, run_scenario
-from .simulator import STRATEGIES, SimConfig, Simulator, simulate
+from .simulator import RESERVATIONS, SimConfig, Simulator, simulate
 from .trace import ATTRIBUTION, DEFAULT_TRACE, Trace, load_trace
 
 __all__ = [
-    "ATTRIBUTION", "DEFAULT_TRACE", "LiveWorkload", "SCENARIOS", "STRATEGIES", "SimConfig",
+    "ATTRIBUTION", "DEFAULT_TRACE", "LiveWorkload", "RESERVATIONS", "SCENARIOS", "SimConfig",
     "Simulator", "Trace", "build_live_workload", "load_trace", "run_scenario", "simulate",
 ]

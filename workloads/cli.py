@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 
 from allocator import MODEL_PRESETS, InvalidRequest
+from allocator.vocab import POLICIES, STRATEGIES
 
 from .report import build_report, markdown, write_report
 from .scenarios import SCENARIOS, compare_scenario, comparison_text, run_scenario
-from .simulator import STRATEGIES, SimConfig, Simulator
+from .simulator import RESERVATIONS, SimConfig, Simulator
 from .trace import load_trace
 
 
@@ -50,9 +51,9 @@ class ProgressBar:
 
 def _strategies(text: str) -> list[str]:
     names = list(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
-    bad = [s for s in names if s not in STRATEGIES]
+    bad = [s for s in names if s not in RESERVATIONS]
     if bad or not names:
-        raise InvalidRequest(f"unknown strategies {bad}; choose from {','.join(STRATEGIES)}")
+        raise InvalidRequest(f"unknown strategies {bad}; choose from {','.join(RESERVATIONS)}")
     return names
 
 
@@ -61,7 +62,7 @@ def replay_parser() -> argparse.ArgumentParser:
         "Replay an LLM request trace through the serving simulator with several KV allocation "
         "strategies; writes report.json, report.md and report.png."))
     p.add_argument("--trace", help="CSV with TIMESTAMP,ContextTokens,GeneratedTokens (default: the bundled Azure conversation trace)")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma list of {','.join(STRATEGIES)}")
+    p.add_argument("--strategies", default=",".join(RESERVATIONS), help=f"comma list of {','.join(RESERVATIONS)}")
     p.add_argument("--model", default="llama-3-8b", choices=sorted(MODEL_PRESETS))
     size = p.add_mutually_exclusive_group()
     size.add_argument("--pool-tokens", type=int, help="KV pool size in tokens")
@@ -143,9 +144,6 @@ def replay_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-SCENARIO_STRATEGIES = ("paged", "contiguous", "tiered")
-
-
 def scenario_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvscope scenario", description=(
         "Run a scenario to completion on a fresh CPU pool. fragmentation: fill the pool with "
@@ -155,12 +153,13 @@ def scenario_parser() -> argparse.ArgumentParser:
         "cache (hit rate, evictions). burst: waves of arrivals that overfill the pool. A single "
         "strategy's report is printed as JSON."))
     p.add_argument("name", choices=SCENARIOS, help="which scenario")
-    p.add_argument("--strategy", choices=SCENARIO_STRATEGIES, help=(
+    p.add_argument("--strategy", choices=STRATEGIES, help=(
         "allocation strategy of the pool (default: fragmentation compares contiguous and paged; "
         "chat and burst run on paged)"))
     p.add_argument("--seed", type=int, default=0, help="random seed (>= 0); the same seed gives the same ops")
     p.add_argument("--blocks", type=int, default=1024, help="pool size in blocks (1 KiB each; default 1024)")
-    p.add_argument("--policy", default="lru", help="cache eviction policy (chat only; default lru)")
+    p.add_argument("--policy", default="lru", help=(
+        f"cache eviction policy, one of {','.join(POLICIES)} (chat only; default lru)"))
     p.add_argument("--json", action="store_true", help="print the comparison as JSON instead of text")
     p.add_argument("--out", help="directory to write scenario.json (and scenario.txt for a comparison) into")
     return p

@@ -26,14 +26,12 @@ import math
 
 from allocator import InvalidRequest, Pool
 
-from .scenarios import SCENARIOS, Geometry, OpRunner, drive, estimate_ops, make_scenario
+from .scenarios import Geometry, OpRunner, drive, estimate_ops, make_scenario
 from .simulator import PagedStrategy, SimConfig, Simulator
+from .spec import WorkloadSpec
 from .trace import load_trace
 
 MAX_OPS_PER_ADVANCE = 2000
-MAX_SPEED = 1000.0
-DEFAULT_TRACE_LIMIT = 500
-SPEC_KEYS = {"kind", "name", "seed", "speed", "limit"}
 
 
 class LiveWorkload:
@@ -176,7 +174,7 @@ class TraceWorkload(LiveWorkload):
         self._target += sim_seconds
         seen = (self.pool.used_blocks, len(self.pool))
         if seen != self._seen:  # others may have freed memory: retry a blocked admission
-            sim._retry = True
+            sim.memory_changed()
             self._seen = seen
         more = sim.run_until(self._target, max_calls=MAX_OPS_PER_ADVANCE)
         if sim.now < self._target - 60:  # lagging by a minute: do not bank unbounded time
@@ -185,10 +183,7 @@ class TraceWorkload(LiveWorkload):
         return more
 
     def _release(self) -> None:
-        sim = self._sim
-        for r in list(sim.running.values()):
-            sim._remove(r)
-            sim._release(r)
+        self._sim.release_running()
 
     def _counts(self) -> tuple[int, int]:
         c = self._sim.counters
@@ -200,39 +195,11 @@ class TraceWorkload(LiveWorkload):
         return strategy_report(self._sim)
 
 
-def _number(spec: dict, key: str, default, kind: type):
-    value = spec.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-        raise InvalidRequest(f"'{key}' must be {'a number' if kind is float else 'an integer'}, got {value!r}")
-    return kind(value)
-
-
-def build_live_workload(pool: Pool, spec: dict) -> LiveWorkload:
-    """A workload for `pool` from a spec (see the module docstring). Raises InvalidRequest."""
-    if not isinstance(spec, dict):
-        raise InvalidRequest("a workload spec must be an object")
-    extra = set(spec) - SPEC_KEYS
-    if extra:
-        raise InvalidRequest(f"unknown workload field(s): {sorted(map(str, extra))}")
-    speed = _number(spec, "speed", 1.0, float)
-    if not math.isfinite(speed) or speed <= 0 or speed > MAX_SPEED:
-        raise InvalidRequest(f"'speed' must be > 0 and <= {MAX_SPEED:g}, got {speed!r}")
-    kind = spec.get("kind")
-    if kind == "scenario":
-        name = spec.get("name")
-        if name not in SCENARIOS:
-            raise InvalidRequest(f"unknown scenario {name!r}; choose one of {list(SCENARIOS)}")
-        seed = _number(spec, "seed", 0, int)
-        if seed < 0:
-            raise InvalidRequest(f"'seed' must be >= 0, got {seed}")
-        return ScenarioWorkload(pool, name, seed, speed)
-    if kind == "trace":
-        if spec.get("name") not in (None, "trace"):
-            raise InvalidRequest("a trace workload takes no 'name'")
-        limit = _number(spec, "limit", DEFAULT_TRACE_LIMIT, int)
-        if limit <= 0:
-            raise InvalidRequest(f"'limit' must be a positive integer, got {limit}")
-        return TraceWorkload(pool, limit, speed)
-    raise InvalidRequest(f"unknown workload kind {kind!r}; choose 'scenario' or 'trace'")
+def build_live_workload(pool: Pool, spec: dict | WorkloadSpec) -> LiveWorkload:
+    """A workload for `pool` from a spec (see the module docstring; a dict is parsed by
+    `WorkloadSpec.parse`). Raises InvalidRequest."""
+    if not isinstance(spec, WorkloadSpec):
+        spec = WorkloadSpec.parse(spec)
+    if spec.kind == "scenario":
+        return ScenarioWorkload(pool, spec.name, spec.seed, spec.speed)
+    return TraceWorkload(pool, spec.limit, spec.speed)

@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from allocator import InvalidRequest, KVCache, NotFound, OutOfMemory, Pool, create_pool
-
-SCENARIOS = ("fragmentation", "chat", "burst")
+from allocator.vocab import SCENARIOS
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +156,7 @@ def burst(seed: int, geo: Geometry, waves: int = 4) -> ScenarioGen:
 
 
 FACTORIES = {"fragmentation": fragmentation, "chat": chat, "burst": burst}
+assert set(FACTORIES) == set(SCENARIOS), "allocator/vocab.py SCENARIO_INFO and FACTORIES disagree"
 
 
 def make_scenario(name: str, seed: int, geo: Geometry) -> ScenarioGen:
@@ -241,11 +241,11 @@ class OpRunner:
         return {"utilization": stats["utilization"], "external_fragmentation": frag}
 
     def _stats(self) -> dict:
-        """pool.stats(), with a paged pool's fragmentation read as what it can serve: any free
-        blocks serve a request, so its largest usable extent is the free total and nothing is
-        stranded (its block map still shows the scatter; the pool's own stats report that)."""
+        """pool.stats(), with fragmentation read as what the pool can serve: where scattered free
+        space cannot fail a request (`scatter_fails` false: paged), the largest usable extent is
+        the free total (its block map still shows the scatter; the pool's own stats report that)."""
         stats = self.pool.stats()
-        if self.pool.strategy == "paged":
+        if not stats["scatter_fails"]:
             stats = {**stats, "external_fragmentation": 0.0, "largest_free_bytes": stats["free_bytes"]}
         return stats
 
@@ -290,7 +290,7 @@ class OpRunner:
         util = pool.used_blocks / pool.num_blocks
         if util > self.peak_utilization:
             self.peak_utilization = util
-        if pool.strategy != "paged" and self.ops % 8 == 0:  # an O(pool) scan: every 8th op only
+        if pool.scatter_fails and self.ops % 8 == 0:  # an O(pool) scan: every 8th op only
             frag = self._stats()["external_fragmentation"]
             self.peak_external_fragmentation = max(self.peak_external_fragmentation, frag)
 

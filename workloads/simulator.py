@@ -55,7 +55,11 @@ from allocator import (
 
 from .trace import Trace
 
-STRATEGIES = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
+# How the simulator reserves a request's KV memory: paged blocks on demand, or one contiguous
+# extent sized to the max length, the next power of two, or (oracle) the true final length. Not
+# the allocator's strategies (allocator/vocab.py): these are serving-engine reservation schemes,
+# named by SimConfig.strategy and `kvscope replay --strategies`.
+RESERVATIONS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 GIB = 1 << 30
 FINISH, GROW = 0, 1  # event kinds; at one step, completions run first so growth sees their memory
 
@@ -69,7 +73,7 @@ class SimConfig:
     simulated time passes, not which strategy wins.
     """
 
-    strategy: str = "paged"
+    strategy: str = "paged"  # one of RESERVATIONS
     model: str = "llama-3-8b"
     pool_tokens: int | None = None  # KV pool size in tokens; default from pool_gib
     pool_gib: float = 40.0  # KV pool size in GiB of the model's KV (used when pool_tokens is None)
@@ -83,8 +87,8 @@ class SimConfig:
     sim_bytes_per_token: int = 1
 
     def validate(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise InvalidRequest(f"unknown strategy {self.strategy!r}; choose from {list(STRATEGIES)}")
+        if self.strategy not in RESERVATIONS:
+            raise InvalidRequest(f"unknown strategy {self.strategy!r}; choose from {list(RESERVATIONS)}")
         geometry = get_model(self.model)
         for name in ("tokens_per_block", "max_batch", "sim_bytes_per_token"):
             value = getattr(self, name)
@@ -330,6 +334,20 @@ class Simulator:
     @property
     def finished(self) -> bool:
         return not (self._arrivals or self.queue or self.running)
+
+    # -- for a live driver (workloads/live.py) ----------------------------------------------
+    def memory_changed(self) -> None:
+        """Someone else freed or took pool memory: retry a blocked admission at the next step."""
+        self._retry = True
+
+    def release_running(self) -> int:
+        """Take every running request out of the batch and free its memory (a stopped live
+        replay leaves the pool as it found it); returns how many were running."""
+        running = list(self.running.values())
+        for r in running:
+            self._remove(r)
+            self._release(r)
+        return len(running)
 
     def run(self, progress=None) -> Simulator:
         """Replay to the end. `progress(done, total)` is called now and then."""

@@ -1,6 +1,7 @@
 // Time-series charts (vendored uPlot) over the model's stats history.
 
 import uPlot from "../vendor/uplot/uPlot.esm.js";
+import { scatterFails } from "./vocab.js";
 
 /** Charts redraw at most this often; stats arrive ~4/s and uPlot's setData redraws everything. */
 export const CHART_REFRESH_MS = 500;
@@ -19,7 +20,7 @@ function xRange(_u, min, max) {
 }
 
 const EXT_LABEL = "external frag";
-const PAGED_EXT_LABEL = "free scatter (harmless when paged)";
+const SCATTER_LABEL = "free scatter (harmless here)";
 
 /** Chart definitions: which history columns (see model.HISTORY_SERIES) each one shows. */
 const CHARTS = [
@@ -97,20 +98,21 @@ export function createCharts(root, model) {
 
   let lastDraw = 0;
   let pending = 0;
-  let labelledFor = "";
+  let labelled = "";
 
-  /** On a paged pool "external frag" is only scatter: it never fails a request; say so in the legend. */
-  function labelFor(strategy) {
-    if (strategy === labelledFor) return;
-    labelledFor = strategy;
+  /** Where scattered free space never fails a request (paged), "external frag" is only scatter; say so in the legend. */
+  function label(scatterFails) {
+    const text = scatterFails ? EXT_LABEL : SCATTER_LABEL;
+    if (text === labelled) return;
+    labelled = text;
     const labels = Array.from(plots[0].box.querySelectorAll(".u-legend .u-series .u-label"));
-    const label = labels.find((el) => el.textContent === EXT_LABEL || el.textContent === PAGED_EXT_LABEL);
-    if (label) label.textContent = strategy === "paged" ? PAGED_EXT_LABEL : EXT_LABEL;
+    const el = labels.find((l) => l.textContent === EXT_LABEL || l.textContent === SCATTER_LABEL);
+    if (el) el.textContent = text;
   }
 
   function draw() {
     pending = 0;
-    if (model.config) labelFor(model.config.strategy);
+    if (model.config) label(model.stats ? model.stats.scatter_fails !== false : scatterFails(model.config.strategy));
     lastDraw = performance.now();
     const cols = model.history.toArrays();
     for (const { def, plot } of plots) {

@@ -8,10 +8,9 @@ import { createHeatmap } from "./heatmap.js";
 import { escapeHtml } from "./dom.js";
 import { PoolModel, formatBytes, parseSize, pct } from "./model.js";
 import { PANEL_REFRESH_MS, renderAlerts } from "./panels.js";
+import { scatterFails, usesCache } from "./vocab.js";
 
 const SPARK_HEIGHT = 90;
-/** Scenarios that run cache operations (workloads/scenarios.py): their pools get a cache. */
-const CACHE_SCENARIOS = new Set(["chat"]);
 
 /** A small utilization / external-fragmentation chart for one pane. @param {HTMLElement} box */
 function sparkline(box) {
@@ -71,8 +70,8 @@ export function createCompare(grid, env) {
       if (s) p.peakExt = Math.max(p.peakExt, s.external_fragmentation || 0);
       const cols = p.model.history.toArrays();
       p.spark.setData([cols[0], cols[1], cols[3]]);
-      const paged = p.strategy === "paged";
-      // On a paged pool scattered free space never fails a request: show it, but as what it is.
+      // Where scattered free space never fails a request (paged): show it, but as what it is.
+      const paged = s ? s.scatter_fails === false : !scatterFails(p.strategy);
       const extCls = (v) => (paged ? "calm" : v >= 0.5 ? "hot" : "");
       p.numbers.innerHTML = s
         ? `<span><label>util</label><b>${pct(s.utilization)}</b></span>
@@ -112,7 +111,7 @@ export function createCompare(grid, env) {
     box.dataset.pool = name;
     box.innerHTML = `<div class="panel-head"><h2>${name}</h2><span class="conn small" data-state="connecting"><i></i><span></span></span></div>
       <div class="cmp-alerts"></div><div class="cmp-verdict" hidden></div><div class="cmp-numbers"></div>
-      <div class="cmp-spark"><span class="hint"><i class="sw" style="background:#4fc3f7"></i> utilization <i class="sw" style="background:#ef5350"></i> ${strategy === "paged" ? "free-space scatter (harmless here)" : "external fragmentation"}</span></div>
+      <div class="cmp-spark"><span class="hint"><i class="sw" style="background:#4fc3f7"></i> utilization <i class="sw" style="background:#ef5350"></i> ${scatterFails(strategy) ? "external fragmentation" : "free-space scatter (harmless here)"}</span></div>
       <div class="cmp-map"></div>`;
     grid.appendChild(box);
     const model = new PoolModel();
@@ -164,15 +163,16 @@ export function createCompare(grid, env) {
     const seed = Number(f.seed.value);
     if (!Number.isInteger(seed)) throw new Error(`not a seed: ${f.seed.value}`);
     const workload = { kind: "scenario", name: f.name.value, speed, seed };
-    const strategies = ["paged", "contiguous", ...(f.tiered.checked ? ["tiered"] : [])];
+    /** @type {string[]} */
+    const strategies = Array.from(form.querySelectorAll("input[name=strategy]:checked"), (el) => /** @type {HTMLInputElement} */ (el).value);
+    if (!strategies.length) throw new Error("tick at least one strategy");
     const pools = strategies.map((strategy) => ({
       name: poolNameFor(strategy),
       strategy,
       num_blocks: numBlocks,
       block_bytes: size.bytes,
-      ...(strategy === "contiguous" ? { fit: "first" } : {}),
       // the cache's capacity defaults to the whole pool, so every pool serves the same entries
-      ...(CACHE_SCENARIOS.has(workload.name) ? { cache: { policy: "lru" } } : {}),
+      ...(usesCache(workload.name) ? { cache: { policy: "lru" } } : {}),
     }));
     return { pools, workload };
   }

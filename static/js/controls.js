@@ -2,7 +2,7 @@
 // show in the status line. The stream, not these responses, updates the map and numbers.
 
 import { ApiError, api, getToken, poolPath, setAuthHandler, setToken } from "./api.js";
-import { USED, describeWorkload, formatBytes, parseSize } from "./model.js";
+import { describeWorkload, formatBytes, parseSize } from "./model.js";
 
 /** Chips of allocations made from this page; older ones drop off. */
 const MAX_CHIPS = 24;
@@ -139,7 +139,8 @@ export function createControls(env) {
     act("free", async () => {
       const m = env.getModel();
       const owners = [];
-      for (let i = 0; i < m.blocks && owners.length < 4096; i++) if (m.state[i] === USED) owners.push(m.owner[i]);
+      const used = m.codes.used;
+      for (let i = 0; i < m.blocks && owners.length < 4096; i++) if (m.state[i] === used) owners.push(m.owner[i]);
       if (!owners.length) return "nothing to free (cache entries are removed from the Cache tab)";
       const id = owners[Math.floor(Math.random() * owners.length)];
       await api("DELETE", `${pool()}/allocations/${id}`);
@@ -278,8 +279,10 @@ export function createControls(env) {
         num_blocks: Number(f.num_blocks.value),
         block_bytes: /** @type {any} */ (sizeOf(f.block_bytes.value)).bytes,
       };
-      if (body.strategy === "contiguous") body.fit = f.fit.value;
-      if (f.cache.value.trim()) body.cache = { capacity_bytes: /** @type {any} */ (sizeOf(f.cache.value)).bytes, policy: "lru" };
+      // options only some strategies take (allocator/vocab.py `options`), named on each <option>
+      const takes = (f.strategy.selectedOptions[0]?.dataset.options || "").split(" ");
+      if (takes.includes("fit")) body.fit = f.fit.value;
+      if (f.cache.value.trim()) body.cache = { capacity_bytes: /** @type {any} */ (sizeOf(f.cache.value)).bytes };
       await api("POST", "/api/pools", body);
       env.onPoolCreated(body.name);
       return `created pool ${body.name}`;

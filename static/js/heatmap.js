@@ -3,7 +3,7 @@
 // at most once per animation frame, with putImageData on that band of rows.
 
 import { escapeHtml } from "./dom.js";
-import { CACHED, FREE, PINNED, formatBytes } from "./model.js";
+import { formatBytes } from "./model.js";
 
 /**
  * Canvas backing store cap. 8 M pixels = 32 MB of ImageData, well inside what Chromium keeps
@@ -64,7 +64,6 @@ export function ownerCss(owner) {
   return `rgb(${c & 255},${(c >> 8) & 255},${(c >> 16) & 255})`;
 }
 
-const STATE_NAMES = ["free", "used", "cached", "pinned"];
 /** Tooltip state of an allocation freed after its cell was painted (the map catches up next frame). */
 const FREED = Object.freeze({ freed: true });
 
@@ -144,6 +143,16 @@ export function createHeatmap(root, model, opts = {}) {
   /** Colour of block i in the current mode. */
   let lastOwner = -2;
   let lastRankColor = 0;
+  // State codes come from the hello (allocator/vocab.py); read into locals once per paint.
+  let FREE = -1;
+  let CACHED = -1;
+  let PINNED = -1;
+  function readCodes() {
+    const c = model.codes;
+    FREE = c.free ?? -1;
+    CACHED = c.cached ?? -1;
+    PINNED = c.pinned ?? -1;
+  }
   function colorOf(i) {
     const st = model.state[i];
     if (st === FREE) return COLORS.free;
@@ -176,6 +185,7 @@ export function createHeatmap(root, model, opts = {}) {
     const detailed = px >= MIN_DETAILED_CELL_PX;
     const inner = detailed ? px - 1 : px; // 1 px gap right/bottom draws the grid
     lastOwner = -2;
+    readCodes();
     for (let r = r0; r < r1; r++) {
       const rowBase = r * px * width;
       for (let c = 0; c < cols; c++) {
@@ -290,7 +300,7 @@ export function createHeatmap(root, model, opts = {}) {
 
   function tipHtml(i, alloc) {
     const owner = model.owner[i];
-    const st = STATE_NAMES[model.state[i]] || "?";
+    const st = model.stateNames[model.state[i]] || "?";
     const lines = [`<b>block ${i.toLocaleString()}</b> <span class="st st-${st}">${st}</span>`];
     if (owner >= 0) {
       lines.push(`<i class="sw" style="background:${ownerCss(owner)}"></i> owner <b>#${owner}</b>`);

@@ -1,10 +1,7 @@
 // Pure state of one pool as the page sees it: block map, dirty regions, stats history, events,
 // alerts. No DOM, no network: main.js feeds it stream messages, heatmap/charts read it.
 
-export const FREE = 0;
-export const USED = 1;
-export const CACHED = 2;
-export const PINNED = 3;
+import { setVocab, stateCodes } from "./vocab.js";
 
 /** Stats samples kept for the charts: 4 samples/s (server rate) x 5 minutes. */
 export const HISTORY_CAPACITY = 1200;
@@ -191,7 +188,8 @@ export function computeAlerts(stats, fragmentationOom, thresholds = DEFAULT_THRE
     alerts.push({ code: "utilization", level: "warn", message: `${what}: close to full.` });
   }
   const ext = stats.external_fragmentation;
-  if (stats.strategy !== "paged" && ext >= thresholds.externalFragmentationWarn && stats.free_blocks > 0) {
+  // the server says whether scattered free space can fail a request here (on a paged pool it cannot)
+  if (stats.scatter_fails !== false && ext >= thresholds.externalFragmentationWarn && stats.free_blocks > 0) {
     alerts.push({ code: "fragmentation", level: "warn", message: `External fragmentation ${pct(ext)}: free memory is scattered.` });
   }
   return alerts;
@@ -241,6 +239,10 @@ export class PoolModel {
   constructor() {
     /** @type {PoolConfig|null} */
     this.config = null;
+    /** @type {Object<string, number>} block-state name -> code, from the hello's `states` */
+    this.codes = {};
+    /** @type {string[]} block-state code -> name */
+    this.stateNames = [];
     this.blocks = 0;
     this.owner = new Int32Array(0);
     this.state = new Uint8Array(0);
@@ -280,6 +282,10 @@ export class PoolModel {
   /** @param {HelloMessage} hello */
   applyHello(hello) {
     this.config = hello.pool;
+    this.codes = stateCodes(hello.states);
+    this.stateNames = [];
+    for (const [name, code] of Object.entries(this.codes)) this.stateNames[code] = name;
+    setVocab(hello.meta);
     this.resize(hello.pool.num_blocks);
     this.lastFrame = -1;
     const seq = Number(hello.last_event_seq) || 0;

@@ -2,18 +2,13 @@
 
 import { escapeHtml } from "./dom.js";
 import { SKIPPED, filterEvents, formatBytes, hitRateOf, pct, pressureOf } from "./model.js";
+import { eventTypesOf } from "./vocab.js";
 
 /** Panels (numbers, log, alerts) re-render at most this often; the maps have their own rAF loop. */
 export const PANEL_REFRESH_MS = 250;
 
 /** The log shows at most this many rows; rebuilding more on every batch costs frames. */
 export const LOG_ROWS = 200;
-
-/** Checkbox groups of the event filter -> event types. */
-export const FILTER_GROUPS = {
-  alloc: ["allocate", "extend", "free"],
-  cache: ["put", "hit", "miss", "remove"],
-};
 
 /**
  * @param {import("./model.js").PoolStats|null} s
@@ -27,10 +22,11 @@ export function numbersHtml(s, evictionsPerSec) {
   const ooms = s.ooms || { capacity: 0, fragmentation: 0 };
   const cached = /** @type {any} */ (s).blocks_by_state ? /** @type {any} */ (s).blocks_by_state.cached || 0 : 0;
   const blocks = `${(s.used_blocks ?? 0).toLocaleString()} / ${(s.total_blocks ?? 0).toLocaleString()} blocks`;
-  // paged pools serve any request from any free blocks: scattered free space costs nothing there
-  const ext = s.strategy === "paged"
-    ? cell("free scatter", pct(s.external_fragmentation), `${s.free_extent_count ?? "?"} free extents · harmless when paged`, "calm")
-    : cell("external frag", pct(s.external_fragmentation), `${s.free_extent_count ?? "?"} free extents`, s.external_fragmentation >= 0.5 ? "hot" : "");
+  // where any free block serves any request (paged), scattered free space costs nothing: the
+  // server says so in `scatter_fails`, and counts what scatter strands in `stranded_free_bytes`
+  const ext = s.scatter_fails === false
+    ? cell("free scatter", pct(s.external_fragmentation), `${s.free_extent_count ?? "?"} free extents · harmless on ${s.strategy}`, "calm")
+    : cell("external frag", pct(s.external_fragmentation), `${s.free_extent_count ?? "?"} free extents${s.stranded_free_bytes ? ` · ${formatBytes(s.stranded_free_bytes)} stranded` : ""}`, s.external_fragmentation >= 0.5 ? "hot" : "");
   return [
     cell("utilization", pct(s.utilization), cached ? `${blocks} · ${cached.toLocaleString()} evictable` : blocks, pressureOf(s) >= 0.9 ? "hot" : ""),
     cell("internal frag", pct(s.internal_fragmentation), `${formatBytes((s.allocated_bytes || 0) - (s.requested_bytes || 0))} wasted in blocks`),
@@ -79,7 +75,7 @@ export function selectedTypes(box) {
   const types = new Set();
   box.querySelectorAll("input:checked").forEach((el) => {
     const v = /** @type {HTMLInputElement} */ (el).value;
-    for (const t of FILTER_GROUPS[v] || [v]) types.add(t);
+    for (const t of eventTypesOf(v)) types.add(t);
   });
   return types;
 }

@@ -36,8 +36,8 @@ COMPARED = lambda stats: {k: v for k, v in stats.items() if k != "cache"}  # noq
 
 
 def make_pool(strategy: str, fit: str = "first"):
-    pool = create_pool(strategy, num_blocks=UNITS, block_bytes=BLOCK, device="cpu", fit=fit,
-                       event_capacity=8)
+    pool = create_pool(strategy, num_blocks=UNITS, block_bytes=BLOCK, device="cpu",
+                       fit=fit if strategy == "contiguous" else None, event_capacity=8)
     # Small keyframe interval: several keyframes (and replays that start mid-history) per run.
     pool.history = History(pool, max_bytes=1 << 30, keyframe_every=12)
     return pool
