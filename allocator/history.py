@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import pickle
 import zlib
@@ -168,7 +169,8 @@ class History:
             self.segments.append(seg)
             self.nbytes += seg.nbytes
             self.consumed = seg.last
-            if self.consumed - self.keyframes[-1].seq >= self.keyframe_every:
+            # Keyframe now unless the next spill would still be within the interval.
+            if self.consumed + events.capacity - self.keyframes[-1].seq > self.keyframe_every:
                 self._add_keyframe(self._snapshot())
             if self.nbytes > self.max_bytes:
                 self._trim()
@@ -350,6 +352,101 @@ class Replayer:
             self.counters["ooms_" + row[6]] += 1
         self.seq = row[0]
 
+    def apply_rows(self, rows) -> None:
+        """`apply` for many rows at once, vectorised: block writes are gathered as int32 bytes
+        and, per block, the last write wins (np.maximum.at over write order); a defragment or
+        reset in between flushes what came before it. Same result as `apply` row by row."""
+        opieces, olens, ovals = [], [], []  # owner writes
+        spieces, slens, svals = [], [], []  # state writes (state events write state only)
+        counters = self.counters
+        seq = self.seq
+
+        def write(value, own, st) -> None:
+            if value is None:
+                return
+            piece = _ids_bytes(value)
+            if not piece:
+                return
+            k = len(piece) >> 2
+            if own is not None:
+                opieces.append(piece)
+                olens.append(k)
+                ovals.append(own)
+            spieces.append(piece)
+            slens.append(k)
+            svals.append(st)
+
+        def flush() -> None:
+            _last_write(self.owner, opieces, olens, ovals)
+            _last_write(self.state, spieces, slens, svals)
+            for lst in (opieces, olens, ovals, spieces, slens, svals):
+                lst.clear()
+
+        for row in rows:
+            kind = row[2]
+            seq = row[0]
+            if kind == "allocate":
+                write(row[7], row[3], row[8])
+                self.requested += row[4]
+                self.allocations += 1
+                if row[3] > self.last_id:
+                    self.last_id = row[3]
+            elif kind == "free":
+                write(row[5], NO_OWNER, FREE)
+                self.requested -= row[6]
+                self.allocations -= 1
+                self.frees += 1
+            elif kind == "extend":
+                if row[8] is not None:
+                    write(row[8], NO_OWNER, FREE)
+                    counters["moves"] += 1
+                    counters["moved_blocks"] += _count(row[8])
+                write(row[7], row[3], row[10])
+                self.requested += row[9]
+                counters["extends"] += 1
+            elif kind == "truncate":
+                write(row[6], NO_OWNER, FREE)
+                self.requested -= row[7]
+                counters["truncates"] += 1
+            elif kind == "state":
+                write(row[5], None, row[4])
+            elif kind == "oom":
+                counters["ooms_" + row[6]] += 1
+            elif kind in ("defragment", "reset"):
+                flush()
+                self.apply(row)
+        flush()
+        self.seq = seq
+
+
+_pack_i = __import__("struct").Struct("=i").pack
+
+
+def _ids_bytes(value) -> bytes:
+    """A stored block-id field as native int32 bytes."""
+    cls = value.__class__
+    if cls is bytes:
+        return value
+    if cls is int:
+        return _pack_i(value)
+    if cls is range:
+        return np.arange(value.start, value.stop, dtype=np.int32).tobytes()
+    if cls is tuple:
+        return np.arange(value[0], value[1], dtype=np.int32).tobytes()
+    return np.asarray(value, dtype=np.int32).tobytes()
+
+
+def _last_write(target: np.ndarray, pieces: list, lens: list, vals: list) -> None:
+    """target[i] = the value of the last write to i, for writes given as (ids, value) in order."""
+    if not pieces:
+        return
+    idx = np.frombuffer(b"".join(pieces), dtype=np.int32)
+    values = np.repeat(np.asarray(vals, dtype=target.dtype if target.dtype != np.uint8 else np.int64), lens)
+    last = np.full(target.size, -1, dtype=np.int64)
+    np.maximum.at(last, idx, np.arange(idx.size, dtype=np.int64))
+    hit = np.flatnonzero(last >= 0)
+    target[hit] = values[last[hit]]
+
 
 @dataclass(slots=True)
 class HistoryView:
@@ -391,9 +488,15 @@ class HistoryView:
         self.check_seq(seq)
         k = bisect_right([kf.seq for kf in self.keyframes], seq) - 1
         rep = Replayer(self.keyframes[k])
-        apply = rep.apply
-        for row in self.rows(rep.seq, seq):
-            apply(row)
+        # Unpickled segments make ~10k short-lived tuples each: a full collection triggered
+        # by them would scan every object of the process (torch's too) for nothing.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            rep.apply_rows(self.rows(rep.seq, seq))
+        finally:
+            if was_enabled:
+                gc.enable()
         rep.seq = seq
         return rep
 

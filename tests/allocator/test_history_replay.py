@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from allocator import KVCache, NotFound, OutOfMemory, OutsideHistory, create_pool
 from allocator.blockmap import CACHED, PINNED, USED
-from allocator.history import History, map_runs
+from allocator.history import History, Replayer, map_runs
 
 BLOCK = 16
 UNITS = 96
@@ -160,6 +160,12 @@ class ReplayMachine(RuleBasedStateMachine):
             assert np.array_equal(rep.state, state), f"state differs at seq {seq}"
             assert map_runs(rep.owner, rep.state) == map_runs(owner, state)
             assert view.stats_at(seq) == stats, f"stats differ at seq {seq}"
+            # The vectorised replay agrees with the plain one, row by row from the keyframe.
+            kf = max((k for k in view.keyframes if k.seq <= seq), key=lambda k: k.seq)
+            ref = Replayer(kf)
+            for row in view.rows(kf.seq, seq):
+                ref.apply(row)
+            assert np.array_equal(ref.owner, owner) and np.array_equal(ref.state, state)
 
     def teardown(self) -> None:
         self.compare_all()
