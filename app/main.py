@@ -16,11 +16,12 @@ from .metrics import LatencyMiddleware, Metrics
 from .pages import mount_static
 from .pages import router as pages_router
 from .registry import Registry
-from .routes import allocations, entries, meta, ops, pools, stream, workload
+from .routes import allocations, entries, history, meta, ops, pools, stream, workload
 from .settings import Settings, get_settings
 from .stream import Hub
 
-API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router, meta.router)
+API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router, meta.router,
+               history.router)
 
 
 def default_pool_spec(settings: Settings) -> dict:
