@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from allocator.recording import RecordedPool
 
 from . import __version__
 from .auth import require_token
@@ -15,13 +18,14 @@ from .limits import BodyLimitMiddleware
 from .metrics import LatencyMiddleware, Metrics
 from .pages import mount_static
 from .pages import router as pages_router
+from .recordings import Recordings, pool_name_for
 from .registry import Registry
-from .routes import allocations, entries, history, meta, ops, pools, stream, workload
+from .routes import allocations, entries, history, meta, ops, pools, recordings, stream, workload
 from .settings import Settings, get_settings
 from .stream import Hub
 
 API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router, meta.router,
-               history.router)
+               history.router, recordings.router)
 
 
 def default_pool_spec(settings: Settings) -> dict:
@@ -40,7 +44,11 @@ async def lifespan(app: FastAPI):
     hub: Hub = app.state.hub
     if "default" not in registry:
         hub.attach(registry.create(default_pool_spec(app.state.settings)))
+    for path in app.state.settings.open_recordings:  # kvscope open FILE
+        pool = RecordedPool(path, pool_name_for(Path(path).stem))
+        hub.attach(registry.adopt(pool.name, pool))
     yield
+    app.state.recordings.stop_all()
     for handle in registry:
         await hub.detach(handle, reason="server shutting down")
 
@@ -58,6 +66,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.registry = Registry(settings)
     app.state.hub = Hub(settings.stream_interval_s)
+    app.state.recordings = Recordings(settings.recordings_dir, app.state.registry)
     app.state.metrics = Metrics(app.state.registry)
     install_error_handlers(app)
     for router in API_ROUTERS:

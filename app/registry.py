@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from allocator import Pool, PoolSpec
 from allocator.errors import Conflict, NotFound
+from allocator.history import DEFAULT_HISTORY_BYTES
 
 from .settings import Settings
 
@@ -91,8 +93,20 @@ class Registry:
         if len(self._pools) >= s.max_pools:
             raise Conflict(f"at most {s.max_pools} pools; delete one first")
         spec.check_caps(s.max_blocks, s.max_pool_bytes)  # before any memory is taken
+        if spec.history_bytes == DEFAULT_HISTORY_BYTES and s.history_bytes != DEFAULT_HISTORY_BYTES:
+            spec = dataclasses.replace(spec, history_bytes=s.history_bytes)
         handle = PoolHandle(spec.name, spec.build())
         self._pools[spec.name] = handle
+        return handle
+
+    def adopt(self, name: str, pool) -> PoolHandle:
+        """Register an already built pool (an opened recording). Raises Conflict."""
+        if name in self._pools:
+            raise Conflict(f"pool {name!r} already exists")
+        if len(self._pools) >= self.settings.max_pools:
+            raise Conflict(f"at most {self.settings.max_pools} pools; delete one first")
+        handle = PoolHandle(name, pool)
+        self._pools[name] = handle
         return handle
 
     def remove(self, name: str) -> PoolHandle:

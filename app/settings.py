@@ -69,6 +69,9 @@ class Settings:
     max_batch: int = 10_000
     max_body: int = 16 * MIB
     stream_interval_s: float = 0.05
+    recordings_dir: str = "recordings"  # where POST .../recording writes its .kvrec files
+    history_bytes: int = 64 * MIB  # each pool's in-memory history budget (0: no history)
+    open_recordings: tuple[str, ...] = ()  # recording files served read-only (kvscope open)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -85,6 +88,8 @@ class Settings:
             max_pools=_env_int("KVSCOPE_MAX_POOLS", 32, 1),  # the default pool needs one
             max_batch=_env_int("KVSCOPE_MAX_BATCH", 10_000),
             max_body=_env_int("KVSCOPE_MAX_BODY", 16 * MIB),
+            recordings_dir=os.environ.get("KVSCOPE_RECORDINGS_DIR") or "recordings",
+            history_bytes=_env_int("KVSCOPE_HISTORY_BYTES", 64 * MIB),
         )
 
     def check_default_pool(self) -> None:

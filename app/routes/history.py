@@ -23,9 +23,6 @@ AtSeq = Annotated[int | None, Query(ge=0, le=1 << 62, description=(
 def history_view(handle) -> HistoryView:
     """A frozen snapshot of the pool's history (taken on the event loop: cheap, consistent).
     Raises Conflict when the pool keeps none."""
-    view = getattr(handle, "recording_view", None)
-    if view is not None:
-        return view
     history = handle.pool.history
     if history is None:
         raise Conflict(f"pool {handle.name!r} keeps no history (created with history_bytes=0)")
@@ -52,9 +49,8 @@ def history_info(handle) -> dict:
     view = history_view(handle)
     info = {"first_seq": view.first_seq, "last_seq": view.last_seq, "dropped_events": view.dropped_events,
             "keyframes": len(view.keyframes)}
-    history = handle.pool.history if getattr(handle, "recording_view", None) is None else None
-    if history is not None:
-        info.update(bytes=history.nbytes, max_bytes=history.max_bytes)
+    history = handle.pool.history
+    info.update(bytes=history.nbytes, max_bytes=history.max_bytes)
     return info
 
 
