@@ -27,7 +27,7 @@ from .errors import (
 )
 from .events import EventLog
 from .geometry import MODEL_PRESETS, ModelGeometry, get_model
-from .history import DEFAULT_HISTORY_BYTES, History, HistoryView, OutsideHistory
+from .history import History, HistoryView, OutsideHistory
 from .paged import PagedPool
 from .pool import Allocation, DefragReport, Pool
 from .spec import CacheSpec, PoolSpec
@@ -36,29 +36,12 @@ from .tiered import DEFAULT_TIERS, TieredPool
 from .vocab import EVENT_FIELDS, FITS, POLICIES, SCENARIOS, STATE_NAMES, STRATEGIES, meta
 
 
-def create_pool(
-    strategy: str = "paged",
-    *,
-    num_blocks: int | None = None,
-    capacity_bytes: int | None = None,
-    block_bytes: int | None = None,
-    tokens_per_block: int | None = None,
-    model: str | ModelGeometry | None = None,
-    device: str = "auto",
-    fit: str | None = None,
-    tiers: list[dict] | None = None,
-    name: str = "pool",
-    event_capacity: int = 10_000,
-    history_bytes: int | None = DEFAULT_HISTORY_BYTES,
-) -> Pool:
-    """Build a pool: `PoolSpec.parse(...).build()`. Size by `num_blocks` or `capacity_bytes`;
-    block size by `block_bytes` or by `tokens_per_block` (default 16) with a `model` geometry.
-    Raises InvalidRequest."""
-    return PoolSpec.parse(
-        strategy, num_blocks=num_blocks, capacity_bytes=capacity_bytes, block_bytes=block_bytes,
-        tokens_per_block=tokens_per_block, model=model, device=device, fit=fit, tiers=tiers,
-        name=name, event_capacity=event_capacity, history_bytes=history_bytes,
-    ).build()
+def create_pool(strategy: str = "paged", **options) -> Pool:
+    """Build a pool: `PoolSpec.parse(strategy, **options).build()`. Size by `num_blocks` or
+    `capacity_bytes`; block size by `block_bytes` or by `tokens_per_block` (default 16) with a
+    `model` geometry; `device`, `fit`, `tiers`, `name`, `event_capacity`, `cache` as
+    `PoolSpec.parse` takes them. Raises InvalidRequest."""
+    return PoolSpec.parse(strategy, **options).build()
 
 
 __all__ = [

@@ -49,7 +49,7 @@ class Entry:
             "data_bytes": self.data_bytes,
         }
         if pool is not None:
-            out["blocks"] = runs_of(pool._block_ids(self.id))
+            out["blocks"] = runs_of(pool.block_ids(self.id))
         return out
 
 
@@ -108,7 +108,7 @@ class KVCache:
         self.misses = 0
         self.evictions = dict.fromkeys(EVICTION_REASONS, 0)
         self.refusals = 0  # puts refused because the budget is held by pinned entries
-        pool.cache = self
+        pool.attach("cache", self)  # the pool tells us of resets; we hold the pool, not it us
 
     # -- policy ---------------------------------------------------------------------------
     @staticmethod
@@ -597,6 +597,9 @@ class KVCache:
             self._unfile(entry.key, entry.priority, evicted)
         self.used_bytes -= entry.allocated_bytes
         self.pool.free(entry.id)
+
+    def on_pool_reset(self) -> None:
+        self._forget_all()
 
     def _forget_all(self) -> None:
         """The pool was reset under us: every entry's memory is already gone."""

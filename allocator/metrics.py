@@ -1,4 +1,4 @@
-"""Fragmentation metrics, computed exactly as DESIGN.md section 2 defines them."""
+"""Fragmentation metrics, computed exactly as docs/ARCHITECTURE.md (Metrics) defines them."""
 
 from __future__ import annotations
 

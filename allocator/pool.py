@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -80,7 +82,17 @@ def runs_of(block_ids) -> list[list[int]]:
     return runs
 
 
-class Pool:
+class PoolExtension(Protocol):
+    """A layer built on a pool (KVCache): the pool calls these and nothing else of it."""
+
+    def on_pool_reset(self) -> None:
+        """Every allocation is gone (their memory is already free)."""
+
+    def stats(self) -> dict:
+        """Its numbers, shown under its name in the pool's stats."""
+
+
+class Pool(ABC):
     """Base of the strategies: one tensor (`storage`), its `blockmap`, `events` and counters.
 
     Subclasses keep their own free structure and per-allocation records (`_allocs`: id ->
@@ -125,7 +137,9 @@ class Pool:
         self.storage = BlockStorage(num_blocks, block_bytes, device)
         self.blockmap = BlockMap(num_blocks)
         self.events = EventLog(event_capacity)
-        self.cache = None  # set by KVCache when one is attached
+        # Layers built on this pool (the KV cache, by name "cache"): the pool tells them when it
+        # is reset and adds their stats to its own, and knows nothing else of them.
+        self.extensions: dict[str, PoolExtension] = {}
         # Hot-path aliases of the block map's arrays (one attribute load instead of two).
         self._bm = self.blockmap
         self._own, self._st, self._cv = self.blockmap.owner, self.blockmap.state, self.blockmap.chunk_version
@@ -246,7 +260,7 @@ class Pool:
         """Placement state beyond the free structure (next fit's rover), for rollbacks."""
         return None
 
-    def _restore_cursor(self, cursor) -> None:
+    def _restore_cursor(self, cursor) -> None:  # noqa: B027 - most strategies have no cursor
         pass
 
     def free_many(self, ids: list[int]) -> None:
@@ -355,10 +369,21 @@ class Pool:
         self._allocs.clear()
         self.blockmap.clear()
         self.requested_total = 0
-        if self.cache is not None:
-            self.cache._forget_all()
+        for ext in list(self.extensions.values()):
+            ext.on_pool_reset()
         self.events.record("reset", freed)
         return freed
+
+    # -- extensions ---------------------------------------------------------------------------
+    def attach(self, name: str, extension: PoolExtension) -> None:
+        """Let `extension` (e.g. the KV cache, as "cache") hear of resets and add its stats under
+        `name`; one per name (a new one replaces the old)."""
+        self.extensions[name] = extension
+
+    @property
+    def cache(self):
+        """The KV cache built on this pool, or None (the extension named "cache")."""
+        return self.extensions.get("cache")
 
     # -- stats ---------------------------------------------------------------------------
     def _frag_summary(self) -> dict:
@@ -401,8 +426,8 @@ class Pool:
             "last_event_seq": self.events.last_seq,
         }
         out.update(self._extra_stats())
-        if self.cache is not None:
-            out["cache"] = self.cache.stats()
+        for name, ext in self.extensions.items():
+            out[name] = ext.stats()
         return out
 
     def config(self) -> dict:
@@ -467,6 +492,45 @@ class Pool:
             if have != want:
                 problems.append(f"counter {what} is {have}, allocations add up to {want}")
         return problems
+
+    # -- what each strategy implements ------------------------------------------------------
+    # NOTE: not abstract: a strategy whose hot path is written out in full (paged) overrides
+    # the public allocate/free/allocate_many/free_many instead of these two.
+    def _allocate(self, aid: int, nbytes: int, state: int) -> None:
+        """Place a new allocation `aid` of `nbytes` (already checked), or raise via `_oom`."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def _extend(self, aid: int, nbytes: int) -> bool:
+        """Grow `aid` by `nbytes`; True when its data moved. Unchanged on OutOfMemory."""
+
+    @abstractmethod
+    def _truncate(self, aid: int, nbytes: int) -> None:
+        """Shrink `aid` to `nbytes`, returning the blocks past the new end."""
+
+    def _release(self, aid: int) -> None:
+        """Return every block of `aid` to the free structure and forget it."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def _block_ids(self, aid: int):
+        """Storage rows of `aid` in data order (a sequence of ints; no copy promised)."""
+
+    @abstractmethod
+    def _compact(self) -> tuple[list[tuple[int, int, int]], bool]:
+        """Move live blocks to the low end: the (src, dst, count) runs, and whether disjoint."""
+
+    @abstractmethod
+    def _free_lengths(self) -> np.ndarray:
+        """Lengths of the free runs, in units of `_free_unit_bytes()`."""
+
+    @abstractmethod
+    def _free_problems(self, expected_free: np.ndarray) -> list[str]:
+        """Where the free structure disagrees with the blocks no allocation holds."""
+
+    @abstractmethod
+    def _reset_free_structure(self) -> None:
+        """Everything free again (reset)."""
 
     # -- helpers for subclasses ----------------------------------------------------------
     def _record(self, aid):

@@ -10,9 +10,9 @@ from typing import Annotated
 
 from fastapi import Depends, Path, Request
 
-from allocator import KVCache, Pool
-from allocator.errors import Conflict
+from allocator import KVCache
 
+from .operations import cache_of, refuse_cache_entry  # noqa: F401 - their old home; kept importable
 from .registry import PoolHandle, Registry
 from .schemas import POOL_NAME_PATTERN, Key
 from .settings import Settings
@@ -44,22 +44,6 @@ async def get_pool(pool: PoolName, registry: RegistryDep) -> PoolHandle:
 
 
 PoolDep = Annotated[PoolHandle, Depends(get_pool)]
-
-
-def cache_of(pool: Pool) -> KVCache:
-    """The pool's cache. Raises Conflict when it has none."""
-    if pool.cache is None:
-        raise Conflict(f"pool {pool.name!r} has no cache; create it with 'cache': {{...}}")
-    return pool.cache
-
-
-def refuse_cache_entry(pool: Pool, aid: int) -> None:
-    """Raises Conflict when allocation `aid` holds a cache entry: entries change through the
-    cache (/entries, or the put/delete ops), else the cache's books would go wrong."""
-    key = pool.cache.key_of(aid) if pool.cache is not None else None
-    if key is not None:
-        raise Conflict(f"allocation {aid} holds cache entry {key!r}; change it through /entries/{{key}} "
-                       "or the put/delete ops")
 
 
 async def get_cache(handle: PoolDep) -> KVCache:

@@ -14,6 +14,7 @@ from allocator.recording import RecordedPool
 from . import __version__
 from .auth import require_token
 from .errors import install_error_handlers
+from .housekeeping import Housekeeper
 from .limits import BodyLimitMiddleware
 from .metrics import LatencyMiddleware, Metrics
 from .pages import mount_static
@@ -47,8 +48,10 @@ async def lifespan(app: FastAPI):
     for path in app.state.settings.open_recordings:  # kvscope open FILE
         pool = RecordedPool(path, pool_name_for(Path(path).stem))
         hub.attach(registry.adopt(pool.name, pool))
+    app.state.housekeeper.start()
     yield
     app.state.recordings.stop_all()
+    await app.state.housekeeper.stop()
     for handle in registry:
         await hub.detach(handle, reason="server shutting down")
 
@@ -67,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.registry = Registry(settings)
     app.state.hub = Hub(settings.stream_interval_s)
     app.state.recordings = Recordings(settings.recordings_dir, app.state.registry)
+    app.state.housekeeper = Housekeeper(app.state.registry)
     app.state.metrics = Metrics(app.state.registry)
     install_error_handlers(app)
     for router in API_ROUTERS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from allocator import Pool, PoolSpec
 from allocator.errors import Conflict, NotFound
@@ -13,11 +13,19 @@ from allocator.history import DEFAULT_HISTORY_BYTES
 
 from .settings import Settings
 
+if TYPE_CHECKING:
+    from allocator import KVCache
+    from workloads.live import LiveWorkload
+
+    from .stream import Hub, PoolStream
+
 
 @dataclass(slots=True, eq=False)
 class PoolHandle:
-    """One pool as the server holds it.
+    """One pool as the server holds it, and what the server does to it as a whole.
 
+    The handle owns the pool (and through it the cache built on it), the workload running on it
+    and, while the pool is registered, its stream; routes call its methods rather than reach in.
     `lock` is held by exactly two things: the workload runner around each `advance`, and a data
     upload (PUT .../data) around writing the body it awaited into the entry. Neither awaits while
     holding it, so it orders them only should one ever do so. Other handlers do not take it: they
@@ -27,16 +35,20 @@ class PoolHandle:
     name: str
     pool: Pool
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    workload: Any = None  # the latest LiveWorkload started here, running or not
+    workload: LiveWorkload | None = None  # the latest workload started here, running or not
     workload_task: asyncio.Task | None = None
     workload_error: str | None = None  # why the latest workload failed; None unless it did
-    stream: Any = None  # app.stream.PoolStream, attached by the hub
+    stream: PoolStream | None = None  # set by the hub while the pool is registered
+
+    @property
+    def cache(self) -> KVCache | None:
+        return self.pool.cache
 
     def describe(self) -> dict:
         return {"name": self.name, "config": self.pool.config(), "stats": self.pool.stats()}
 
     def summary(self) -> dict:
-        p = self.pool
+        p, cache = self.pool, self.cache
         return {
             "name": self.name,
             "strategy": p.strategy,
@@ -46,9 +58,35 @@ class PoolHandle:
             "device": str(p.storage.device),
             "used_blocks": p.used_blocks,
             "utilization": p.used_blocks / p.num_blocks,
-            "cache": None if p.cache is None else {"policy": p.cache.policy,
-                                                  "capacity_bytes": p.cache.capacity_bytes},
+            "cache": None if cache is None else {"policy": cache.policy, "capacity_bytes": cache.capacity_bytes},
         }
+
+    def reset(self) -> int:
+        """Free everything (the cache hears of it from the pool); returns how many were freed."""
+        return self.pool.reset()
+
+    def check(self) -> list[str]:
+        """Every broken invariant of the pool and its cache (empty: all hold)."""
+        cache = self.cache
+        return self.pool.check() + (cache.check() if cache is not None else [])
+
+    async def start_workload(self, hub: Hub, spec: dict) -> dict:
+        """Start a workload (app/runner.py). Raises Conflict (one runs), InvalidRequest."""
+        from .runner import start_workload
+
+        return await start_workload(self, hub, spec)
+
+    async def stop_workload(self) -> bool:
+        """Stop the running workload; False when none was running."""
+        from .runner import stop_workload
+
+        return await stop_workload(self)
+
+    def workload_progress(self) -> dict | None:
+        """The latest workload's progress, or None when none was started here."""
+        from .runner import workload_progress
+
+        return workload_progress(self)
 
 
 class Registry:
@@ -113,3 +151,7 @@ class Registry:
         handle = self.get(name)
         del self._pools[name]
         return handle
+
+    async def delete(self, name: str, hub: Hub, reason: str = "pool deleted") -> None:
+        """Unregister the pool, stop its workload and close its stream. Raises NotFound."""
+        await hub.detach(self.remove(name), reason=reason)

@@ -206,6 +206,7 @@ class AllocationOut(BaseModel):
     blocks: list[list[int]]
     state: str
     tier: str | None = None
+    moved: bool | None = Field(None, description="extend only: whether the data had to move")
     key: str | None = None
     age_s: float | None = None
     idle_s: float | None = None

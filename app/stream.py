@@ -1,8 +1,7 @@
 """The stream hub: one task per pool turns block-map changes and new events into frames.
 
-Every `interval_s` (50 ms) a pool's task reaps expired TTL entries (listeners or not), then asks
-`blockmap.changes_since(v)` and the event log for what is new, encodes ONE delta frame and one
-`events` message, and fans them out to every client's bounded queue. A client whose queue is
+Every `interval_s` (50 ms) a pool's task asks `blockmap.changes_since(v)` and the event log for
+what is new, encodes ONE delta frame and one `events` message, and fans them out to every client's bounded queue. A client whose queue is
 over its bounds (QUEUE_LIMIT messages or QUEUE_BYTES bytes) has its backlog dropped and is sent
 a fresh snapshot, then `{"type": "resync", "last_event_seq": N}`: the dropped `events` are those
 up to N it had not seen (`GET /api/pools/{pool}/events?after=`), later ones come on the stream;
@@ -232,11 +231,7 @@ class PoolStream:
         """Send what changed since the last tick. Synchronous: the core is read consistently."""
         pool = self.handle.pool
         bm, events = pool.blockmap, pool.events
-        cache = pool.cache
-        if cache is not None:
-            # TTL entries are reaped here, listeners or not; cheap: it pops only the heap's
-            # expired top. Run by the tick, so serialized with the handlers on the event loop.
-            cache.expire()
+        cache = pool.cache  # TTL expiry is app/housekeeping.py's, not the stream's
         if not self.clients:  # nobody listens; `join` takes a fresh checkpoint
             return
         # Chunks stamped since the last checkpoint; a numpy scan of one u32 per 64 blocks.

@@ -51,6 +51,7 @@ from allocator import (
     PagedPool,
     Pool,
     get_model,
+    positive_int,
 )
 
 from .trace import Trace
@@ -90,16 +91,12 @@ class SimConfig:
         if self.strategy not in RESERVATIONS:
             raise InvalidRequest(f"unknown strategy {self.strategy!r}; choose from {list(RESERVATIONS)}")
         geometry = get_model(self.model)
-        for name in ("tokens_per_block", "max_batch", "sim_bytes_per_token"):
+        for name in ("tokens_per_block", "max_batch", "sim_bytes_per_token", "max_len", "pool_tokens"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InvalidRequest(f"{name} must be a positive integer, got {value!r}")
-        if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len <= 0):
-            raise InvalidRequest(f"max_len must be a positive integer, got {self.max_len!r}")
+            if value is not None or name not in ("max_len", "pool_tokens"):
+                positive_int(value, name)
         if self.pool_tokens is None and not (self.pool_gib > 0):
             raise InvalidRequest(f"pool_gib must be positive, got {self.pool_gib!r}")
-        if self.pool_tokens is not None and (not isinstance(self.pool_tokens, int) or self.pool_tokens <= 0):
-            raise InvalidRequest(f"pool_tokens must be a positive integer, got {self.pool_tokens!r}")
         if self.capacity_tokens() < self.max_length():
             raise InvalidRequest(
                 f"the pool ({self.capacity_tokens()} tokens) must hold one max-length sequence "

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from allocator import InvalidRequest
+from allocator import InvalidRequest, positive_int
 
 TRACES_DIR = Path(__file__).resolve().parent / "traces"
 DEFAULT_TRACE = TRACES_DIR / "azure_conv_2023.csv"
@@ -139,8 +139,8 @@ def parse_trace(lines, source: str = "<trace>", limit: int | None = None) -> Tra
 def load_trace(path: str | Path | None = None, limit: int | None = None) -> Trace:
     """Load a trace file (default: the bundled Azure conversation trace). Raises InvalidRequest."""
     path = Path(path) if path is not None else DEFAULT_TRACE
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
-        raise InvalidRequest(f"limit must be a positive integer, got {limit!r}")
+    if limit is not None:
+        positive_int(limit, "limit")
     try:
         with open(path, newline="", encoding="utf-8") as f:
             return parse_trace(f, source=path.name, limit=limit)

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response, status
 
 from allocator.errors import NotFound
 
+from .. import operations
 from ..auth import check_token
 from ..deps import CacheDep, EntryKey, PoolDep
 from ..schemas import EntryList, EntryOut, EntryPut, PutOut
@@ -32,8 +33,7 @@ async def list_entries(
     description="Insert or refresh an entry: 201 when new, 200 when it existed (touched, resized).",
 )
 async def put_entry(key: EntryKey, body: EntryPut, cache: CacheDep, response: Response) -> dict:
-    nbytes = cache.pool.to_bytes(body.bytes, body.tokens)
-    result = cache.put(key, nbytes, body.priority, body.ttl_s, body.pinned)
+    result = operations.put(cache.pool, key, body.bytes, body.tokens, body.priority, body.ttl_s, body.pinned)
     response.status_code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
     return {"entry": result.entry.to_dict(cache.clock(), cache.pool), "evicted": result.evicted}
 
@@ -41,7 +41,7 @@ async def put_entry(key: EntryKey, body: EntryPut, cache: CacheDep, response: Re
 @router.get("/{key}", response_model=EntryOut, dependencies=[Depends(check_token)],
             description="A hit touches the entry; a miss is 404. Needs the token when one is set.")
 async def get_entry(key: EntryKey, cache: CacheDep) -> dict:
-    entry = cache.get(key)
+    entry = operations.get(cache.pool, key)
     if entry is None:
         raise NotFound("entry", key)
     return entry.to_dict(cache.clock(), cache.pool)
@@ -49,14 +49,14 @@ async def get_entry(key: EntryKey, cache: CacheDep) -> dict:
 
 @router.delete("/{key}", status_code=status.HTTP_204_NO_CONTENT)
 async def delete_entry(key: EntryKey, cache: CacheDep) -> Response:
-    cache.remove(key)
+    operations.delete(cache.pool, key)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/{key}/evict", status_code=status.HTTP_204_NO_CONTENT,
              description="Evict the entry now (an `evict` event, reason `manual`); a pinned entry is 409.")
 async def evict_entry(key: EntryKey, cache: CacheDep) -> Response:
-    cache.evict(key)
+    operations.evict(cache.pool, key)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

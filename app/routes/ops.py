@@ -1,7 +1,8 @@
 """Batch ops: many allocator and cache calls in one request, run in order, one result each.
 
 This is the fast path (target: 1M blocks/s). Ops are validated once by pydantic, then each runs
-straight against the core with no per-op allocation of response models; results are plain dicts.
+the same function of app/operations.py as its REST route, with no per-op allocation of response
+models; results are plain dicts.
 """
 
 from __future__ import annotations
@@ -12,65 +13,19 @@ from fastapi import APIRouter, Response
 
 from allocator.errors import KVScopeError, TooLarge
 
-from ..deps import PoolDep, SettingsDep, cache_of, refuse_cache_entry
+from ..deps import PoolDep, SettingsDep
 from ..errors import core_error_result
+from ..operations import BATCH_OPS
 from ..schemas import BatchIn, BatchOut
 
 router = APIRouter(prefix="/api/pools/{pool}/ops", tags=["ops"])
-
-
-def _allocate(pool, op) -> dict:
-    aid = pool.allocate(pool.to_bytes(op.bytes, op.tokens))
-    return {"ok": True, "id": aid, "allocated_bytes": pool.held_bytes(aid)}
-
-
-def _extend(pool, op) -> dict:
-    nbytes = pool.to_bytes(op.bytes, op.tokens)
-    refuse_cache_entry(pool, op.id)
-    moved = pool.extend(op.id, nbytes)
-    return {"ok": True, "id": op.id, "moved": moved, "allocated_bytes": pool.held_bytes(op.id)}
-
-
-def _free(pool, op) -> dict:
-    refuse_cache_entry(pool, op.id)
-    pool.free(op.id)
-    return {"ok": True}
-
-
-def _put(pool, op) -> dict:
-    cache = cache_of(pool)
-    r = cache.put(op.key, pool.to_bytes(op.bytes, op.tokens), op.priority, op.ttl_s, op.pinned)
-    return {"ok": True, "id": r.entry.id, "created": r.created, "evicted": r.evicted}
-
-
-def _get(pool, op) -> dict:
-    entry = cache_of(pool).get(op.key)
-    return {"ok": True, "hit": False} if entry is None else {"ok": True, "hit": True, "id": entry.id}
-
-
-def _delete(pool, op) -> dict:
-    cache_of(pool).remove(op.key)
-    return {"ok": True}
-
-
-def _evict(pool, op) -> dict:
-    cache_of(pool).evict(op.key)
-    return {"ok": True}
-
-
-def _defragment(pool, op) -> dict:
-    return {"ok": True, **pool.defragment().to_dict()}
-
-
-RUNNERS = {"allocate": _allocate, "extend": _extend, "free": _free, "put": _put, "get": _get,
-           "delete": _delete, "evict": _evict, "defragment": _defragment}
 
 
 def run_ops(pool, ops, stop_on_error: bool) -> list[dict]:
     """Run `ops` in order; a failed op yields `{"ok": false, "error": {...}}` and changes nothing."""
     results: list[dict] = []
     append = results.append
-    runners = RUNNERS
+    runners = BATCH_OPS
     for op in ops:
         try:
             append(runners[op.op](pool, op))

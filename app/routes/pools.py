@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from allocator import STATE_NAMES
 from allocator.errors import InvalidRequest
 
+from .. import operations
 from ..deps import CacheDep, HubDep, PoolDep, RegistryDep
 from ..schemas import (
     BlockMapOut,
@@ -49,19 +50,18 @@ async def get_pool(handle: PoolDep) -> dict:
 
 @router.delete("/{pool}", status_code=status.HTTP_204_NO_CONTENT)
 async def delete_pool(handle: PoolDep, registry: RegistryDep, hub: HubDep) -> Response:
-    registry.remove(handle.name)
-    await hub.detach(handle, reason="pool deleted")
+    await registry.delete(handle.name, hub)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/{pool}/reset", response_model=ResetOut)
 async def reset_pool(handle: PoolDep) -> dict:
-    return {"freed": handle.pool.reset()}
+    return {"freed": handle.reset()}
 
 
 @router.post("/{pool}/defragment", response_model=DefragOut)
 async def defragment(handle: PoolDep) -> dict:
-    return handle.pool.defragment().to_dict()
+    return operations.defragment(handle.pool)
 
 
 @router.get("/{pool}/stats", response_model=StatsOut, response_model_exclude_unset=True)
@@ -75,9 +75,7 @@ async def pool_stats(handle: PoolDep, at_seq: AtSeq = None) -> dict:
 
 @router.get("/{pool}/check", response_model=CheckOut)
 async def check_pool(handle: PoolDep) -> dict:
-    problems = handle.pool.check()
-    if handle.pool.cache is not None:
-        problems += handle.pool.cache.check()
+    problems = handle.check()
     return {"ok": not problems, "problems": problems}
 
 

@@ -7,7 +7,6 @@ from fastapi import APIRouter, Response, status
 from allocator.errors import NotFound
 
 from ..deps import HubDep, PoolDep
-from ..runner import start_workload, stop_workload, workload_progress
 from ..schemas import WorkloadIn, WorkloadOut
 
 router = APIRouter(prefix="/api/pools/{pool}/workload", tags=["workload"])
@@ -16,12 +15,12 @@ router = APIRouter(prefix="/api/pools/{pool}/workload", tags=["workload"])
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=WorkloadOut,
              description="Start a workload; 409 while one is running. Progress streams on the websocket.")
 async def start(body: WorkloadIn, handle: PoolDep, hub: HubDep) -> dict:
-    return {"workload": await start_workload(handle, hub, body.model_dump(exclude_none=True))}
+    return {"workload": await handle.start_workload(hub, body.model_dump(exclude_none=True))}
 
 
 @router.get("", response_model=WorkloadOut)
 async def progress(handle: PoolDep) -> dict:
-    current = workload_progress(handle)
+    current = handle.workload_progress()
     if current is None:
         raise NotFound("workload", handle.name)
     return {"workload": current}
@@ -29,6 +28,6 @@ async def progress(handle: PoolDep) -> dict:
 
 @router.delete("", status_code=status.HTTP_204_NO_CONTENT)
 async def stop(handle: PoolDep) -> Response:
-    if not await stop_workload(handle):
+    if not await handle.stop_workload():
         raise NotFound("running workload", handle.name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

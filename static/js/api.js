@@ -1,5 +1,6 @@
-// REST client (DESIGN.md section 3). Adds the bearer token kept in this tab's sessionStorage and
-// turns `{"error": {code, message, details}}` bodies into ApiError.
+// REST client (README "REST API", docs/ARCHITECTURE.md). Adds the bearer token kept in this tab's
+// sessionStorage and turns `{"error": {code, message, details}}` bodies into ApiError. Modules call
+// the typed client (`pools.create(body)`, `pool(name).allocate(size)`), never build URLs.
 
 export const TOKEN_KEY = "kvscope.token";
 
@@ -81,9 +82,66 @@ export async function listPools() {
 /**
  * Events of a pool with seq in (gap.after, ...], at most gap.limit, oldest first: what a page
  * missed while the server dropped its backlog (a `resync`) or while it was disconnected.
- * @param {string} pool @param {import("./model.js").EventGap} gap
+ * @param {string} name @param {import("./model.js").EventGap} gap
  * @returns {Promise<import("./model.js").EventPage>}
  */
-export function fetchEvents(pool, gap) {
-  return api("GET", `${poolPath(pool)}/events?after=${gap.after}&limit=${gap.limit}`);
+export function fetchEvents(name, gap) {
+  return pool(name).events(gap);
+}
+
+/** @typedef {{bytes: number}|{tokens: number}} Size */
+
+/** The pool collection: list, create. */
+export const pools = {
+  /** @returns {Promise<string[]>} */
+  names: listPools,
+  /** @param {Object} body app/schemas.py PoolCreate */
+  create: (body) => api("POST", "/api/pools", body),
+};
+
+/** The vocabulary (allocator/vocab.py), as GET /api/meta serves it. */
+export const meta = () => api("GET", "/api/meta");
+
+/**
+ * One pool's REST API, typed: every URL of it lives here.
+ * @param {string} name
+ */
+export function pool(name) {
+  const base = poolPath(name);
+  const id = (/** @type {number|string} */ aid) => `${base}/allocations/${encodeURIComponent(aid)}`;
+  const entry = (/** @type {string} */ key) => `${base}/entries/${encodeURIComponent(key)}`;
+  return {
+    name,
+    get: () => api("GET", base),
+    delete: () => api("DELETE", base),
+    reset: () => api("POST", `${base}/reset`),
+    defragment: () => api("POST", `${base}/defragment`),
+    check: () => api("GET", `${base}/check`),
+    stats: () => api("GET", `${base}/stats`),
+    /** @param {import("./model.js").EventGap} gap */
+    events: (gap) => api("GET", `${base}/events?after=${gap.after}&limit=${gap.limit}`),
+    /** @param {Size} size */
+    allocate: (size) => api("POST", `${base}/allocations`, size),
+    /** @param {number|string} aid */
+    allocation: (aid) => api("GET", id(aid)),
+    /** @param {number|string} aid @param {Size} size */
+    extend: (aid, size) => api("POST", `${id(aid)}/extend`, size),
+    /** @param {number|string} aid */
+    free: (aid) => api("DELETE", id(aid)),
+    /** @param {Object[]} ops app/schemas.py Op, run in order */
+    batch: (ops, stopOnError = false) => api("POST", `${base}/ops`, { ops, stop_on_error: stopOnError }),
+    /** @param {string} key @param {Size & {priority?: number, ttl_s?: number, pinned?: boolean}} body */
+    put: (key, body) => api("PUT", entry(key), body),
+    /** @param {string} key */
+    lookup: (key) => api("GET", entry(key)),
+    /** @param {string} key */
+    remove: (key) => api("DELETE", entry(key)),
+    /** @param {string} key */
+    evict: (key) => api("POST", `${entry(key)}/evict`),
+    /** @param {string} policy */
+    setPolicy: (policy) => api("PUT", `${base}/cache/policy`, { policy }),
+    /** @param {Object} spec app/schemas.py WorkloadIn */
+    startWorkload: (spec) => api("POST", `${base}/workload`, spec),
+    stopWorkload: () => api("DELETE", `${base}/workload`),
+  };
 }

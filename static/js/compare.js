@@ -1,7 +1,7 @@
 // Compare view: the same scenario on two or three pools of equal size, side by side, so that
 // external fragmentation visibly forms on the contiguous arena and not on the paged pool.
 
-import { ApiError, api, listPools, poolPath } from "./api.js";
+import { ApiError, pool as poolApi, pools as poolsApi } from "./api.js";
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { feedPool } from "./feed.js";
 import { createHeatmap } from "./heatmap.js";
@@ -117,7 +117,7 @@ export function createCompare(grid, env) {
     const model = new PoolModel();
     const heatmap = createHeatmap(/** @type {HTMLElement} */ (box.querySelector(".cmp-map")), model, {
       compact: true,
-      fetchAllocation: (id) => api("GET", `${poolPath(name)}/allocations/${id}`),
+      fetchAllocation: (id) => poolApi(name).allocation(id),
     });
     const conn = /** @type {HTMLElement} */ (box.querySelector(".conn"));
     // the panes have no log, but missed oom/defragment events decide their banner: feedPool backfills them
@@ -180,13 +180,13 @@ export function createCompare(grid, env) {
   async function setupAndRun() {
     const { pools, workload } = readForm();
     teardown();
-    const existing = new Set(await listPools());
+    const existing = new Set(await poolsApi.names());
     for (const body of pools) {
-      if (existing.has(body.name)) await api("DELETE", poolPath(body.name)); // a fresh pool per run
-      await api("POST", "/api/pools", body);
+      if (existing.has(body.name)) await poolApi(body.name).delete(); // a fresh pool per run
+      await poolsApi.create(body);
       openPane(body.strategy);
     }
-    await Promise.all(pools.map((p) => api("POST", `${poolPath(p.name)}/workload`, workload)));
+    await Promise.all(pools.map((p) => poolApi(p.name).startWorkload(workload)));
     return `running ${workload.name} (seed ${workload.seed}) on ${pools.map((p) => p.name).join(", ")}`;
   }
 
@@ -209,10 +209,10 @@ export function createCompare(grid, env) {
     }
   });
   document.getElementById("b-compare-defrag")?.addEventListener("click", () =>
-    each("defragment", (p) => api("POST", `${poolPath(p.name)}/defragment`)),
+    each("defragment", (p) => poolApi(p.name).defragment()),
   );
   document.getElementById("b-compare-stop")?.addEventListener("click", () =>
-    each("stop", (p) => api("DELETE", `${poolPath(p.name)}/workload`).catch((e) => (e instanceof ApiError && e.status === 404 ? null : Promise.reject(e)))),
+    each("stop", (p) => poolApi(p.name).stopWorkload().catch((e) => (e instanceof ApiError && e.status === 404 ? null : Promise.reject(e)))),
   );
 
   return {

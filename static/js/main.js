@@ -1,6 +1,6 @@
 // Wiring: one pool's stream -> model -> heatmap / charts / panels; controls; views.
 
-import { api, getToken, listPools, poolPath } from "./api.js";
+import { getToken, pool as poolApi, pools } from "./api.js";
 import { createCharts } from "./charts.js";
 import { createCompare } from "./compare.js";
 import { createControls, promptToken } from "./controls.js";
@@ -124,7 +124,7 @@ function connect(name) {
   if (name !== poolName) controls.clearChips();
   poolName = name;
   model = new PoolModel();
-  heatmap = createHeatmap($("#heatmap"), model, { fetchAllocation: (id) => api("GET", `${poolPath(poolName)}/allocations/${id}`) });
+  heatmap = createHeatmap($("#heatmap"), model, { fetchAllocation: (id) => poolApi(poolName).allocation(id) });
   charts = createCharts($("#charts"), model);
   logDirty = true;
   renderPanels();
@@ -152,7 +152,7 @@ function setPoolInUrl(name) {
 /** Pool names on the server; [] (and a status line) when they cannot be listed. */
 async function poolNames() {
   try {
-    return await listPools();
+    return await pools.names();
   } catch (err) {
     controls.status(`could not list pools: ${/** @type {Error} */ (err).message}`, "err");
     return [];

@@ -14,8 +14,8 @@ from allocator import (
     OutOfMemory,
     create_pool,
 )
+from allocator.vocab import STRATEGIES  # every strategy meets the same contract
 
-STRATEGIES = ["paged", "tiered", "contiguous"]
 BAD_SIZES = [0, -1, -4096, 1.5, 16.0, True, False, "16", None, [16]]
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from allocator import InvalidRequest, KVCache, NotFound, OutOfMemory, create_pool
-
-STRATEGIES = ("paged", "tiered", "contiguous")
+from allocator.vocab import STRATEGIES  # every strategy meets the same contract
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

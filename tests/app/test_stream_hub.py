@@ -8,6 +8,7 @@ import json
 from framecodec import decode_frame
 
 from allocator import KVCache, create_pool
+from app.housekeeping import Housekeeper
 from app.registry import PoolHandle
 from app.stream import QUEUE_BYTES, QUEUE_LIMIT, Hub, PoolStream, encode_frame
 
@@ -96,21 +97,27 @@ def test_stats_go_out_when_something_changed_and_once_a_second_when_idle():
     asyncio.run(go())
 
 
-def test_running_hub_reaps_ttl_entries_with_nobody_listening():
+def test_housekeeping_reaps_ttl_entries_with_nobody_listening_and_the_stream_does_not():
     async def go():
         pool = create_pool("paged", num_blocks=64, block_bytes=64)
         cache = KVCache(pool)
         handle = PoolHandle("t", pool)
         hub = Hub(0.01)
         stream = hub.attach(handle)
-        cache.put("short", 64, ttl_s=0.2)
+        cache.put("short", 64, ttl_s=0.1)
         cache.put("long", 64)
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(0.25)
+        assert "short" in cache  # the stream ticked many times: expiry is not its job
+        keeper = Housekeeper([handle], 0.01)
+        keeper.start()
+        await asyncio.sleep(0.1)
         assert not stream.clients
         assert "short" not in cache and "long" in cache
         assert pool.used_blocks == 1
         evicts = [e for e in pool.events.after(0) if e["type"] == "evict"]
         assert [(e["key"], e["reason"]) for e in evicts] == [("short", "ttl")]
+        await keeper.stop()
+        assert keeper.task is None
         await hub.detach(handle, "done")
 
     asyncio.run(go())

@@ -1,0 +1,145 @@
+"""Operations: each thing a client can do to a pool, written once for the REST routes and `/ops`.
+
+A route validates its body with pydantic and calls one function here; the batch endpoint
+(app/routes/ops.py) calls the same function for each op. So both refuse the same things with the
+same typed errors (sizes in bytes or tokens, an allocation that holds a cache entry, a pool with
+no cache) and change the core the same way. The functions return core values (ids, entries,
+reports); `*_result` turn them into the plain dicts a batch answers with, and the REST routes
+shape theirs with the response models in app/schemas.py.
+
+NOTE: the batch path targets 1M blocks/s, so these functions do no more than the core call and
+the checks it needs: no response models, no block runs unless asked for.
+"""
+
+from __future__ import annotations
+
+from allocator import KVCache, Pool
+from allocator.cache import Entry, PutResult
+from allocator.errors import Conflict
+
+# -- checks -------------------------------------------------------------------------------------
+
+
+def cache_of(pool: Pool) -> KVCache:
+    """The pool's cache. Raises Conflict when it has none."""
+    cache = pool.cache
+    if cache is None:
+        raise Conflict(f"pool {pool.name!r} has no cache; create it with 'cache': {{...}}")
+    return cache
+
+
+def refuse_cache_entry(pool: Pool, aid: int) -> None:
+    """Raises Conflict when allocation `aid` holds a cache entry: entries change through the
+    cache (/entries, or the put/delete ops), else the cache's books would go wrong."""
+    cache = pool.cache
+    key = cache.key_of(aid) if cache is not None else None
+    if key is not None:
+        raise Conflict(f"allocation {aid} holds cache entry {key!r}; change it through /entries/{{key}} "
+                       "or the put/delete ops")
+
+
+# -- allocations --------------------------------------------------------------------------------
+def allocate(pool: Pool, nbytes: int | None = None, tokens: int | None = None) -> int:
+    """A new allocation of `nbytes` or `tokens`; its id. Raises InvalidRequest, OutOfMemory."""
+    return pool.allocate(pool.to_bytes(nbytes, tokens))
+
+
+def extend(pool: Pool, aid: int, nbytes: int | None = None, tokens: int | None = None) -> bool:
+    """Grow raw allocation `aid`; True when its data moved. Raises InvalidRequest, NotFound,
+    Conflict (a cache entry), OutOfMemory."""
+    size = pool.to_bytes(nbytes, tokens)
+    refuse_cache_entry(pool, aid)
+    return pool.extend(aid, size)
+
+
+def free(pool: Pool, aid: int) -> None:
+    """Free raw allocation `aid`. Raises NotFound, Conflict (a cache entry)."""
+    refuse_cache_entry(pool, aid)
+    pool.free(aid)
+
+
+def allocation_view(pool: Pool, aid: int) -> dict:
+    """The allocation, plus its cache `key`, `age_s` and `idle_s` when it is a cache entry."""
+    out = pool.allocation(aid).to_dict()
+    cache = pool.cache
+    key = cache.key_of(aid) if cache is not None else None
+    if key is not None:
+        entry = cache.peek(key)
+        now = cache.clock()
+        out.update(key=key, age_s=now - entry.created_at, idle_s=now - entry.last_access)
+    return out
+
+
+# -- cache entries ------------------------------------------------------------------------------
+def put(pool: Pool, key: str, nbytes: int | None = None, tokens: int | None = None,
+        priority: int | None = None, ttl_s: float | None = None, pinned: bool | None = None) -> PutResult:
+    """Insert or refresh entry `key`. Raises Conflict (no cache, or pinned budget), InvalidRequest,
+    OutOfMemory."""
+    cache = cache_of(pool)
+    return cache.put(key, pool.to_bytes(nbytes, tokens), priority, ttl_s, pinned)
+
+
+def get(pool: Pool, key: str) -> Entry | None:
+    """Look `key` up (a hit touches it); None on a miss. Raises Conflict (no cache)."""
+    return cache_of(pool).get(key)
+
+
+def delete(pool: Pool, key: str) -> None:
+    """Remove entry `key`. Raises Conflict (no cache), NotFound."""
+    cache_of(pool).remove(key)
+
+
+def evict(pool: Pool, key: str) -> None:
+    """Evict entry `key` now (reason manual). Raises Conflict (no cache, or pinned), NotFound."""
+    cache_of(pool).evict(key)
+
+
+# -- pool ---------------------------------------------------------------------------------------
+def defragment(pool: Pool) -> dict:
+    """Compact the pool; the report as a dict."""
+    return pool.defragment().to_dict()
+
+
+# -- batch results (app/routes/ops.py) ----------------------------------------------------------
+def _op_allocate(pool: Pool, op) -> dict:
+    aid = allocate(pool, op.bytes, op.tokens)
+    return {"ok": True, "id": aid, "allocated_bytes": pool.held_bytes(aid)}
+
+
+def _op_extend(pool: Pool, op) -> dict:
+    moved = extend(pool, op.id, op.bytes, op.tokens)
+    return {"ok": True, "id": op.id, "moved": moved, "allocated_bytes": pool.held_bytes(op.id)}
+
+
+def _op_free(pool: Pool, op) -> dict:
+    free(pool, op.id)
+    return {"ok": True}
+
+
+def _op_put(pool: Pool, op) -> dict:
+    r = put(pool, op.key, op.bytes, op.tokens, op.priority, op.ttl_s, op.pinned)
+    return {"ok": True, "id": r.entry.id, "created": r.created, "evicted": r.evicted}
+
+
+def _op_get(pool: Pool, op) -> dict:
+    entry = get(pool, op.key)
+    return {"ok": True, "hit": False} if entry is None else {"ok": True, "hit": True, "id": entry.id}
+
+
+def _op_delete(pool: Pool, op) -> dict:
+    delete(pool, op.key)
+    return {"ok": True}
+
+
+def _op_evict(pool: Pool, op) -> dict:
+    evict(pool, op.key)
+    return {"ok": True}
+
+
+def _op_defragment(pool: Pool, op) -> dict:
+    return {"ok": True, **defragment(pool)}
+
+
+# One entry per batch op (app/schemas.py `Op`): a new op is a function above and a line here.
+BATCH_OPS = {"allocate": _op_allocate, "extend": _op_extend, "free": _op_free, "put": _op_put,
+             "get": _op_get, "delete": _op_delete, "evict": _op_evict, "defragment": _op_defragment}
