@@ -10,6 +10,7 @@ import { PROTOCOL_VERSION } from "./frames.js";
 import { createHeatmap } from "./heatmap.js";
 import { PoolModel, formatBytes } from "./model.js";
 import { PANEL_REFRESH_MS, numbersHtml, renderAlerts, renderLog, selectedTypes } from "./panels.js";
+import { createTimeline } from "./timeline.js";
 
 const $ = (sel) => /** @type {HTMLElement} */ (document.querySelector(sel));
 const body = document.body;
@@ -28,6 +29,10 @@ let socket = null;
 let heatmap = null;
 /** @type {ReturnType<typeof createCharts>|null} */
 let charts = null;
+/** @type {ReturnType<typeof createTimeline>|null} */
+let timeline = null;
+/** The past moment shown instead of the live pool (timeline), or null when live. @type {PoolModel|null} */
+let pastModel = null;
 let panelTimer = 0;
 let logDirty = true;
 
@@ -64,7 +69,8 @@ function schedulePanels() {
 
 function renderPanels() {
   panelTimer = 0;
-  $("#numbers").innerHTML = numbersHtml(model.stats, model.evictionsPerSec());
+  const shown = pastModel || model;
+  $("#numbers").innerHTML = numbersHtml(shown.stats, pastModel ? 0 : model.evictionsPerSec());
   renderAlerts($("#alerts"), model.alerts());
   if (logDirty) {
     renderLog($("#log"), model.events, selectedTypes($("#event-filters")));
@@ -110,12 +116,21 @@ function describePool() {
   $("#pool-meta").textContent = extra.join(" · ");
 }
 
+/** Draw the map of `shownModel` (the live model, or a past moment from the timeline). @param {PoolModel} shownModel */
+function drawMap(shownModel) {
+  if (heatmap) heatmap.destroy();
+  heatmap = createHeatmap($("#heatmap"), shownModel, { fetchAllocation: (id) => poolApi(poolName).allocation(id) });
+  shownModel.markAllDirty();
+  heatmap.schedule();
+}
+
 /** Close the current pool's stream and drop what was drawn of it. */
 function disconnect() {
   if (socket) socket.close();
   if (heatmap) heatmap.destroy();
   if (charts) charts.destroy();
-  socket = heatmap = charts = null;
+  if (timeline) timeline.destroy();
+  socket = heatmap = charts = timeline = pastModel = null;
 }
 
 function connect(name) {
@@ -126,6 +141,16 @@ function connect(name) {
   model = new PoolModel();
   heatmap = createHeatmap($("#heatmap"), model, { fetchAllocation: (id) => poolApi(poolName).allocation(id) });
   charts = createCharts($("#charts"), model);
+  timeline = createTimeline($("#timeline"), {
+    getPool: () => poolName,
+    getLiveModel: () => model,
+    onShow: (past) => {
+      pastModel = past;
+      drawMap(past || model);
+      renderPanels();
+    },
+    status: (m, k) => controls.status(m, k),
+  });
   logDirty = true;
   renderPanels();
   socket = feedPool(name, model, {
@@ -238,8 +263,11 @@ Object.defineProperty(window, "kvscope", {
     paintedCounts: () => (heatmap ? heatmap.paintedCounts() : null),
     paintStats: () => (heatmap ? heatmap.paintStats() : null),
     modelCounts: () => model.countStates(),
-    /** Distinct owner ids on the map, ascending (the browser tests compare them to REST). */
-    owners: () => Array.from(new Set(model.owner)).filter((o) => o >= 0).sort((a, b) => a - b),
+    /** Distinct owner ids on the shown map (live or past), ascending (the browser tests compare them to REST). */
+    owners: () => Array.from(new Set((pastModel || model).owner)).filter((o) => o >= 0).sort((a, b) => a - b),
+    /** The timeline: {mode: "live"|"past", seq, first, last, shown, markers}. */
+    timeline: () => (timeline ? timeline.state() : null),
+    shownStats: () => (pastModel || model).stats,
     stats: () => model.stats,
     alerts: () => model.alerts(),
     events: () => model.events.slice(),
