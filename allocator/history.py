@@ -17,10 +17,12 @@ from .events import event_dict
 from .metrics import fragmentation_stats
 
 DEFAULT_HISTORY_BYTES = 64 << 20
-# Keyframe at most every this many events, and at least every KEYFRAME_BLOCK_RATIO * blocks
-# events: replay from a keyframe costs ~1 us per event, a keyframe ~1 ns per block.
-KEYFRAME_EVENTS = 16_384
-KEYFRAME_BLOCK_RATIO = 0.25
+# Events between keyframes: num_blocks / KEYFRAME_BLOCKS_PER_EVENT, at least one ring's worth,
+# at most KEYFRAME_EVENTS. A keyframe costs ~2-5 ns per block (copy + zlib), replay ~0.5-1 us
+# per event: a 65,536-block pool keyframes at every spill (10k events, reads ~10-40 ms), a
+# 1M-block pool every 131k events (~0.1 us per event on the hot path, reads up to ~150 ms).
+KEYFRAME_EVENTS = 131_072
+KEYFRAME_BLOCKS_PER_EVENT = 8
 COUNTER_NAMES = ("extends", "truncates", "moves", "moved_blocks", "defragmentations",
                  "ooms_capacity", "ooms_fragmentation")
 
@@ -123,7 +125,7 @@ class History:
         self.pool = pool
         self.max_bytes = max_bytes
         self.keyframe_every = keyframe_every or max(
-            pool.events.capacity, min(KEYFRAME_EVENTS, int(pool.num_blocks * KEYFRAME_BLOCK_RATIO)))
+            pool.events.capacity, min(KEYFRAME_EVENTS, pool.num_blocks // KEYFRAME_BLOCKS_PER_EVENT))
         self._has_ranges = pool.strategy == "contiguous"  # its events name runs as ranges
         self.keyframes: list[Keyframe] = []
         self.segments: list[Segment] = []
