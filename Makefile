@@ -36,7 +36,7 @@ bench: install
 	$(PY) -m bench
 
 lint: install
-	$(VENV)/bin/ruff check allocator app workloads tests bench
+	$(VENV)/bin/ruff check allocator app workloads kvevents tests bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -28,6 +28,7 @@ from .errors import (
 from .events import EventLog
 from .geometry import MODEL_PRESETS, ModelGeometry, get_model
 from .history import History, HistoryView, OutsideHistory
+from .mirror import MirrorPool
 from .paged import PagedPool
 from .pool import Allocation, DefragReport, Pool
 from .spec import CacheSpec, PoolSpec
@@ -46,8 +47,9 @@ def create_pool(strategy: str = "paged", **options) -> Pool:
 
 __all__ = [
     "Allocation", "BlockMap", "BlockStorage", "CACHED", "CacheSpec", "Conflict", "ContiguousPool",
-    "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "History", "HistoryView", "OutsideHistory", "Entry", "EventLog", "FITS", "FREE",
-    "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "ModelGeometry", "NotFound",
+    "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "FITS", "FREE", "History",
+    "HistoryView", "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "MirrorPool", "ModelGeometry",
+    "NotFound", "OutsideHistory",
     "OutOfMemory", "PINNED", "POLICIES", "PagedPool", "Pool", "PoolSpec", "PutResult", "SCENARIOS", "STATE_NAMES",
     "STRATEGIES", "TieredPool", "TooLarge", "USED", "create_pool", "get_model", "meta",
     "positive_int", "resolve_device",

@@ -11,9 +11,9 @@ from .blockmap import CACHED, PINNED
 from .errors import Conflict, InvalidRequest, NotFound, OutOfMemory, positive_int
 from .policies import POLICIES
 from .pool import Pool, runs_of
+from .vocab import EVICTION_REASONS
 
 MAX_KEY_LENGTH = 256
-EVICTION_REASONS = ("capacity", "oom", "ttl", "manual")
 
 
 @dataclass(slots=True)

@@ -6,6 +6,7 @@ from bisect import bisect_left, insort
 
 import numpy as np
 
+from .blockmap import FREE, NO_OWNER
 from .errors import InvalidRequest
 from .pool import Pool, free_mismatch
 from .vocab import FITS
@@ -170,7 +171,7 @@ class ContiguousPool(Pool):
         self._add_free(start, units)
         self._carve(new_start, new_units)
         self.storage.move_range(start, new_start, units)
-        self.blockmap.assign_range(start, units, -1, 0)
+        self.blockmap.assign_range(start, units, NO_OWNER, FREE)
         self.blockmap.assign_range(new_start, new_units, aid, state)
         rec[1], rec[2] = new_start, new_units
 
@@ -202,7 +203,7 @@ class ContiguousPool(Pool):
         freed = None
         if keep < units:
             self._add_free(start + keep, units - keep)
-            self.blockmap.assign_range(start + keep, units - keep, -1, 0)
+            self.blockmap.assign_range(start + keep, units - keep, NO_OWNER, FREE)
             rec[2] = keep
             freed = range(start + keep, start + units)
         rec[0] = nbytes
@@ -212,7 +213,7 @@ class ContiguousPool(Pool):
     def _release(self, aid: int) -> None:
         requested, start, units = self._allocs.pop(aid)
         self._add_free(start, units)
-        self.blockmap.assign_range(start, units, -1, 0)
+        self.blockmap.assign_range(start, units, NO_OWNER, FREE)
         self.requested_total -= requested
         self._frees += 1
         self.events.record("free", aid, units, range(start, start + units), requested)

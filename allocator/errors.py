@@ -7,6 +7,8 @@ InvalidRequest -> 422, TooLarge -> 413, OutOfMemory -> 507.
 
 from __future__ import annotations
 
+from .vocab import OOM_CAUSES
+
 
 class KVScopeError(Exception):
     """Base class: `code` is a stable machine-readable name, `details()` plain JSON values."""
@@ -64,7 +66,7 @@ class OutOfMemory(KVScopeError):
     code = "out_of_memory"
 
     def __init__(self, requested: int, free: int, largest_free: int, cause: str) -> None:
-        assert cause in ("capacity", "fragmentation"), cause
+        assert cause in OOM_CAUSES, cause
         super().__init__(
             f"out of memory ({cause}): requested {requested} bytes, {free} bytes free, "
             f"largest free extent {largest_free} bytes"

@@ -352,7 +352,26 @@ class Replayer:
             self.allocations = 0
         elif kind == "oom":
             self.counters["ooms_" + row[6]] += 1
+        elif kind in ("stored", "removed", "cleared"):
+            self._apply_prefix(row)
         self.seq = row[0]
+
+    def _apply_prefix(self, row: tuple) -> None:
+        """Prefix-cache events (contract of issues 11/13): `stored` places blocks with the
+        owners and state it carries; `removed` and `cleared` free the blocks they name."""
+        kind, blocks = row[2], row[3] or ()
+        if kind == "stored":
+            if len(row) <= 10:  # recorded before `owners` / `state` existed: nothing exact to do
+                return
+            owners, st = row[9], row[10]
+            for b, o in zip(blocks, owners):
+                if b >= 0:
+                    self.owner[b] = o
+                    self.state[b] = st
+        else:
+            idx = np.asarray([b for b in blocks if b >= 0], dtype=np.int64)
+            self.owner[idx] = NO_OWNER
+            self.state[idx] = FREE
 
     def apply_rows(self, rows) -> None:
         """`apply` for many rows at once, vectorised: block writes are gathered as int32 bytes
@@ -414,6 +433,16 @@ class Replayer:
                 write(row[5], None, row[4])
             elif kind == "oom":
                 counters["ooms_" + row[6]] += 1
+            elif kind == "stored":
+                if len(row) > 10:
+                    st = row[10]
+                    for b, o in zip(row[3] or (), row[9]):
+                        if b >= 0:
+                            write(b, o, st)
+            elif kind in ("removed", "cleared"):
+                for b in row[3] or ():
+                    if b >= 0:
+                        write(b, NO_OWNER, FREE)
             elif kind in ("defragment", "reset"):
                 flush()
                 self.apply(row)

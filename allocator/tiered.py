@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .blockmap import NO_OWNER
+from .blockmap import FREE, NO_OWNER
 from .errors import InvalidRequest
 from .pool import Pool, free_mismatch, pair_runs
 
@@ -180,7 +180,7 @@ class TieredPool(Pool):
         if tail:
             del blocks[keep:]
             rows = tier.unit_rows(tail)
-            self.blockmap.assign(rows, -1, 0)
+            self.blockmap.assign(rows, NO_OWNER, FREE)
             tail.reverse()
             tier.free.extend(tail)
             self.used_blocks -= len(tail) * tier.units
@@ -204,7 +204,7 @@ class TieredPool(Pool):
         requested, i, blocks = self._allocs.pop(aid)
         tier = self.tiers[i]
         rows = tier.unit_rows(blocks)
-        self.blockmap.assign(rows, -1, 0)
+        self.blockmap.assign(rows, NO_OWNER, FREE)
         blocks.reverse()
         tier.free.extend(blocks)
         held = len(blocks) * tier.units

@@ -90,6 +90,16 @@ STRATEGY_INFO: dict[str, StrategyInfo] = _by_name(
 )
 STRATEGIES: tuple[str, ...] = tuple(STRATEGY_INFO)
 
+# Strategies whose pool follows an outside source instead of allocating: read-only, created with
+# their own option, never in Compare nor in the allocation strategies above.
+SOURCE_STRATEGY_INFO: dict[str, StrategyInfo] = _by_name(
+    StrategyInfo("mirror", "mirror (read-only)", "mirror:MirrorPool", scatter_fails=False,
+                 options=("mirror",),
+                 description="a live vLLM/SGLang engine's prefix cache, from its KV events, on "
+                             "logical slots (the events carry no physical block ids)"),
+)
+SOURCE_STRATEGIES: tuple[str, ...] = tuple(SOURCE_STRATEGY_INFO)
+
 FITS: tuple[str, ...] = ("first", "best", "worst", "next")
 
 POLICY_INFO: dict[str, PolicyInfo] = _by_name(
@@ -131,6 +141,13 @@ EVENT_KINDS: dict[str, EventKind] = _by_name(
     EventKind("evict", ("key", "bytes", "blocks", "reason", "policy", "age_s", "idle_s"), "evict"),
     EventKind("policy", ("policy",), "policy"),
     EventKind("workload", ("name", "state", "done", "total"), "workload"),
+    # Prefix-cache events (the contract shared by issues 11, 13 and 14).
+    # `owners` / `state` (at the end, issue 14): each block's block-map owner and the state code
+    # the blocks took, so a history replays stored blocks exactly (-1 in `blocks`: no slot).
+    EventKind("stored", ("blocks", "block_hashes", "parent_block_hash", "token_ids", "block_size",
+                         "seq_id", "owners", "state"), "prefix"),
+    EventKind("removed", ("blocks", "block_hashes", "reason"), "prefix"),
+    EventKind("cleared", ("blocks", "block_hashes"), "prefix"),
     # The blocks of allocation `id` took state code `state` (the cache pins and unpins).
     EventKind("state", ("id", "state", "block_ids"), "cache"),
 )
@@ -147,6 +164,7 @@ EVENT_GROUPS: dict[str, tuple[str, bool]] = {
     "workload": ("workload", True),
     "alloc": ("alloc/free", False),
     "cache": ("put/hit/miss", False),
+    "prefix": ("stored/removed/cleared", True),
 }
 
 SCENARIO_INFO: dict[str, ScenarioInfo] = _by_name(
@@ -158,13 +176,19 @@ SCENARIOS: tuple[str, ...] = tuple(SCENARIO_INFO)
 
 WORKLOAD_KINDS: tuple[str, ...] = ("scenario", "trace")
 
+# Why an allocation failed (`oom` events, OutOfMemory.cause): not enough free in total, or enough
+# free in total but not in the shape the request needs.
+OOM_CAUSES: tuple[str, ...] = ("capacity", "fragmentation")
+# Why a cache entry left (`evict` events' `reason`, the cache's `evictions` counters).
+EVICTION_REASONS: tuple[str, ...] = ("capacity", "oom", "ttl", "manual")
+
 # Defaults every layer shares.
 DEFAULT_TOKENS_PER_BLOCK = 16
 
 
 def strategy_info(name: str) -> StrategyInfo | None:
     """The strategy named `name`, or None."""
-    return STRATEGY_INFO.get(name)
+    return STRATEGY_INFO.get(name) or SOURCE_STRATEGY_INFO.get(name)
 
 
 def _public(info: StrategyInfo) -> dict:
@@ -178,6 +202,7 @@ def meta() -> dict:
     """The whole vocabulary as plain JSON values (`GET /api/meta`, the stream's `hello`)."""
     return {
         "strategies": {k: _public(v) for k, v in STRATEGY_INFO.items()},
+        "source_strategies": {k: _public(v) for k, v in SOURCE_STRATEGY_INFO.items()},
         "fits": list(FITS),
         "policies": {k: asdict(v) for k, v in POLICY_INFO.items()},
         "block_states": {k: asdict(v) for k, v in BLOCK_STATE_INFO.items()},
@@ -185,13 +210,16 @@ def meta() -> dict:
         "event_groups": {k: {"label": label, "default": on} for k, (label, on) in EVENT_GROUPS.items()},
         "scenarios": {k: asdict(v) for k, v in SCENARIO_INFO.items()},
         "workload_kinds": list(WORKLOAD_KINDS),
+        "oom_causes": list(OOM_CAUSES),
+        "eviction_reasons": list(EVICTION_REASONS),
         "defaults": {"tokens_per_block": DEFAULT_TOKENS_PER_BLOCK},
     }
 
 
 __all__ = [
     "BLOCK_STATES", "BLOCK_STATE_INFO", "BlockState", "DEFAULT_TOKENS_PER_BLOCK", "EVENT_FIELDS",
-    "EVENT_GROUPS", "EVENT_KINDS", "EventKind", "FITS", "POLICIES", "POLICY_INFO", "PolicyInfo",
-    "SCENARIOS", "SCENARIO_INFO", "STATE_NAMES", "STRATEGIES", "STRATEGY_INFO", "ScenarioInfo",
+    "EVENT_GROUPS", "EVENT_KINDS", "EVICTION_REASONS", "EventKind", "FITS", "OOM_CAUSES",
+    "POLICIES", "POLICY_INFO", "PolicyInfo", "SCENARIOS", "SCENARIO_INFO", "SOURCE_STRATEGIES",
+    "SOURCE_STRATEGY_INFO", "STATE_NAMES", "STRATEGIES", "STRATEGY_INFO", "ScenarioInfo",
     "StrategyInfo", "WORKLOAD_KINDS", "meta", "strategy_info",
 ]

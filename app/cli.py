@@ -1,4 +1,4 @@
-"""`kvscope serve | replay | scenario`."""
+"""`kvscope serve | replay | scenario | mirror | recording`."""
 
 from __future__ import annotations
 
@@ -32,7 +32,14 @@ def serve(argv: list[str], opening: bool = False) -> int:
     parser.add_argument("--port", type=int, default=settings.port)
     parser.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: KVSCOPE_DEVICE, auto)")
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--publish", metavar="ENDPOINT",
+                        help="the default pool caches prefixes and publishes its KV events here, "
+                             "in vLLM's format (e.g. tcp://*:5557)")
+    parser.add_argument("--publish-replay-endpoint", metavar="ENDPOINT", help="its replay socket (e.g. tcp://*:5558)")
+    parser.add_argument("--publish-topic", default="", help="its topic")
     args = parser.parse_args(argv)
+    if args.publish is None and (args.publish_replay_endpoint or args.publish_topic):
+        parser.error("--publish-replay-endpoint and --publish-topic need --publish")
     device = settings.device if args.device is None else args.device
     settings = dataclasses.replace(settings, host=args.host, port=args.port, device=device)
     if opening:
@@ -54,6 +61,14 @@ def serve(argv: list[str], opening: bool = False) -> int:
         print(f"kvscope serve: {exc}", file=sys.stderr)
         return 2
     app = create_app(settings)
+    if args.publish is not None:
+        from .cli_events import default_publish_spec
+
+        try:
+            app.state.startup_pools = [(default_publish_spec(settings, args), {})]
+        except ValueError as exc:
+            print(f"kvscope serve: {exc}", file=sys.stderr)
+            return 2
     # Everything imported so far (torch, numpy, FastAPI: hundreds of thousands of objects) lives
     # as long as the process; freezing it keeps the cyclic GC's full collections from rescanning
     # it every time allocations and events age into the old generation.
@@ -65,12 +80,14 @@ def serve(argv: list[str], opening: bool = False) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = ("usage: kvscope {serve,open,record,replay,scenario} [options]\n"
+    usage = ("usage: kvscope {serve,open,record,replay,scenario,mirror,recording} [options]\n"
              "  serve      run the server: dashboard, REST API, stream, metrics (kvscope serve -h)\n"
              "  open       serve recording files read-only, scrubbable in the dashboard (kvscope open -h)\n"
              "  record     run a scenario or trace headless on one pool, recording it (kvscope record -h)\n"
              "  replay     replay an LLM request trace through the serving simulator (kvscope replay -h)\n"
-             "  scenario   run a fragmentation / chat / burst scenario (kvscope scenario -h)")
+             "  scenario   run a fragmentation / chat / burst scenario (kvscope scenario -h)\n"
+             "  mirror     the dashboard on a live vLLM/SGLang engine's prefix cache (kvscope mirror -h)\n"
+             "  recording  summarise or play back a mirror's recording (kvscope recording -h)")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2
@@ -83,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         from workloads.record import record_main
 
         return record_main(rest)
+    if command in ("mirror", "recording"):
+        from . import cli_events
+
+        return int((cli_events.mirror_main if command == "mirror" else cli_events.recording_main)(rest))
     if command in ("replay", "scenario"):
         from workloads import cli as workloads_cli  # written separately; imported only when used
 

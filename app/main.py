@@ -43,7 +43,13 @@ def default_pool_spec(settings: Settings) -> dict:
 async def lifespan(app: FastAPI):
     registry: Registry = app.state.registry
     hub: Hub = app.state.hub
-    if "default" not in registry:
+    startup = getattr(app.state, "startup_pools", None)  # set by `kvscope mirror | recording`
+    if startup is not None:
+        from .mirrors import start_pool
+
+        for spec, options in startup:
+            await start_pool(registry, hub, spec, **options)
+    elif "default" not in registry:
         hub.attach(registry.create(default_pool_spec(app.state.settings)))
     for path in app.state.settings.open_recordings:  # kvscope open FILE
         pool = RecordedPool(path, pool_name_for(Path(path).stem))

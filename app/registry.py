@@ -7,8 +7,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from allocator import Pool, PoolSpec
-from allocator.errors import Conflict, NotFound
+from allocator import MirrorPool, Pool, PoolSpec
+from allocator.errors import Conflict, NotFound, TooLarge
 from allocator.history import DEFAULT_HISTORY_BYTES
 
 from .settings import Settings
@@ -26,9 +26,10 @@ class PoolHandle:
 
     The handle owns the pool (and through it the cache built on it), the workload running on it
     and, while the pool is registered, its stream; routes call its methods rather than reach in.
-    `lock` is held by exactly two things: the workload runner around each `advance`, and a data
-    upload (PUT .../data) around writing the body it awaited into the entry. Neither awaits while
-    holding it, so it orders them only should one ever do so. Other handlers do not take it: they
+    `lock` is held by exactly three things: the workload runner around each `advance`, a data
+    upload (PUT .../data) around writing the body it awaited into the entry, and a mirror's
+    applier (app/mirrors.py) around applying the batches its subscriber thread handed over. None
+    awaits while holding it, so it orders them only should one ever do so. Other handlers do not take it: they
     call the synchronous core with no await in between, so the event loop serializes them.
     """
 
@@ -39,6 +40,7 @@ class PoolHandle:
     workload_task: asyncio.Task | None = None
     workload_error: str | None = None  # why the latest workload failed; None unless it did
     stream: PoolStream | None = None  # set by the hub while the pool is registered
+    links: list = field(default_factory=list)  # engine links (app/mirrors.py), closed on detach
 
     @property
     def cache(self) -> KVCache | None:
@@ -116,6 +118,7 @@ class Registry:
         """A create request (the fields of app/schemas.py PoolCreate) parsed into a PoolSpec, with
         this server's default device. Raises InvalidRequest."""
         fields = dict(request)
+        fields.pop("publish", None)  # the pool's links (app/mirrors.py), not the allocator's
         fields["device"] = fields.get("device") or self.settings.device
         strategy = fields.pop("strategy", "paged")
         return PoolSpec.parse(strategy, **fields)
@@ -124,6 +127,8 @@ class Registry:
         """Build a pool (and its cache) from a spec, or a create request's fields. Raises
         Conflict, TooLarge, InvalidRequest; on any of them nothing is registered."""
         s = self.settings
+        if isinstance(spec, dict) and spec.get("strategy") == "mirror":
+            return self._create_mirror(spec)
         if isinstance(spec, dict):
             spec = self.parse(spec)
         if spec.name in self._pools:
@@ -143,6 +148,23 @@ class Registry:
             raise Conflict(f"pool {name!r} already exists")
         if len(self._pools) >= self.settings.max_pools:
             raise Conflict(f"at most {self.settings.max_pools} pools; delete one first")
+        handle = PoolHandle(name, pool)
+        self._pools[name] = handle
+        return handle
+
+    def _create_mirror(self, spec: dict) -> PoolHandle:
+        """A MirrorPool (strategy 'mirror', app/mirrors.py resolved its num_blocks). Logical slots
+        only: it holds no KV bytes, so its one-byte-per-slot tensor lives on the CPU."""
+        s = self.settings
+        name, num_blocks = spec["name"], spec["num_blocks"]
+        if name in self._pools:
+            raise Conflict(f"pool {name!r} already exists")
+        if len(self._pools) >= s.max_pools:
+            raise Conflict(f"at most {s.max_pools} pools; delete one first")
+        if num_blocks > s.max_blocks:
+            raise TooLarge(f"{num_blocks} blocks exceeds the cap of {s.max_blocks}")
+        pool = MirrorPool(num_blocks, spec.get("block_bytes") or 1, name=name, device="cpu",
+                          tokens_per_block=spec.get("tokens_per_block"))
         handle = PoolHandle(name, pool)
         self._pools[name] = handle
         return handle

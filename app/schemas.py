@@ -6,7 +6,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from allocator.vocab import FITS, POLICIES, SCENARIOS, STRATEGIES, STRATEGY_INFO, WORKLOAD_KINDS
+from allocator.vocab import (
+    FITS,
+    POLICIES,
+    SCENARIOS,
+    SOURCE_STRATEGIES,
+    STRATEGIES,
+    STRATEGY_INFO,
+    WORKLOAD_KINDS,
+)
 from workloads.spec import MAX_SEED, MAX_SPEED, MAX_TRACE_LIMIT
 
 from .settings import DEVICE_PATTERN
@@ -40,7 +48,7 @@ Priority = Annotated[int, Field(ge=-(1 << 31), le=(1 << 31) - 1)]
 TtlSeconds = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
 # The names come from the one vocabulary (allocator/vocab.py); a new entry there is accepted here.
 Policy = Literal[POLICIES]
-Strategy = Literal[STRATEGIES]
+Strategy = Literal[STRATEGIES + SOURCE_STRATEGIES]
 Fit = Literal[FITS]
 ScenarioName = Literal[SCENARIOS]
 WorkloadKind = Literal[WORKLOAD_KINDS]
@@ -69,6 +77,34 @@ class CacheSpec(Strict):
     policy: Policy = "lru"
 
 
+ZMQ_ENDPOINT = r"^(tcp://[^\s/]+:\d{1,5}|ipc://[^\s]+|inproc://[^\s]+)$"
+Endpoint = Annotated[str, Field(max_length=256, pattern=ZMQ_ENDPOINT,
+                                examples=["tcp://127.0.0.1:5557"])]
+Topic = Annotated[str, Field(max_length=256)]
+# A publisher binds: over the API only TCP, so that a request cannot make the server create a
+# socket file at a path of its choosing (ipc://).
+BindEndpoint = Annotated[str, Field(max_length=256, pattern=r"^tcp://[^\s/]+:\d{1,5}$",
+                                    examples=["tcp://*:5557"])]
+
+
+class MirrorSpec(Strict):
+    """Where the engine publishes (its `--kv-events-config` endpoints, seen from here)."""
+
+    endpoint: Endpoint
+    topic: Topic = ""
+    replay_endpoint: Endpoint | None = None
+    metrics_url: Annotated[str, Field(max_length=2048, pattern=r"^https?://\S+$")] | None = None
+
+
+class PublishSpec(Strict):
+    """Where this pool publishes its prefix-cache events (vLLM's wire format): TCP endpoints,
+    bound when the host is `*` (vLLM's rule; `tcp://*:5557`), else connected to."""
+
+    endpoint: BindEndpoint
+    topic: Topic = ""
+    replay_endpoint: BindEndpoint | None = None
+
+
 class PoolCreate(Strict):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"name": "demo", "strategy": "paged", "num_blocks": 4096, "block_bytes": 4096,
@@ -76,6 +112,8 @@ class PoolCreate(Strict):
         {"name": "frag", "strategy": "contiguous", "num_blocks": 1024, "block_bytes": 4096, "fit": "best"},
         {"name": "llama", "strategy": "paged", "capacity_bytes": 268435456, "model": "llama-3-8b",
          "tokens_per_block": 16},
+        {"name": "engine", "strategy": "mirror", "num_blocks": 20000,
+         "mirror": {"endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558"}},
     ]})
 
     name: PoolName
@@ -89,9 +127,18 @@ class PoolCreate(Strict):
     tiers: Annotated[list[TierSpec], Field(min_length=1, max_length=8)] | None = None
     fit: Fit | None = None
     cache: CacheSpec | None = None
+    mirror: MirrorSpec | None = Field(None, description="strategy 'mirror': the engine to follow")
+    publish: PublishSpec | None = Field(None, description="publish this pool's prefix-cache events")
 
     @model_validator(mode="after")
     def _sizes(self) -> PoolCreate:
+        if self.strategy == "mirror":
+            return self._mirror()
+        if self.mirror is not None:
+            raise ValueError("'mirror' applies only to strategy 'mirror'")
+        if self.publish is not None and getattr(self, "prefix_caching", None) is None:
+            raise ValueError("'publish' needs a pool that has prefix-cache events: give "
+                             "'prefix_caching', or use strategy 'mirror'")
         _exactly_one(self, "num_blocks", "capacity_bytes")
         if self.block_bytes is None and self.model is None:
             raise ValueError("give 'block_bytes', or 'model' (with optional 'tokens_per_block')")
@@ -102,6 +149,17 @@ class PoolCreate(Strict):
                 owners = [s for s, info in STRATEGY_INFO.items() if option in info.options]
                 raise ValueError(f"'{option}' applies only to strategy {' or '.join(map(repr, owners))}, "
                                  f"not {self.strategy!r}")
+        return self
+
+    def _mirror(self) -> PoolCreate:
+        if self.mirror is None:
+            raise ValueError("strategy 'mirror' needs 'mirror': {endpoint, topic, replay_endpoint, metrics_url}")
+        if self.num_blocks is None and self.mirror.metrics_url is None:
+            raise ValueError("give 'num_blocks' (the engine's KV block count), or "
+                             "'mirror.metrics_url' to read it from vllm:cache_config_info")
+        for key in ("capacity_bytes", "cache", "tiers", "fit", "model"):
+            if getattr(self, key) is not None:
+                raise ValueError(f"'{key}' does not apply to strategy 'mirror' (it holds no KV bytes)")
         return self
 
 

@@ -289,9 +289,11 @@ class Hub:
         stream: PoolStream | None = handle.stream
         if stream is None:
             return
+        from .mirrors import detach as detach_links
         from .runner import stop_workload
 
         await stop_workload(handle)
+        await detach_links(handle)
         stream.close(reason)
         if stream.task is not None:
             stream.task.cancel()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Response, status
@@ -9,8 +10,9 @@ from fastapi.responses import JSONResponse
 
 from allocator import STATE_NAMES
 from allocator.errors import InvalidRequest
+from allocator.mirror import forest_of
 
-from .. import operations
+from .. import mirrors, operations
 from ..deps import CacheDep, HubDep, PoolDep, RegistryDep
 from ..schemas import (
     BlockMapOut,
@@ -38,7 +40,13 @@ async def list_pools(registry: RegistryDep) -> dict:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=PoolOut)
 async def create_pool(body: PoolCreate, registry: RegistryDep, hub: HubDep) -> dict:
-    handle = registry.create(body.model_dump(exclude_none=True, mode="python"))
+    spec = await mirrors.resolve(body.model_dump(exclude_none=True, mode="python"))
+    handle = registry.create(spec)
+    try:
+        mirrors.attach(handle, spec)
+    except Exception:
+        registry.remove(handle.name)
+        raise
     hub.attach(handle)
     return handle.describe()
 
@@ -120,6 +128,16 @@ async def blockmap(
         "states": {str(k): v for k, v in STATE_NAMES.items()},
         "runs": blockmap_runs(bm),
     })
+
+
+@router.get("/{pool}/forest", description="A mirror pool's prefix forest: roots, orphans, "
+            "depth and the most shared prefixes (computed off the event loop).")
+async def forest(handle: PoolDep) -> dict:
+    pool = handle.pool
+    if not hasattr(pool, "forest_snapshot"):
+        raise InvalidRequest(f"pool {handle.name!r} is not a mirror (strategy {pool.strategy!r})")
+    snapshot = pool.forest_snapshot()
+    return await asyncio.to_thread(forest_of, snapshot)
 
 
 @router.put("/{pool}/cache/policy", response_model=PolicyOut, tags=["entries"])

@@ -172,7 +172,7 @@ export function createCompare(grid, env) {
       num_blocks: numBlocks,
       block_bytes: size.bytes,
       // the cache's capacity defaults to the whole pool, so every pool serves the same entries
-      ...(usesCache(workload.name) ? { cache: { policy: "lru" } } : {}),
+      ...(usesCache(workload.name) ? { cache: {} } : {}),
     }));
     return { pools, workload };
   }

@@ -9,6 +9,7 @@ import { feedPool } from "./feed.js";
 import { PROTOCOL_VERSION } from "./frames.js";
 import { createHeatmap } from "./heatmap.js";
 import { PoolModel, formatBytes } from "./model.js";
+import { FOREST_REFRESH_MS, describeMirror, mirrorAlerts } from "./mirror.js";
 import { PANEL_REFRESH_MS, numbersHtml, renderAlerts, renderLog, selectedTypes } from "./panels.js";
 import { createTimeline } from "./timeline.js";
 
@@ -67,11 +68,37 @@ function schedulePanels() {
   panelTimer = window.setTimeout(renderPanels, PANEL_REFRESH_MS);
 }
 
+/** A mirror pool's prefix forest (GET /forest), refreshed every FOREST_REFRESH_MS while shown. */
+let mirrorForest = null;
+let forestAt = 0;
+let forestPool = "";
+
+function refreshForest() {
+  const c = model.config;
+  if (!c || c.strategy !== "mirror") {
+    mirrorForest = null;
+    return;
+  }
+  const now = Date.now();
+  if (forestPool === poolName && now - forestAt < FOREST_REFRESH_MS) return;
+  if (forestPool !== poolName) mirrorForest = null;
+  forestAt = now;
+  forestPool = poolName;
+  const name = poolName;
+  api("GET", `${poolPath(name)}/forest`).then((f) => {
+    if (name === poolName) {
+      mirrorForest = f;
+      schedulePanels();
+    }
+  }).catch(() => {});
+}
+
 function renderPanels() {
   panelTimer = 0;
   const shown = pastModel || model;
-  $("#numbers").innerHTML = numbersHtml(shown.stats, pastModel ? 0 : model.evictionsPerSec());
-  renderAlerts($("#alerts"), model.alerts());
+  $("#numbers").innerHTML = numbersHtml(shown.stats, pastModel ? 0 : model.evictionsPerSec(), mirrorForest);
+  renderAlerts($("#alerts"), model.alerts().concat(mirrorAlerts(model.stats)));
+  refreshForest();
   if (logDirty) {
     renderLog($("#log"), model.events, selectedTypes($("#event-filters")));
     logDirty = false;
@@ -112,6 +139,10 @@ function onMessage(msg) {
 function describePool() {
   const c = model.config;
   if (!c) return;
+  if (c.strategy === "mirror") {
+    $("#pool-meta").textContent = describeMirror(c);
+    return;
+  }
   const extra = [c.strategy, c.fit ? `${c.fit}-fit` : "", `${Number(c.num_blocks).toLocaleString()} × ${formatBytes(c.block_bytes)}`, c.device].filter(Boolean);
   $("#pool-meta").textContent = extra.join(" · ");
 }
@@ -269,7 +300,7 @@ Object.defineProperty(window, "kvscope", {
     timeline: () => (timeline ? timeline.state() : null),
     shownStats: () => (pastModel || model).stats,
     stats: () => model.stats,
-    alerts: () => model.alerts(),
+    alerts: () => model.alerts().concat(mirrorAlerts(model.stats)),
     events: () => model.events.slice(),
     lastFrame: () => model.lastFrame,
     compare: () => compare.summary(),

@@ -25,7 +25,7 @@ export const DEFAULT_THRESHOLDS = Object.freeze({
 /**
  * @typedef {Object} PoolConfig  GET /api/pools/{pool} "config"
  * @property {string} name
- * @property {"paged"|"tiered"|"contiguous"} strategy
+ * @property {string} strategy  a name of the vocabulary (vocab.js, GET /api/meta)
  * @property {number} num_blocks
  * @property {number} block_bytes
  * @property {number} capacity_bytes
@@ -44,16 +44,18 @@ export const DEFAULT_THRESHOLDS = Object.freeze({
  * @property {number} external_fragmentation
  * @property {number} largest_free_bytes
  * @property {number} [free_bytes]
+ * @property {boolean} [scatter_fails]  whether scattered free space can fail a request here (false: paged)
+ * @property {number} [stranded_free_bytes]  free bytes outside the largest extent where it can, else 0
  * @property {{capacity:number, fragmentation:number}} ooms
  * @property {Object<string, number>} [counters]
  * @property {{hits?:number, misses?:number, hit_rate?:number, evictions?:number|Object<string,number>, policy?:string, used_bytes?:number, capacity_bytes?:number, entries?:number}} [cache]
  */
 
 /**
- * @typedef {Object} PoolEvent  one entry of an `events` message (allocator/events.py EVENT_FIELDS)
+ * @typedef {Object} PoolEvent  one entry of an `events` message (fields per kind: allocator/vocab.py EVENT_KINDS)
  * @property {number} seq
  * @property {number} ts       unix seconds
- * @property {string} type     allocate|extend|free|oom|defragment|reset|put|hit|miss|remove|evict|policy|workload
+ * @property {string} type     an event kind of the vocabulary (vocab.js `vocab().events`)
  * @property {string} [key]
  * @property {number} [id]
  * @property {number} [bytes]
@@ -66,7 +68,7 @@ export const DEFAULT_THRESHOLDS = Object.freeze({
  * @property {number} [largest_free_bytes]
  */
 
-/** @typedef {{type:"hello", protocol:number, pool:PoolConfig, states:Object<string,string>, last_event_seq:number}} HelloMessage */
+/** @typedef {{type:"hello", protocol:number, pool:PoolConfig, states:Object<string,string>, last_event_seq:number, meta?:import("./vocab.js").Meta}} HelloMessage */
 /** @typedef {{type:"events", events:PoolEvent[], skipped?:number}} EventsMessage  skipped: events the server left out just before this batch */
 /** @typedef {{type:"resync", last_event_seq:number}} ResyncMessage  after a resync snapshot: queued events up to last_event_seq were dropped */
 /** @typedef {{events:PoolEvent[], last_seq:number}} EventPage  GET /api/pools/{pool}/events?after=&limit= */
@@ -86,10 +88,15 @@ export function counterTotal(value) {
   return 0;
 }
 
-/** Hit rate from cache stats, or null when the pool has no cache or no lookups yet. */
+/** Hit rate from cache stats (a mirror pool: the engine's own prefix hit ratio from its
+ * /metrics), or null when the pool has no cache or no lookups yet. */
 export function hitRateOf(stats) {
   const c = stats && stats.cache;
-  if (!c) return null;
+  if (!c) {
+    const eng = stats && stats.mirror && stats.mirror.source && stats.mirror.source.engine;
+    const hr = eng && eng.latest ? eng.latest.hit_ratio : null;
+    return typeof hr === "number" ? hr : null;
+  }
   const hits = Number(c.hits) || 0;
   const misses = Number(c.misses) || 0;
   if ((c.hits != null || c.misses != null) && hits + misses === 0) return null; // no lookups yet
@@ -423,7 +430,9 @@ export class PoolModel {
     }
     this.lastFragOomCounter = frag;
     let evictionsPerSec = NaN;
-    const evictTotal = stats.cache ? counterTotal(stats.cache.evictions) || this.evictionCount : this.evictionCount;
+    // a mirror pool: blocks the engine removed stand for its evictions
+    const evictTotal = stats.cache ? counterTotal(stats.cache.evictions) || this.evictionCount
+      : stats.mirror ? Number(stats.mirror.removed_blocks) || 0 : this.evictionCount;
     if (this.lastSample) {
       const dt = now - this.lastSample.t;
       if (dt > 0) evictionsPerSec = Math.max(0, evictTotal - this.lastSample.evictions) / dt;

@@ -1,6 +1,7 @@
 // DOM renderers for the read-only panels: current numbers, alert banner, event log.
 
 import { escapeHtml } from "./dom.js";
+import { describePrefixEvent, isMirror, mirrorNumbersHtml } from "./mirror.js";
 import { SKIPPED, filterEvents, formatBytes, hitRateOf, pct, pressureOf } from "./model.js";
 import { eventTypesOf } from "./vocab.js";
 
@@ -13,9 +14,11 @@ export const LOG_ROWS = 200;
 /**
  * @param {import("./model.js").PoolStats|null} s
  * @param {number} evictionsPerSec
+ * @param {any} [forest] a mirror pool's prefix forest (GET /forest), when fetched
  */
-export function numbersHtml(s, evictionsPerSec) {
+export function numbersHtml(s, evictionsPerSec, forest = null) {
   if (!s) return `<div class="muted">waiting for stats…</div>`;
+  if (isMirror(s)) return mirrorNumbersHtml(s, forest);
   const hr = hitRateOf(s);
   const c = s.cache;
   const cell = (label, value, sub = "", cls = "") => `<div class="num ${cls}"><label>${label}</label><b>${value}</b><small>${sub}</small></div>`;
@@ -66,7 +69,7 @@ export function describeEvent(e) {
     case "free":
       return [`#${e.id}`, `${e.blocks ?? ""} blocks`, ""];
     default:
-      return [e.key ?? (e.id != null ? `#${e.id}` : ""), e.bytes != null ? formatBytes(e.bytes) : "", ""];
+      return describePrefixEvent(e) || [e.key ?? (e.id != null ? `#${e.id}` : ""), e.bytes != null ? formatBytes(e.bytes) : "", ""];
   }
 }
 

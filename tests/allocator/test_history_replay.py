@@ -12,6 +12,7 @@ own invariants `check()` verifies after each step.
 from __future__ import annotations
 
 import os
+import random
 
 import numpy as np
 import pytest
@@ -232,3 +233,31 @@ def test_rollback_of_a_batch_past_a_spill_leaves_no_trace() -> None:
     assert pool.history.view().stats_at(pool.events.last_seq)["used_blocks"] == 0
     with pytest.raises(NotFound):
         pool.history.view().replay_to(-1)
+
+
+def test_mirror_pool_prefix_events_replay_exactly() -> None:
+    from allocator import MirrorPool
+
+    pool = MirrorPool(48, event_capacity=8)
+    pool.history = History(pool, max_bytes=1 << 30, keyframe_every=10)
+    rng = random.Random(5)
+    live, cached = {}, []
+    for _ in range(200):
+        r = rng.random()
+        if r < 0.55:
+            parent = rng.choice(cached) if cached and rng.random() < 0.6 else None
+            hashes = [rng.getrandbits(64) for _ in range(rng.randint(1, 6))]
+            pool.store(hashes, parent)
+            cached += hashes
+        elif r < 0.95 and cached:
+            gone = rng.sample(cached, min(len(cached), rng.randint(1, 5)))
+            pool.remove(gone)
+            cached = [h for h in cached if h not in gone]
+        else:
+            pool.reset()
+            cached = []
+        live[pool.events.last_seq] = (pool.blockmap.owners_np().copy(), pool.blockmap.states_np().copy())
+    view = pool.history.view()
+    for seq, (owner, state) in live.items():
+        rep = view.replay_to(seq)
+        assert np.array_equal(rep.owner, owner) and np.array_equal(rep.state, state), seq

@@ -1,0 +1,155 @@
+"""`kvscope mirror` (the dashboard on a live engine's prefix cache) and `kvscope recording` (a
+recorded event stream, summarised or played back on the dashboard)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import sys
+
+
+def _serve(prog: str, args, startup: list) -> int:
+    import uvicorn
+
+    from .main import create_app
+    from .settings import SettingsError, get_settings
+
+    try:
+        settings = get_settings()
+    except SettingsError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    settings = dataclasses.replace(settings, host=args.host or settings.host,
+                                   port=args.port or settings.port)
+    app = create_app(settings)
+    app.state.startup_pools = startup
+    name = startup[0][0]["name"]
+    print(f"{prog}: dashboard at http://{settings.host}:{settings.port}/?pool={name}", flush=True)
+    gc.freeze()
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
+                ws_per_message_deflate=False)
+    return 0
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default=None, help="listen address (default: KVSCOPE_HOST, 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default: KVSCOPE_PORT, 8000)")
+    p.add_argument("--log-level", default="warning")
+    p.add_argument("--name", default=None, help="the pool's name on the page")
+
+
+def mirror_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="kvscope mirror",
+        description="Serve the dashboard on a live vLLM / SGLang engine's prefix cache, followed "
+                    "through its KV events (the engine's --kv-events-config endpoints).")
+    p.add_argument("endpoint", help="the engine's PUB endpoint as seen from here, e.g. tcp://gpu-node:5557")
+    p.add_argument("--replay-endpoint", help="the engine's replay (ROUTER) endpoint, e.g. tcp://gpu-node:5558")
+    p.add_argument("--topic", default="", help="the engine's topic (default: all)")
+    p.add_argument("--num-blocks", type=int, help="the engine's KV block count (else from --metrics-url)")
+    p.add_argument("--metrics-url", help="the engine's /metrics (num_gpu_blocks, KV usage, hit ratio)")
+    p.add_argument("--record", metavar="FILE", help="also record every batch applied to FILE")
+    _server_args(p)
+    args = p.parse_args(argv)
+    if args.num_blocks is None and not args.metrics_url:
+        p.error("give --num-blocks, or --metrics-url to read num_gpu_blocks from the engine")
+    spec = {"name": args.name or "engine", "strategy": "mirror", "num_blocks": args.num_blocks,
+            "mirror": {"endpoint": args.endpoint, "topic": args.topic,
+                       "replay_endpoint": args.replay_endpoint, "metrics_url": args.metrics_url}}
+    err = _check(spec)
+    if err:
+        p.error(err)
+    spec["mirror"] = {k: v for k, v in spec["mirror"].items() if v is not None}
+    return _serve("kvscope mirror", args, [(spec, {"record": args.record})])
+
+
+def _check(spec: dict) -> str | None:
+    """The REST schema's verdict on a CLI-built spec (one message), or None."""
+    from pydantic import ValidationError
+
+    from .schemas import PoolCreate
+
+    def pruned(d: dict) -> dict:
+        return {k: pruned(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+
+    try:
+        PoolCreate.model_validate(pruned(spec))
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        return f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+    return None
+
+
+def default_publish_spec(settings, args) -> dict:
+    """The `default` pool of `kvscope serve --publish`: paged with prefix caching (LRU, 16-token
+    blocks), publishing its stored / removed / cleared events. Raises ValueError (one line)."""
+    import inspect
+
+    from allocator import PoolSpec
+
+    from .main import default_pool_spec
+
+    if "prefix_caching" not in inspect.signature(PoolSpec.parse).parameters:
+        raise ValueError("--publish needs the allocator's prefix caching, which this build lacks")
+    spec = default_pool_spec(settings)
+    spec.pop("cache", None)
+    spec.update(prefix_caching={"policy": "lru"}, tokens_per_block=16,
+                publish={"endpoint": args.publish, "topic": args.publish_topic,
+                         "replay_endpoint": args.publish_replay_endpoint})
+    spec["publish"] = {k: v for k, v in spec["publish"].items() if v is not None}
+    from pydantic import ValidationError
+
+    from .schemas import PublishSpec
+
+    try:
+        PublishSpec.model_validate(spec["publish"])
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        raise ValueError(f"--publish: {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+    return spec
+
+
+def recording_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="kvscope recording",
+        description="Summarise a recording made by `kvscope mirror --record` (blocks cached at "
+                    "the end, lost batches, restarts, the prefix forest), or play it back on the "
+                    "dashboard with --serve.")
+    p.add_argument("file")
+    p.add_argument("--num-blocks", type=int, default=65_536, help="logical slots (default 65536)")
+    p.add_argument("--serve", action="store_true", help="play it back on the dashboard")
+    p.add_argument("--speed", type=float, default=None,
+                   help="with --serve: times real time (default: as fast as it goes)")
+    _server_args(p)
+    args = p.parse_args(argv)
+    from allocator.errors import InvalidRequest
+    from kvevents.codec import WireError
+    from kvevents.recording import read
+
+    if args.num_blocks <= 0 or (args.speed is not None and args.speed <= 0):
+        p.error("--num-blocks and --speed must be positive")
+    try:
+        next(iter(read(args.file)), None)
+    except (OSError, WireError) as exc:
+        print(f"kvscope recording: {exc}", file=sys.stderr)
+        return 2
+    if args.serve:
+        spec = {"name": args.name or "recording", "strategy": "mirror", "num_blocks": args.num_blocks}
+        return _serve("kvscope recording", args,
+                      [(spec, {"playback": args.file, "speed": args.speed})])
+    from allocator.mirror import MirrorPool
+    from kvevents.recording import replay_into
+
+    try:
+        pool = MirrorPool(args.num_blocks, name="recording", device="cpu")
+        counts = replay_into(args.file, pool)
+    except (InvalidRequest, WireError, OSError) as exc:
+        print(f"kvscope recording: {exc}", file=sys.stderr)
+        return 2
+    forest = pool.forest()
+    forest.pop("at", None)
+    print(json.dumps({"file": args.file, **counts, "cached_blocks": len(pool.cached_hashes()),
+                      "mirror": pool.mirror_counters, "forest": forest}, indent=2))
+    return 0

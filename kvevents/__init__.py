@@ -1,0 +1,10 @@
+"""kvscope's side of the engines' KV-event protocol (vLLM / SGLang over ZeroMQ).
+
+- `codec`: the wire format (msgspec structs mirroring vLLM's, a lenient decoder for both the
+  tagged-map form of vLLM >= 0.24 / SGLang and the positional-array form of vLLM <= 0.23).
+- `publisher`: a PUB socket plus a ROUTER replay buffer, as vLLM's ZmqEventPublisher.
+- `subscriber`: SUB + gap detection + DEALER replay + engine-restart detection, never dying.
+- `recording`: a file of what a subscriber received, and its replay into a mirror.
+
+Depends on allocator/ (the mirror model) and on pyzmq + msgspec; allocator/ never imports it.
+"""

@@ -1,0 +1,250 @@
+"""Subscriber: follows an engine's KV-event stream, fills gaps from its replay socket, survives
+restarts and bad input."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+
+from .codec import MAX_BATCH_EVENTS, Batch, WireError, decode_batch, seq_bytes, seq_of
+
+ERROR_KINDS = ("malformed", "frames", "too_large", "unknown_type", "malformed_event", "apply",
+               "replay", "internal")
+
+
+class Subscriber:
+    """A SUB socket on `endpoint` (prefix `topic`), run by a daemon thread, that hands every batch
+    to `on_batch(seq, batch)` exactly once and in seq order.
+
+    - Gaps: when a seq skips ahead it asks the replay socket (DEALER; a REQ socket would refuse a
+      second reply) for everything from the first missing seq, applies what comes back, and counts
+      what the engine no longer buffered as `lost_batches`. Reply frames with a topic (vLLM >=
+      0.26) and without (older) are both read. Without a replay endpoint a gap is counted lost.
+    - Joining late: when the first seq seen is above 0, the missed history is asked for too.
+    - Restart: a live seq at or below the last live one means the engine started over; the
+      subscriber calls `on_restart()` (its cache is empty now) and follows the new sequence.
+    - Bad input (wrong frame count, undecodable payload, huge batch, unknown or malformed events,
+      an exception from the callbacks) is counted by kind in `errors`, the latest message kept
+      in `last_error`; the thread never dies of it.
+
+    `recorder`, when set, gets `write(recv_ts, seq, topic, payload)` for every batch applied, in
+    the order applied.
+    """
+
+    def __init__(self, endpoint: str, *, on_batch: Callable[[int, Batch], None],
+                 on_restart: Callable[[], None] | None = None, topic: str = "",
+                 replay_endpoint: str | None = None, replay_timeout: float = 2.0,
+                 max_events: int = MAX_BATCH_EVENTS, recorder=None,
+                 ctx: zmq.Context | None = None) -> None:
+        self.endpoint = endpoint
+        self.topic = topic
+        self.replay_endpoint = replay_endpoint
+        self.replay_timeout = replay_timeout
+        self.max_events = max_events
+        self.recorder = recorder
+        self._on_batch = on_batch
+        self._on_restart = on_restart
+        self._ctx = ctx or zmq.Context.instance()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._dealer = None
+        self.state = "new"
+        self.last_seq: int | None = None  # last seq applied
+        self.last_live: int | None = None  # last seq seen on the SUB socket
+        self.batches = 0
+        self.events = 0
+        self.gaps = 0
+        self.lost_batches = 0
+        self.replays = 0
+        self.replayed_batches = 0
+        self.restarts = 0
+        self.duplicates = 0
+        self.errors = dict.fromkeys(ERROR_KINDS, 0)
+        self.last_error: str | None = None
+        self.last_error_at: float | None = None
+        self.last_batch_at: float | None = None
+        self.started_at: float | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> Subscriber:
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+        self._sub.connect(self.endpoint)
+        self.state = "connecting"
+        self.started_at = time.time()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="kvevents-sub")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=3)
+        self.state = "stopped"
+
+    def _run(self) -> None:
+        sub = self._sub
+        try:
+            while not self._stop.is_set():
+                try:
+                    if not sub.poll(100):
+                        continue
+                    frames = sub.recv_multipart()
+                    self.handle(frames)
+                except zmq.ZMQError as exc:
+                    self._error("internal", f"socket: {exc}")
+                    time.sleep(0.1)
+                except Exception as exc:  # never die: count it, keep following the engine
+                    self._error("internal", f"{type(exc).__name__}: {exc}")
+        finally:
+            sub.close(linger=0)
+            if self._dealer is not None:
+                self._dealer.close(linger=0)
+
+    # -- one live message ---------------------------------------------------------------------------
+    def handle(self, frames: list[bytes]) -> None:
+        """Process one SUB message `[topic, seq, payload]`."""
+        if len(frames) != 3:
+            self._error("frames", f"message of {len(frames)} frames, expected 3 (topic, seq, payload)")
+            return
+        _topic, seq_frame, payload = frames
+        try:
+            seq = seq_of(seq_frame)
+        except WireError as exc:
+            self._error(exc.kind, str(exc))
+            return
+        if seq < 0:
+            self._error("frames", f"live message with seq {seq}")
+            return
+        self.state = "live"
+        if self.last_live is not None and seq <= self.last_live:
+            self.restarts += 1
+            self.last_seq = None
+            if self._on_restart is not None:
+                self._call(self._on_restart)
+        self.last_live = seq
+        expected = 0 if self.last_seq is None else self.last_seq + 1
+        if seq < expected:
+            self.duplicates += 1  # already applied from a replay
+            return
+        if seq > expected:
+            self.gaps += 1
+            self._replay_from(expected)
+            expected = 0 if self.last_seq is None else self.last_seq + 1
+            if seq < expected:
+                self.duplicates += 1
+                return
+            if seq > expected:
+                self.lost_batches += seq - expected
+        self._apply(seq, payload)
+
+    def _apply(self, seq: int, payload: bytes) -> None:
+        self.last_seq = seq
+        if self.recorder is not None:
+            try:
+                self.recorder.write(time.time(), seq, self.topic.encode(), payload)
+            except (OSError, ValueError) as exc:
+                self._error("internal", f"recording: {exc}")
+        try:
+            batch = decode_batch(payload, self.max_events)
+        except WireError as exc:
+            self._error(exc.kind, f"batch {seq}: {exc}")
+            return
+        if batch.unknown:
+            self.errors["unknown_type"] += batch.unknown
+        if batch.malformed:
+            self.errors["malformed_event"] += batch.malformed
+        if batch.problems:
+            self.last_error = f"batch {seq}: {batch.problems[0]}"
+            self.last_error_at = time.time()
+        self.batches += 1
+        self.events += len(batch.events)
+        self.last_batch_at = time.time()
+        self._call(self._on_batch, seq, batch)
+
+    def _call(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:
+            self._error("apply", f"{type(exc).__name__}: {exc}")
+
+    # -- replay ---------------------------------------------------------------------------------------
+    def _replay_from(self, start: int) -> None:
+        """Ask the replay socket for every batch from `start`; apply those not yet applied."""
+        if self.replay_endpoint is None:
+            return
+        self.replays += 1
+        for frames in self._replay_frames(start):
+            if frames and frames[0] == b"":
+                frames = frames[1:]
+            if len(frames) == 3:  # [topic, seq, payload] (vLLM >= 0.26, SGLang)
+                seq_frame, payload = frames[1], frames[2]
+            elif len(frames) == 2:  # [seq, payload] (vLLM < 0.26)
+                seq_frame, payload = frames
+            else:
+                self._error("frames", f"replay reply of {len(frames)} frames")
+                continue
+            try:
+                seq = seq_of(seq_frame)
+            except WireError as exc:
+                self._error(exc.kind, f"replay: {exc}")
+                continue
+            if seq == -1:
+                return
+            nxt = 0 if self.last_seq is None else self.last_seq + 1
+            if seq < nxt:
+                continue
+            if seq > nxt:
+                self.lost_batches += seq - nxt
+            self.replayed_batches += 1
+            self._apply(seq, payload)
+
+    def _replay_frames(self, start: int):
+        """The replay socket's reply frames to a request from `start`, as they come, until the
+        end marker (the caller stops there) or `replay_timeout` without one (an error)."""
+        if self._dealer is None:
+            self._dealer = self._ctx.socket(zmq.DEALER)
+            self._dealer.setsockopt(zmq.LINGER, 0)
+            self._dealer.connect(self.replay_endpoint)
+        dealer = self._dealer
+        try:
+            dealer.send_multipart((b"", seq_bytes(start)), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            self._error("replay", f"replay from {start}: replay socket not reachable")
+            return
+        deadline = time.monotonic() + self.replay_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not dealer.poll(int(left * 1000) + 1):
+                self._error("replay", f"replay from {start}: no end marker within "
+                                      f"{self.replay_timeout}s")
+                # A late answer must not be read as the reply to the next request.
+                dealer.close(linger=0)
+                self._dealer = None
+                return
+            yield dealer.recv_multipart()
+
+    # -- reporting ------------------------------------------------------------------------------------
+    def _error(self, kind: str, message: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+        self.last_error = message[:300]
+        self.last_error_at = time.time()
+
+    def status(self) -> dict:
+        return {
+            "state": self.state, "last_seq": self.last_seq, "batches": self.batches,
+            "events": self.events, "gaps": self.gaps, "lost_batches": self.lost_batches,
+            "replays": self.replays, "replayed_batches": self.replayed_batches,
+            "restarts": self.restarts, "duplicates": self.duplicates,
+            "errors": dict(self.errors), "error_count": sum(self.errors.values()),
+            "last_error": self.last_error, "last_error_at": self.last_error_at,
+            "last_batch_at": self.last_batch_at,
+        }
+
+    def describe(self) -> dict:
+        return {"endpoint": self.endpoint, "topic": self.topic,
+                "replay_endpoint": self.replay_endpoint}

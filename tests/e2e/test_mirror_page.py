@@ -1,0 +1,62 @@
+"""A mirror pool in the browser: logical slots painted as the engine reports them, the stream's
+lost events and bad input raised as alerts, prefix-cache events in the log."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import free_port, make_pool, open_pool
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kvevents"))
+from kve_source import RefPrefixCache  # noqa: E402
+
+from kvevents.publisher import Publisher  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+
+def test_mirror_page_shows_logical_slots_losses_and_errors(page, api, artifacts):
+    port = free_port()
+    pub = Publisher(f"tcp://127.0.0.1:{port}", bind=True, topic="kv")
+    src = RefPrefixCache(seed=4)
+    try:
+        make_pool(api, "e2e-mirror", strategy="mirror", num_blocks=64,
+                  mirror={"endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"})
+        stats = lambda: api.get("/api/pools/e2e-mirror/stats").json()["mirror"]  # noqa: E731
+        end = time.monotonic() + 15
+        while stats()["source"]["last_seq"] is None and time.monotonic() < end:
+            pub.publish([])  # until the SUB socket is connected (no replay socket here)
+            time.sleep(0.1)
+        lost_before = stats()["source"]["lost_batches"]
+        for _ in range(20):
+            pub.publish(src.step())
+        end = time.monotonic() + 10
+        while stats()["cached_blocks"] != len(src.cached) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert stats()["cached_blocks"] == len(src.cached)
+        open_pool(page, "e2e-mirror")
+        page.wait_for_function(f"window.kvscope.paintedCounts().occupied === {len(src.cached)}", timeout=8_000)
+        assert "logical slots" in page.locator("#pool-meta").inner_text()
+        page.wait_for_selector("#numbers .num", timeout=3_000)
+        numbers = page.locator("#numbers").inner_text().lower()
+        assert "cached blocks" in numbers and "logical slots" in numbers
+        for _ in range(5):
+            pub.publish(src.step())  # live events reach the log
+        page.wait_for_selector("#log tr.ev-stored", timeout=5_000)
+        page.wait_for_function("document.querySelector('#numbers').textContent.includes('prefix forest')", timeout=6_000)
+        # A lost range (no replay socket to fill it) and a message with the wrong frame count.
+        pub._seq += 3
+        pub.publish(src.step())
+        pub._pub.send_multipart([b"kv", b"not-a-seq"])
+        page.wait_for_selector("#alerts [data-code=mirror-lost]", timeout=8_000)
+        page.wait_for_selector("#alerts [data-code=mirror-errors]", timeout=8_000)
+        assert f"{lost_before + 3} event batches were lost" in page.locator("#alerts").inner_text()
+        page.screenshot(path=str(artifacts / "e2e-mirror.png"))
+        assert page.console_log.errors == []
+    finally:
+        api.delete("/api/pools/e2e-mirror")
+        pub.close()

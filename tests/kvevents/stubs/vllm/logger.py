@@ -1,0 +1,7 @@
+"""Stub of vllm.logger."""
+
+import logging
+
+
+def init_logger(name: str) -> logging.Logger:
+    return logging.getLogger(name)

@@ -1,0 +1,1 @@
+"""Stub package (tests/kvevents/stubs/README.md)."""

@@ -1,0 +1,121 @@
+"""`kvscope mirror` against vLLM's own publisher (real uvicorn, real HTTP), its recording, and
+`kvscope recording` summarising and playing it back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from apputil import free_port
+from kve_source import RefPrefixCache, to_engine
+from test_real_publishers import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Cli:
+    def __init__(self, *args):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", *args, "--port", str(self.port)],
+                                     cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(self.proc.stdout.read().decode())
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError("server did not start")
+
+    def stats(self, pool):
+        return httpx.get(f"{self.url}/api/pools/{pool}/stats", timeout=5).json()
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=15)
+        return out.decode(errors="replace")
+
+
+def run(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_mirror_command_records_and_the_recording_plays_back(ipc, vllm_kv, tmp_path):
+    rec = tmp_path / "incident.kvrec"
+    pub = vllm_kv.ZmqEventPublisher(0, endpoint=ipc("pub"), replay_endpoint=ipc("replay"), topic="kv")
+    src = RefPrefixCache(seed=21)
+    cli = Cli("mirror", ipc("pub"), "--replay-endpoint", ipc("replay"), "--topic", "kv",
+              "--num-blocks", "64", "--record", str(rec))
+    try:
+        for _ in range(40):
+            pub.publish(vllm_kv.KVEventBatch(ts=time.time(), events=to_engine(vllm_kv, src.step())))
+        pub.publish(vllm_kv.KVEventBatch(ts=time.time(), events=[]))
+        wait_for(lambda: (cli.stats("engine")["mirror"]["source"]["last_seq"] or 0) >= 40 or
+                 pub.publish(vllm_kv.KVEventBatch(ts=time.time(), events=[])), timeout=20,
+                 what="the mirror to catch up")
+        m = cli.stats("engine")["mirror"]
+        assert m["cached_blocks"] == len(src.cached) and m["source"]["lost_batches"] == 0
+        assert m["source"]["recording"]["records"] >= 41
+    finally:
+        log = cli.stop()
+        pub.shutdown()
+    assert "Traceback" not in log, log
+    assert "?pool=engine" in log
+    r = run("recording", str(rec), "--num-blocks", "64")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["cached_blocks"] == len(src.cached)
+    assert summary["gaps"] == 0 and summary["restarts"] == 0 and summary["errors"] == 0
+    assert summary["forest"]["top_prefixes"]
+    play = Cli("recording", str(rec), "--num-blocks", "64", "--serve")
+    try:
+        wait_for(lambda: play.stats("recording")["mirror"]["source"]["state"] == "done",
+                 what="the playback to finish")
+        assert play.stats("recording")["mirror"]["cached_blocks"] == len(src.cached)
+    finally:
+        assert "Traceback" not in play.stop()
+
+
+def test_cli_refusals_are_one_line_exit_2(tmp_path):
+    r = run("mirror", "tcp://127.0.0.1:5557")
+    assert r.returncode == 2 and "--num-blocks" in r.stderr
+    r = run("mirror", "http://nope", "--num-blocks", "8")
+    assert r.returncode == 2 and "endpoint" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "x.kvrec"
+    bad.write_bytes(b"not a recording")
+    r = run("recording", str(bad))
+    assert r.returncode == 2 and "not a kvscope recording" in r.stderr and "Traceback" not in r.stderr
+    r = run("recording", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_serve_publish_default_pool(tmp_path):
+    """`kvscope serve --publish`: with the allocator's prefix caching, the default pool publishes;
+    without it (issue 11 not in this tree), one line and exit 2, never a traceback."""
+    import inspect
+
+    from allocator import PoolSpec
+
+    port = free_port()
+    args = ["serve", "--publish", f"tcp://127.0.0.1:{port}", "--port", str(free_port())]
+    if "prefix_caching" not in inspect.signature(PoolSpec.parse).parameters:
+        r = run(*args)
+        assert r.returncode == 2 and "prefix caching" in r.stderr and "Traceback" not in r.stderr
+        return
+    cli = Cli("serve", "--publish", f"tcp://*:{port}", "--publish-topic", "kv")
+    try:
+        assert cli.stats("default")["strategy"] == "paged"
+    finally:
+        assert "Traceback" not in cli.stop()
+    r = run("serve", "--publish", "http://x")
+    assert r.returncode == 2 and "--publish" in r.stderr
