@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from .errors import Conflict, InvalidRequest
-from .history import HistoryView, Keyframe, Segment, pool_geometry
+from .history import History, HistoryView, Keyframe, Segment, pool_geometry
 
 FORMAT = "kvscope-recording"
 VERSION = 1
@@ -33,8 +33,9 @@ class Recorder:
     """
 
     def __init__(self, pool, path: str | Path, meta: dict | None = None) -> None:
-        if pool.history is None:
-            raise Conflict(f"pool {pool.name!r} keeps no history to record (history_bytes=0)")
+        if not isinstance(pool.history, History):
+            raise Conflict(f"pool {pool.name!r} keeps no live history to record (history_bytes=0, "
+                           "or it is a recording itself)")
         self.pool = pool
         self.path = Path(path)
         if self.path.exists():

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sqlite3
 import time
 from pathlib import Path
 
-from allocator.errors import Conflict, InvalidRequest, NotFound
+from allocator.errors import Conflict, InvalidRequest, KVScopeError, NotFound
 from allocator.recording import RecordedPool, Recorder, read_recording
 
 FLUSH_S = 0.5  # at most this much (plus one flush's time) is lost when the server is killed
@@ -24,6 +25,7 @@ class Recordings:
         self.directory = Path(directory)
         self.registry = registry
         self.active: dict[str, tuple[Recorder, object]] = {}  # pool name -> (recorder, handle)
+        self.failed: dict[str, str] = {}  # pool name -> why its last recording stopped on its own
         self._task: asyncio.Task | None = None
 
     def file_of(self, name: str) -> Path:
@@ -56,7 +58,16 @@ class Recordings:
             if self.registry.find(pool) is not handle:  # the pool was deleted
                 self.stop(pool)
                 continue
-            recorder.flush()
+            try:
+                recorder.flush()
+            except (sqlite3.Error, OSError, KVScopeError) as exc:
+                # a full disk or a history that outran the file: stop this one, keep the others
+                self.failed[pool] = f"recording {recorder.path.stem!r} stopped: {exc}"
+                self.active.pop(pool, None)
+                try:
+                    recorder.stop()
+                except (sqlite3.Error, OSError, KVScopeError):
+                    pass
 
     async def _flush_loop(self) -> None:
         while self.active:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Path, Request, status
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from allocator.errors import NotFound
+from allocator.errors import Conflict, NotFound
 
 from ..auth import check_token
 from ..deps import HubDep, PoolDep, RegistryDep
@@ -46,8 +46,11 @@ async def start_recording(handle: PoolDep, request: Request, body: RecordingStar
 
 @router.get("/api/pools/{pool}/recording", summary="The pool's recording in progress")
 async def get_recording(handle: PoolDep, request: Request) -> dict:
-    active = recordings_of(request).active.get(handle.name)
+    recs = recordings_of(request)
+    active = recs.active.get(handle.name)
     if active is None:
+        if handle.name in recs.failed:
+            raise Conflict(recs.failed[handle.name])
         raise NotFound("recording of pool", handle.name)
     return active[0].info() | {"name": active[0].path.stem}
 

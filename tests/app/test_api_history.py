@@ -102,3 +102,29 @@ def test_a_pool_without_history_says_so(client):
     pool = create_pool("paged", num_blocks=8, block_bytes=64, device="cpu", name="nohist", history_bytes=0)
     client.app.state.registry._pools["nohist"] = PoolHandle("nohist", pool)
     assert_error(client.get("/api/pools/nohist/stats", params={"at_seq": 0}), 409, "conflict")
+
+
+def test_recording_routes_refuse_clearly_and_record_in_order(tmp_path):
+    from apputil import make_client
+
+    with make_client(recordings_dir=str(tmp_path)) as client:
+        make_pool(client, "paged")
+        assert_error(client.delete(f"{POOL}/recording"), 404, "not_found")
+        assert_error(client.get(f"{POOL}/recording"), 404, "not_found")
+        assert_error(client.post(f"{POOL}/recording", json={"name": "../x"}), 422, "invalid_request")
+        r = client.post(f"{POOL}/recording", json={"name": "one"})
+        assert r.status_code == 201 and r.json()["start_seq"] == 0
+        client.post(f"{POOL}/allocations", json={"bytes": 300})
+        assert client.get(f"{POOL}/recording").json()["recording"] is True
+        stopped = client.delete(f"{POOL}/recording").json()
+        assert stopped["events"] == 1 and stopped["recording"] is False
+        assert_error(client.post(f"{POOL}/recording", json={"name": "one"}), 409, "conflict")  # file exists
+        listing = client.get("/api/recordings").json()["recordings"]
+        assert [(x["name"], x["complete"], x["last_seq"]) for x in listing] == [("one", True, 1)]
+        opened = client.post("/api/recordings/one/open", json={})
+        assert opened.status_code == 201 and opened.json()["name"] == "rec-one"
+        # a recording cannot itself be recorded, nor changed
+        assert_error(client.post("/api/pools/rec-one/recording", json={}), 409, "conflict")
+        assert_error(client.post("/api/pools/rec-one/reset"), 409, "conflict")
+        assert_error(client.post("/api/recordings/nope/open", json={}), 404, "not_found")
+        assert client.get("/api/pools/rec-one/export", params={"format": "csv"}).text.count("\n") == 2
