@@ -41,6 +41,21 @@ class OutsideHistory(NotFound):
         return {"kind": self.kind, "id": self.ident, "first_seq": self.first, "last_seq": self.last}
 
 
+class _PlainUnpickler(pickle.Unpickler):
+    """Loads only plain data (tuples, lists, dicts, numbers, strings, bytes, None) and ranges:
+    a recording file from elsewhere cannot make the loader import or call anything else."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) == ("builtins", "range"):
+            return range
+        raise pickle.UnpicklingError(f"recording data may not name {module}.{name}")
+
+
+def safe_loads(blob: bytes):
+    """`pickle.loads` restricted to what the history writes. Raises pickle.UnpicklingError."""
+    return _PlainUnpickler(io.BytesIO(blob)).load()
+
+
 @dataclass(frozen=True, slots=True)
 class Keyframe:
     """The block map and the numbers right after event `seq` (owner int32 and state uint8
@@ -71,7 +86,7 @@ class Keyframe:
 
     @classmethod
     def from_row(cls, seq: int, owner_z: bytes, state_z: bytes, scalars: bytes) -> Keyframe:
-        requested, allocations, last_id, frees, counters = pickle.loads(scalars)
+        requested, allocations, last_id, frees, counters = safe_loads(scalars)
         return cls(seq, owner_z, state_z, requested, allocations, last_id, frees, tuple(counters))
 
 
@@ -89,7 +104,7 @@ class Segment:
         return len(self.blob) + 100
 
     def rows(self) -> list[tuple]:
-        return pickle.loads(self.blob)
+        return safe_loads(self.blob)
 
     @classmethod
     def pack(cls, rows: list[tuple]) -> Segment:
@@ -131,7 +146,7 @@ class History:
         self.segments: list[Segment] = []
         self.nbytes = 0
         self.dropped_events = 0
-        self.consumed = pool.events.last_seq
+        self.consumed = self.origin_seq = pool.events.last_seq
         if hasattr(pool, "_allocs"):
             self._add_keyframe(self._snapshot())
         else:  # made from Pool.__init__, before the strategy's structures exist: pool empty
@@ -194,7 +209,7 @@ class History:
                     break
                 self.segments.pop(0)
                 self.nbytes -= seg.nbytes
-            self.dropped_events = keep_from
+            self.dropped_events = keep_from - self.origin_seq
 
     def rollback(self, seq: int) -> None:
         """Forget what was consumed after `seq` (the EventLog truncated a rolled-back batch)."""

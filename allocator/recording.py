@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import sqlite3
 import time
 from pathlib import Path
@@ -136,10 +137,15 @@ def read_recording(path: str | Path) -> tuple[dict, HistoryView]:
                     db.execute("SELECT first, last, blob FROM segments ORDER BY first")]
         finally:
             db.close()
-    except (sqlite3.Error, json.JSONDecodeError) as exc:
+    except (sqlite3.Error, json.JSONDecodeError, pickle.UnpicklingError) as exc:
         raise InvalidRequest(f"{str(path)!r} is not a kvscope recording: {exc}") from None
     if meta.get("format") != FORMAT or not kfs:
         raise InvalidRequest(f"{str(path)!r} is not a kvscope recording (format {meta.get('format')!r})")
+    try:
+        for seg in segs[:1] + segs[-1:]:  # the data is plain: refuse anything else up front
+            seg.rows()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
+        raise InvalidRequest(f"{str(path)!r} is not a kvscope recording: {exc}") from None
     last = segs[-1].last if segs else kfs[0].seq
     for a, b in zip(segs, segs[1:]):
         if b.first != a.last + 1:

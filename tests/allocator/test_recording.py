@@ -84,3 +84,25 @@ def test_not_a_recording_is_refused_clearly(tmp_path) -> None:
         read_recording(tmp_path / "y.kvrec")
     with pytest.raises(InvalidRequest, match="no recording file"):
         read_recording(tmp_path / "missing.kvrec")
+
+
+def test_a_recording_that_names_code_is_refused_not_run(tmp_path) -> None:
+    import os
+    import pickle
+
+    pool = create_pool("paged", num_blocks=16, block_bytes=BLOCK, device="cpu")
+    rec = Recorder(pool, tmp_path / "evil.kvrec")
+    pool.allocate(BLOCK)
+    rec.stop()
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    db = sqlite3.connect(tmp_path / "evil.kvrec")
+    db.execute("UPDATE segments SET blob = ?", (pickle.dumps([Boom()]),))
+    db.commit()
+    db.close()
+    with pytest.raises(InvalidRequest, match="may not name"):
+        read_recording(tmp_path / "evil.kvrec")
+    assert not (tmp_path / "pwned").exists()
