@@ -175,9 +175,10 @@ function connect(name) {
   timeline = createTimeline($("#timeline"), {
     getPool: () => poolName,
     getLiveModel: () => model,
-    onShow: (past) => {
+    onShow: (past, ts) => {
       pastModel = past;
       drawMap(past || model);
+      if (charts) charts.mark(ts);
       renderPanels();
     },
     status: (m, k) => controls.status(m, k),
@@ -299,6 +300,8 @@ Object.defineProperty(window, "kvscope", {
     /** The timeline: {mode: "live"|"past", seq, first, last, shown, markers}. */
     timeline: () => (timeline ? timeline.state() : null),
     shownStats: () => (pastModel || model).stats,
+    /** Time (unix s) the charts mark for the timeline's moment, or null. */
+    chartMark: () => (charts ? charts.marked() : null),
     stats: () => model.stats,
     alerts: () => model.alerts().concat(mirrorAlerts(model.stats)),
     events: () => model.events.slice(),

@@ -36,8 +36,8 @@ export function fraction(seq, first, last) {
 /**
  * @param {HTMLElement} root
  * @param {{getPool: () => string, getLiveModel: () => PoolModel,
- *          onShow: (model: PoolModel|null) => void, status: (msg: string, kind?: string) => void}} opts
- *   onShow(model): draw this past model; onShow(null): back to live.
+ *          onShow: (model: PoolModel|null, ts: number|null) => void, status: (msg: string, kind?: string) => void}} opts
+ *   onShow(model, ts): draw this past model (its event's time `ts`, null for seq 0); onShow(null, null): live.
  */
 export function createTimeline(root, opts) {
   root.innerHTML = `
@@ -124,7 +124,8 @@ export function createTimeline(root, opts) {
     const mine = ++request;
     const api = poolApi(opts.getPool());
     try {
-      const [map, stats] = await Promise.all([api.blockmapAt(seq), api.statsAt(seq)]);
+      const [map, stats, at] = await Promise.all([
+        api.blockmapAt(seq), api.statsAt(seq), seq > 0 ? api.historyEvents({ after: seq - 1, limit: 1 }) : null]);
       if (mine !== request || state.mode !== "past" || destroyed) return;
       const live = opts.getLiveModel();
       const past = new PoolModel();
@@ -135,7 +136,8 @@ export function createTimeline(root, opts) {
       past.stats = stats;
       past.lastSeq = seq;
       state.shown = seq;
-      opts.onShow(past);
+      const ev = at && at.events[0];
+      opts.onShow(past, ev && ev.seq === seq ? ev.ts : null);
       render();
     } catch (err) {
       if (mine === request) opts.status(`cannot show event ${seq}: ${/** @type {Error} */ (err).message}`, "err");
@@ -153,7 +155,7 @@ export function createTimeline(root, opts) {
     request++;
     state.mode = "live";
     state.shown = -1;
-    opts.onShow(null);
+    opts.onShow(null, null);
     refresh();
   }
 

@@ -48,6 +48,9 @@ def test_scrub_step_and_back_to_live(page, api):
     assert page.evaluate("window.kvscope.owners()") == owners_at(api, name, 5) == ids[:5]
     stats5 = api.get(f"/api/pools/{name}/stats", params={"at_seq": 5}).json()
     assert page.evaluate("window.kvscope.shownStats().used_blocks") == stats5["used_blocks"]
+    # the charts mark the moment: the time of event 5
+    ts5 = api.get(f"/api/pools/{name}/history/events", params={"after": 4, "limit": 1}).json()["events"][0]["ts"]
+    assert page.evaluate("window.kvscope.chartMark()") == ts5
     assert "event 5 of 0..13" in page.locator("#tl-label").inner_text()
     # step forward one event at a time, then back
     for seq in (6, 7, 8, 9):
@@ -67,6 +70,7 @@ def test_scrub_step_and_back_to_live(page, api):
     wait_shown(page, 13)
     page.click("#tl-live")
     page.wait_for_function("window.kvscope.timeline().mode === 'live'", timeout=5_000)
+    assert page.evaluate("window.kvscope.chartMark()") is None
     live = sorted({r[2] for r in api.get(f"/api/pools/{name}/blockmap?format=json").json()["runs"] if r[2] >= 0})
     page.wait_for_function(f"JSON.stringify(window.kvscope.owners()) === {json.dumps(live, separators=(',', ':'))!r}", timeout=5_000)
     assert page.console_log.errors == []
