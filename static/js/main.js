@@ -1,6 +1,6 @@
 // Wiring: one pool's stream -> model -> heatmap / charts / panels; controls; views.
 
-import { getToken, pool as poolApi, pools } from "./api.js";
+import { api, getToken, pool as poolApi, poolPath, pools } from "./api.js";
 import { createCharts } from "./charts.js";
 import { createCompare } from "./compare.js";
 import { createControls, promptToken } from "./controls.js";
