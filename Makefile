@@ -9,16 +9,23 @@ PORT    ?= $(or $(KVSCOPE_PORT),8000)
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-py test-js bench lint clean
+.PHONY: install build run test test-py test-js bench lint clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# The compiled core is rebuilt (by pip's editable install) whenever a Cython source changes.
+CYTHON_SRC := $(wildcard allocator/*.pyx allocator/*.pxd allocator/*.pxi)
+
+$(VENV)/.installed: pyproject.toml setup.py $(CYTHON_SRC)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e '.[test]'
 	touch $@
+
+# Rebuild the compiled core in place (what a worktree without its own venv uses).
+build:
+	$(PY) setup.py build_ext --inplace
 
 run: install
 	$(VENV)/bin/kvscope serve --host $(HOST) --port $(PORT)
@@ -39,4 +46,4 @@ lint: install
 	$(VENV)/bin/ruff check allocator app workloads kvevents tests bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info allocator/*.c allocator/*.so allocator/*.html

@@ -18,6 +18,7 @@ from .cache import Entry, KVCache, PutResult
 from .contiguous import ContiguousPool
 from .errors import (
     Conflict,
+    ExceedsCapacity,
     InvalidRequest,
     KVScopeError,
     NotFound,
@@ -47,9 +48,8 @@ def create_pool(strategy: str = "paged", **options) -> Pool:
 
 __all__ = [
     "Allocation", "BlockMap", "BlockStorage", "CACHED", "CacheSpec", "Conflict", "ContiguousPool",
-    "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "FITS", "FREE", "History",
-    "HistoryView", "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "MirrorPool", "ModelGeometry",
-    "NotFound", "OutsideHistory",
+    "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "ExceedsCapacity", "FITS", "FREE", "History", "HistoryView", "OutsideHistory",
+    "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "MirrorPool", "ModelGeometry", "NotFound",
     "OutOfMemory", "PINNED", "POLICIES", "PagedPool", "Pool", "PoolSpec", "PutResult", "SCENARIOS", "STATE_NAMES",
     "STRATEGIES", "TieredPool", "TooLarge", "USED", "create_pool", "get_model", "meta",
     "positive_int", "resolve_device",

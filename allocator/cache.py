@@ -5,69 +5,25 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from ._core import CacheCore, Entry, PutResult
 from .blockmap import CACHED, PINNED
-from .errors import Conflict, InvalidRequest, NotFound, OutOfMemory, positive_int
+from .errors import Conflict, ExceedsCapacity, InvalidRequest, NotFound, OutOfMemory, positive_int
 from .policies import POLICIES
-from .pool import Pool, runs_of
+from .pool import Pool
 from .vocab import EVICTION_REASONS
 
 MAX_KEY_LENGTH = 256
 
 
-@dataclass(slots=True)
-class Entry:
-    """One cached key: the pool allocation `id` holding `nbytes` requested bytes."""
-
-    key: str
-    id: int
-    nbytes: int
-    allocated_bytes: int
-    priority: int = 0
-    pinned: bool = False
-    ttl_s: float | None = None
-    expires_at: float | None = None
-    created_at: float = 0.0
-    last_access: float = 0.0
-    hits: int = 0
-    data_bytes: int = 0  # length of the payload last written; reads return exactly that
-
-    def to_dict(self, now: float, pool: Pool | None = None) -> dict:
-        out = {
-            "key": self.key,
-            "id": self.id,
-            "bytes": self.nbytes,
-            "allocated_bytes": self.allocated_bytes,
-            "priority": self.priority,
-            "pinned": self.pinned,
-            "ttl_s": self.ttl_s,
-            "expires_in_s": None if self.expires_at is None else max(0.0, self.expires_at - now),
-            "age_s": now - self.created_at,
-            "idle_s": now - self.last_access,
-            "hits": self.hits,
-            "data_bytes": self.data_bytes,
-        }
-        if pool is not None:
-            out["blocks"] = runs_of(pool.block_ids(self.id))
-        return out
-
-
-@dataclass(slots=True)
-class PutResult:
-    """The entry a put left, whether it was created, and the keys evicted to make room."""
-
-    entry: Entry
-    created: bool
-    evicted: list[str] = field(default_factory=list)
-
-
-class KVCache:
+class KVCache(CacheCore):
     """Entries by string key on `pool`, using at most `capacity_bytes` of its memory.
 
     Victim order: expired (TTL) entries first, then lowest priority first, then the policy
     within a priority. Pinned entries are never evicted and sit in no policy structure.
-    One policy object per priority level, created on demand (`_by_priority`).
+    One policy object per priority level, created on demand (`_by_priority`). The
+    per-operation path (put, victim choice, eviction) is the compiled base `CacheCore`
+    (allocator/_cache.pxi); this class holds the rest and the state's Python-facing parts.
 
     Invariants (see `check`): `used_bytes` == sum of entries' allocated bytes <= capacity; each
     entry's allocation exists in the pool with that size; the policy structures hold exactly
@@ -109,6 +65,7 @@ class KVCache:
         self.evictions = dict.fromkeys(EVICTION_REASONS, 0)
         self.refusals = 0  # puts refused because the budget is held by pinned entries
         pool.attach("cache", self)  # the pool tells us of resets; we hold the pool, not it us
+        self._bind(POLICIES, OutOfMemory)
 
     # -- policy ---------------------------------------------------------------------------
     @staticmethod
@@ -140,20 +97,6 @@ class KVCache:
                 s.insert(e.key)
         self.pool.events.record("policy", name)
 
-    def _unfile(self, key: str, priority: int, evicted: bool = False) -> None:
-        """Take `key` out of its priority's policy structure; an emptied structure goes too, so
-        the priorities scanned for a victim are only those that hold entries."""
-        s = self._by_priority[priority]
-        s.remove(key, evicted)
-        if not len(s):
-            del self._by_priority[priority]
-
-    def _struct(self, priority: int):
-        s = self._by_priority.get(priority)
-        if s is None:
-            s = self._by_priority[priority] = POLICIES[self._policy]()
-        return s
-
     # -- public API -----------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self._entries)
@@ -164,67 +107,6 @@ class KVCache:
     def footprint(self, nbytes: int) -> int:
         """Bytes of pool memory an entry of `nbytes` would hold."""
         return self.pool.footprint(nbytes)
-
-    def put(
-        self,
-        key: str,
-        nbytes: int,
-        priority: int | None = None,
-        ttl_s: float | None = None,
-        pinned: bool | None = None,
-    ) -> PutResult:
-        """Insert or refresh `key` with `nbytes`; evict others until it fits.
-
-        An existing key is touched and resized if `nbytes` differs; its priority, TTL and pin
-        change only where given (None keeps them; a new entry gets priority 0, no TTL,
-        unpinned). Raises InvalidRequest (bad key/size/ttl, or a size above the capacity) and
-        OutOfMemory (nothing evictable is left); on either, existing entries are unchanged
-        unless evictions were needed first (see the class NOTE).
-        """
-        if not (key.__class__ is str and 0 < len(key) <= MAX_KEY_LENGTH and nbytes.__class__ is int
-                and nbytes > 0 and priority is None and ttl_s is None and pinned is None):
-            self._validate(key, nbytes, priority, ttl_s, pinned)
-        need = self.pool.footprint(nbytes)
-        if need > self.capacity_bytes:
-            raise InvalidRequest(
-                f"entry of {nbytes} bytes ({need} allocated) exceeds the cache capacity of "
-                f"{self.capacity_bytes} bytes"
-            )
-        now = self.clock()
-        entry = self._entries.get(key)
-        if entry is not None:
-            return self._refresh(entry, nbytes, priority, ttl_s, pinned, now)
-        priority = priority or 0
-        pinned = bool(pinned)
-        evicted: list[str] = []
-        pool = self.pool
-        helps = pool.victim_filter(nbytes) if pool.filters_victims else None
-        self._make_room(need, None, evicted, helps)
-        try:
-            aid = pool.allocate(nbytes, PINNED if pinned else CACHED)
-        except OutOfMemory:
-            aid = self._allocate(nbytes, PINNED if pinned else CACHED, None, evicted, helps)
-        held = need if pool.exact_footprint else pool.held_bytes(aid)
-        if held > need and self.used_bytes + held - self._evictable_bytes(None) > self.capacity_bytes:
-            # A tiered pool fell back to a larger block than the budget can hold even after
-            # evicting everything evictable: refuse rather than overrun the capacity.
-            self.pool.free(aid)
-            raise self._refuse_budget(held)
-        entry = Entry(key, aid, nbytes, held, priority, pinned, ttl_s,
-                      None if ttl_s is None else now + ttl_s, now, now)
-        self._entries[key] = entry
-        self._key_of[aid] = key
-        self.used_bytes += held
-        if pinned:
-            self.pinned_bytes += held
-        else:
-            self._struct(priority).insert(key)
-        if ttl_s is not None:
-            heapq.heappush(self._ttl_heap, (entry.expires_at, key, aid))
-        if held > need:  # a tiered pool fell back to a larger tier than estimated
-            self._shed_excess(key, evicted)
-        self.pool.events.record("put", key, aid, nbytes, held // self.pool.block_bytes)
-        return PutResult(entry, True, evicted)
 
     def _shed_excess(self, key: str, evicted: list[str]) -> None:
         while self.used_bytes > self.capacity_bytes:
@@ -430,84 +312,22 @@ class KVCache:
         ):
             raise InvalidRequest(f"ttl_s must be a positive finite number of seconds, got {ttl_s!r}")
 
-    def _next_victim(self, exclude: str | None, helps=None) -> str | None:
-        """The next key to evict (never `exclude`, never pinned). With `helps`, a predicate on
-        allocation ids, the first such key in eviction order whose memory `helps` accepts."""
-        if helps is not None:
-            for e in self.entries():
-                if not e.pinned and e.key != exclude and helps(e.id):
-                    return e.key
-            return None
-        heap = self._ttl_heap
-        now = self.clock() if heap else 0.0
-        skipped: list[tuple[float, str, int]] = []
-        victim = None
-        while heap and heap[0][0] <= now:
-            expires_at, key, aid = heap[0]
-            e = self._entries.get(key)
-            valid = e is not None and e.id == aid and e.expires_at == expires_at
-            if valid and key != exclude and not e.pinned:
-                victim = key
-                break
-            item = heapq.heappop(heap)
-            if valid:  # pinned or being resized: still expired, so keep its record
-                skipped.append(item)
-        for item in skipped:
-            heapq.heappush(heap, item)
-        if victim is not None:
-            return victim
-        by_priority = self._by_priority
-        for prio in (by_priority if len(by_priority) == 1 else sorted(by_priority)):
-            s = by_priority[prio]
-            if len(s) == 0:
-                continue
-            key = s.victim()
-            if key == exclude:  # the entry being resized is never its own victim
-                order = s.order(2)
-                key = order[1] if len(order) > 1 else None
-                if key is None:
-                    continue
-            return key
-        return None
+    def _too_large(self, nbytes: int, need: int) -> ExceedsCapacity:
+        """An entry whose footprint is over the whole budget: it can never fit (413)."""
+        return ExceedsCapacity(need, self.capacity_bytes, "cache")
 
-    def _evictable_bytes(self, exclude: str | None) -> int:
-        spare = self.used_bytes - self.pinned_bytes
-        if exclude is not None and exclude in self._entries and not self._entries[exclude].pinned:
-            spare -= self._entries[exclude].allocated_bytes
-        return spare
-
-    def _make_room(self, need: int, exclude: str | None, evicted: list[str], helps=None) -> None:
-        """Evict (reason capacity, or ttl for expired entries) until `need` more bytes fit
-        under the capacity; refuse up front when even evicting every candidate would not do.
-        With `helps` (see `Pool.victim_filter`), victims whose memory the request can also use
-        go first, so one eviction frees both budget and placement."""
-        pool = self.pool
-        over = self.used_bytes + need - self.capacity_bytes
-        short = need - (pool.num_blocks - pool.used_blocks) * pool.block_bytes
-        if over <= 0 and short <= 0:
-            return
-        spare = self._evictable_bytes(exclude)
-        if over > spare:
-            raise self._refuse_budget(need)
-        if short > spare:
-            raise self._refuse_pool(need)
-        entries = self._entries
-        while self.used_bytes + need > self.capacity_bytes:
-            key = (helps is not None and self._next_victim(exclude, helps)) or self._next_victim(exclude)
-            expires_at = entries[key].expires_at
-            expired = expires_at is not None and expires_at <= self.clock()
-            self._evict(key, "ttl" if expired else "capacity")
-            evicted.append(key)
-
-    def _refuse_pool(self, need: int) -> OutOfMemory:
+    def _refuse_pool(self, need: int) -> OutOfMemory | ExceedsCapacity:
         """The pool itself cannot hold `need` even with every evictable entry gone."""
         pool = self.pool
         free = (pool.num_blocks - pool.used_blocks) * pool.block_bytes
         return pool._oom(need, free, pool.largest_free_bytes(), "capacity")
 
-    def _refuse_budget(self, need: int) -> OutOfMemory:
+    def _refuse_budget(self, need: int) -> OutOfMemory | ExceedsCapacity:
         """The cache's own budget cannot hold `need` (pinned entries fill it): counted by the
-        cache as a refusal, not as a pool OOM, since the pool may have memory to spare."""
+        cache as a refusal, not as a pool OOM, since the pool may have memory to spare.
+        ExceedsCapacity (not counted) when `need` is over the whole budget: it never fits."""
+        if need > self.capacity_bytes:
+            return ExceedsCapacity(need, self.capacity_bytes, "cache")
         self.refusals += 1
         room = self.capacity_bytes - self.used_bytes + self._evictable_bytes(None)
         return OutOfMemory(need, room, room, "capacity")
@@ -577,26 +397,6 @@ class KVCache:
         entry.nbytes = nbytes
         entry.data_bytes = min(entry.data_bytes, nbytes)
         self._shed_excess(entry.key, evicted)
-
-    def _evict(self, key: str, reason: str) -> None:
-        entry = self._entries[key]
-        now = self.clock()
-        self._drop(entry, evicted=True)
-        self.evictions[reason] += 1
-        self.pool.events.record(
-            "evict", key, entry.nbytes, entry.allocated_bytes // self.pool.block_bytes, reason,
-            self._policy, now - entry.created_at, now - entry.last_access,
-        )
-
-    def _drop(self, entry: Entry, evicted: bool) -> None:
-        del self._entries[entry.key]
-        del self._key_of[entry.id]
-        if entry.pinned:
-            self.pinned_bytes -= entry.allocated_bytes
-        else:
-            self._unfile(entry.key, entry.priority, evicted)
-        self.used_bytes -= entry.allocated_bytes
-        self.pool.free(entry.id)
 
     def on_pool_reset(self) -> None:
         self._forget_all()

@@ -2,7 +2,7 @@
 
 Every failure is an exception carrying plain values, never a sentinel return. The server maps
 them to HTTP statuses in one place (app/errors.py): NotFound -> 404, Conflict -> 409,
-InvalidRequest -> 422, TooLarge -> 413, OutOfMemory -> 507.
+InvalidRequest -> 422, TooLarge (ExceedsCapacity among them) -> 413, OutOfMemory -> 507.
 """
 
 from __future__ import annotations
@@ -29,6 +29,21 @@ class TooLarge(InvalidRequest):
     """A request exceeds a configured cap (pool size, batch length, body size)."""
 
     code = "too_large"
+
+
+class ExceedsCapacity(TooLarge):
+    """A request larger than everything the pool (or a cache's budget) could ever hold: it can
+    never succeed, unlike OutOfMemory, which may once memory is freed."""
+
+    def __init__(self, requested: int, capacity: int, what: str = "pool") -> None:
+        super().__init__(f"requested {requested} bytes, more than the {what}'s whole capacity of "
+                         f"{capacity} bytes: it can never fit")
+        self.requested = requested
+        self.capacity = capacity
+        self.what = what
+
+    def details(self) -> dict:
+        return {"requested_bytes": self.requested, "capacity_bytes": self.capacity, "of": self.what}
 
 
 class NotFound(KVScopeError, KeyError):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from array import array
-from collections import deque
-from itertools import islice
-from time import time as _now
 
+import numpy as np
+
+from ._core import EventRing
 from .vocab import EVENT_FIELDS  # field names of each kind, after the common (seq, ts, type)
 
 # Fields holding block ids. Stored in the cheapest form that packs fast (allocator/history.py
@@ -18,9 +18,13 @@ NEVER = 1 << 62
 
 
 def stored_ids(value):
-    """Block ids as an event stores them: an array('i') becomes its bytes (ints, lists, ranges
-    and None stay)."""
-    return value.tobytes() if value.__class__ is array else value
+    """Block ids as an event stores them: an array('i') or a numpy array becomes native int32
+    bytes (ints, lists, ranges and None stay)."""
+    if value.__class__ is array:
+        return value.tobytes()
+    if isinstance(value, np.ndarray):
+        return value.astype(np.int32, copy=False).tobytes()
+    return value
 
 
 def block_list(value) -> list[int]:
@@ -34,7 +38,7 @@ def block_list(value) -> list[int]:
         return array("i", value).tolist()
     if cls is tuple:
         return list(range(*value))
-    return list(value)
+    return [int(b) for b in value]
 
 
 def _plain(kind: str, values: tuple) -> list:
@@ -59,88 +63,34 @@ def event_dict(row: tuple) -> dict:
     return event
 
 
-class EventLog:
-    """Bounded ring of typed events with a monotonically increasing `seq`.
+class EventLog(EventRing):
+    """Bounded ring of typed events with a monotonically increasing `seq` (compiled: see
+    `allocator/_events.pxi` for the layout and invariants).
 
     Invariant: `seq` of the newest event == `last_seq`; events older than the ring's capacity are
-    dropped (readers see a gap in seq, never a reordering). Events are stored as flat tuples
-    `(seq, ts, type, *values)`, turned into dicts only when read, since recording sits on every
-    allocator hot path.
-
-    NOTE: flat, not `(seq, ts, type, values)`: a tuple of atomic values is untracked by the
-    cyclic GC at its first young-generation pass, while a nested one survives into older
-    generations and, 10,000 events at a time, triggers full collections that scan every
-    object in the process (torch's included), which once cost more than the allocator itself.
+    dropped (readers see a gap in seq, never a reordering) unless a history (`sink`,
+    allocator/history.py) drained them first. `record(kind, *values)` takes the kind's
+    EVENT_FIELDS in order; `after()` turns events into dicts only when someone reads them.
+    The compiled pool records its numeric events (allocate, free) without any Python object.
     """
 
-    __slots__ = ("_ring", "_append", "last_seq", "capacity", "spill_at", "sink")
+    __slots__ = ()
 
     def __init__(self, capacity: int = 10_000) -> None:
-        self.capacity = capacity
-        self._ring: deque[tuple] = deque(maxlen=capacity)
-        self._append = self._ring.append
-        self.last_seq = 0
-        # A history (`sink`) drains the ring before it drops events: writers call
-        # `sink.spill()` once `last_seq` reaches `spill_at`, at a point where the pool is
-        # consistent (after the event's change is complete).
-        self.sink = None
-        self.spill_at = NEVER
+        pass  # EventRing.__cinit__ took the capacity; the kinds are EVENT_FIELDS'
 
-    def record(self, kind: str, *values: object) -> int:
-        """Append one event; `values` follow EVENT_FIELDS[kind]. Returns its seq."""
-        self.last_seq = seq = self.last_seq + 1
-        self._append((seq, _now(), kind, *values))
-        if seq >= self.spill_at:
-            self.sink.spill()
-        return seq
+    def __new__(cls, capacity: int = 10_000):
+        return EventRing.__new__(cls, capacity, EVENT_FIELDS)
 
-    def reserve(self, n: int) -> None:
-        """Make room for `n` events appended without a spill check (a batch): drain the ring
-        into the history first, and widen the ring if the batch alone exceeds it."""
-        if self.sink is None or self.last_seq + n < self.spill_at:
-            return
-        self.sink.spill()
-        if n >= self.capacity:
-            self.capacity = n + 1
-            self._ring = deque(self._ring, maxlen=self.capacity)
-            self._append = self._ring.append
-            self.sink.spill()
-
-    def raw_after(self, seq: int) -> list[tuple]:
-        """The stored tuples with seq > `seq`, oldest first (for the history)."""
-        ring = self._ring
-        if not ring or ring[-1][0] <= seq:
-            return []
-        k = ring[-1][0] - seq
-        if k >= len(ring):
-            return list(ring)
-        return list(islice(ring, len(ring) - k, None))
-
-    def truncate(self, seq: int) -> None:
-        """Forget events after `seq` (a rolled-back batch that no reader has seen yet)."""
-        ring = self._ring
-        while ring and ring[-1][0] > seq:
-            ring.pop()
-        self.last_seq = seq
-        if self.sink is not None:
-            self.sink.rollback(seq)
-
-    def after(self, seq: int = 0, limit: int = 1000, kinds: set[str] | None = None) -> list[dict]:
-        """Events with seq > `seq`, oldest first, at most `limit`."""
-        out: list[dict] = []
-        ring = self._ring
-        if not ring or ring[-1][0] <= seq:
-            return out
-        start = max(0, len(ring) - (ring[-1][0] - seq))
-        for i in range(start, len(ring)):
-            row = ring[i]
-            kind = row[2]
-            if kinds is not None and kind not in kinds:
+    def after(self, seq: int = 0, limit: int = 1000, kinds=None, block_ids: bool = True) -> list[dict]:
+        """Events with seq > `seq`, oldest first, at most `limit`, as dicts {"seq", "ts",
+        "type", *fields}; kinds that change the map carry their `block_ids` (a list) whatever
+        `block_ids` says (kept for callers that ask for them)."""
+        out = []
+        for row in self.raw_after(seq):
+            if kinds is not None and row[2] not in kinds:
                 continue
             out.append(event_dict(row))
             if len(out) >= limit:
                 break
         return out
-
-    def __len__(self) -> int:
-        return len(self._ring)

@@ -153,24 +153,30 @@ class History:
             bm = pool.blockmap
             self._add_keyframe(keyframe_of(self.consumed, bm.owners_np(), bm.states_np(), 0, 0, 0, 0,
                                            [0] * len(COUNTER_NAMES)))
-        events = pool.events
-        events.sink = self
-        events.spill_at = self.consumed + events.capacity
+        pool.events.sink = self
+        self._arm()
 
     @property
     def first_seq(self) -> int:
         return self.keyframes[0].seq
 
     # -- writing (called by the EventLog) --------------------------------------------------------
+    def _arm(self) -> None:
+        """Ask for the next spill before the ring (or its block-id ring) would drop an event
+        not consumed yet: a spill comes right after an event, so leave one event's room."""
+        events = self.pool.events
+        events.spill_at = self.consumed + events.capacity - 1
+        events.spill_bpos = events.bpos + events.bcap // 2
+
     def _snapshot(self) -> Keyframe:
         p = self.pool
         last_id = p._last_id
-        newest = p.events._ring[-1] if len(p.events) else None
-        if newest is not None and newest[2] == "allocate":
+        newest = p.events.raw_after(p.events.last_seq - 1) if len(p.events) else ()
+        if newest and newest[0][2] == "allocate":
             # Strategies other than paged record the allocate before Pool.allocate stores the id.
-            last_id = max(last_id, newest[3])
+            last_id = max(last_id, newest[0][3])
         return keyframe_of(p.events.last_seq, p.blockmap.owners_np(), p.blockmap.states_np(),
-                           p.requested_total, len(p._allocs), last_id, p._frees,
+                           p.requested_total, len(p), last_id, p._frees,
                            [p.counters[n] for n in COUNTER_NAMES])
 
     def _add_keyframe(self, kf: Keyframe) -> None:
@@ -181,6 +187,11 @@ class History:
         """Pack the ring's unconsumed events; keyframe the live map when one is due."""
         events = self.pool.events
         rows = events.raw_after(self.consumed)
+        if rows and rows[0][0] != self.consumed + 1:
+            # The ring dropped events before they reached us (an event with more block ids
+            # than half the id ring): start over from a keyframe of the map now.
+            self._restart()
+            return
         if rows:
             seg = Segment.pack(_packable(rows) if self._has_ranges else rows)
             self.segments.append(seg)
@@ -191,7 +202,16 @@ class History:
                 self._add_keyframe(self._snapshot())
             if self.nbytes > self.max_bytes:
                 self._trim()
-        events.spill_at = self.consumed + events.capacity
+        self._arm()
+
+    def _restart(self) -> None:
+        """Forget everything kept (counted as dropped) and keep from a keyframe of now."""
+        kf = self._snapshot()
+        self.dropped_events = kf.seq - self.origin_seq
+        self.keyframes, self.segments = [kf], []
+        self.nbytes = kf.nbytes
+        self.consumed = kf.seq
+        self._arm()
 
     def _trim(self) -> None:
         if len(self.keyframes) < 2 and self.consumed > self.keyframes[-1].seq:
@@ -227,7 +247,7 @@ class History:
                 self.nbytes += kept.nbytes
         self.consumed = min(self.consumed, seq)
         self.consumed = max(self.consumed, self.keyframes[-1].seq)
-        self.pool.events.spill_at = self.consumed + self.pool.events.capacity
+        self._arm()
 
     # -- reading ------------------------------------------------------------------------------
     def view(self) -> HistoryView:

@@ -18,22 +18,30 @@ NO_PARENT = -1
 class MirrorPool(Pool):
     """The engine's cached block set, as its KV events report it, on `num_blocks` logical slots.
 
-    Events carry block hashes, never the engine's physical block ids, so each cached hash takes
+    Events carry block hashes, never the engine's physical block ids, so each cached block takes
     the lowest free *logical* slot: the map shows how many blocks are cached and how they group
     into prefix trees, not where they sit in GPU memory. A slot's block-map owner is its prefix
     tree (the owner of its parent when the parent is cached at store time, else a new tree id),
     so one tree is one colour on the page. The pool is read-only: allocate, extend, free,
     truncate and defragment are refused; `reset` forgets the mirrored set.
 
+    A hash may be cached more than once: vLLM does not de-duplicate blocks (two requests that
+    fill the same block at once both keep theirs, each stored and later removed), and a hybrid
+    model stores a hash once per KV-cache group. So every store is one copy on its own slot and
+    every remove drops one copy; a hash is cached while it has a copy. `_slot_of` maps a hash to
+    its first copy's slot, `_extra` to the slots of further copies. Copies that arrive when every
+    slot is taken are counted in `_unplaced` (hash -> [parent hash or None, copies]) and in
+    `overflow`, so `cached_hashes()` always equals the engine's set even when `num_blocks` is
+    too small (removes take unplaced copies first).
+
     Per slot (compact arrays): `slot_hash` (uint64), `slot_parent` (parent hash, uint64, valid
     where `slot_has_parent`), `slot_depth` (int32: 0 for a root or a block whose parent was not
-    cached when it arrived). `_slot_of` maps hash -> slot. Hashes that arrive when every slot is
-    taken are kept in `_unplaced` (hash -> parent hash or None) and counted as `overflow`, so
-    `cached_hashes()` always equals the engine's set even when `num_blocks` is too small.
+    cached when it arrived).
 
-    Invariants (see `check`): `_slot_of` and the occupied slots are a bijection, with
-    `slot_hash[s] == h`; a slot is in the free stack iff it is unoccupied iff its block-map
-    state is FREE (owner -1); occupied slots are CACHED; no hash is both placed and unplaced.
+    Invariants (see `check`): the slots of `_slot_of` and `_extra` are exactly the occupied
+    slots, each once, with `slot_hash[s]` its hash; a hash with extra copies has a first one; a
+    slot is in the free stack iff it is unoccupied iff its block-map state is FREE (owner -1);
+    occupied slots are CACHED.
     """
 
     strategy = "mirror"
@@ -47,7 +55,8 @@ class MirrorPool(Pool):
         self.slot_has_parent = np.zeros(num_blocks, dtype=np.bool_)
         self.slot_depth = np.zeros(num_blocks, dtype=np.int32)
         self._slot_of: dict[int, int] = {}
-        self._unplaced: dict[int, int | None] = {}
+        self._extra: dict[int, list[int]] = {}
+        self._unplaced: dict[int, list] = {}
         self._next_tree = 0
         self._reset_free_structure()
         self.source = None  # whatever feeds the mirror; its status() shows in stats()
@@ -98,7 +107,7 @@ class MirrorPool(Pool):
 
     def reset(self) -> int:
         """Forget the mirrored set (the engine's own cache is untouched). Returns blocks dropped."""
-        dropped = len(self._slot_of) + len(self._unplaced)
+        dropped = self.used_blocks + sum(u[1] for u in self._unplaced.values())
         self._clear()
         self.events.record("reset", dropped)
         return dropped
@@ -114,8 +123,8 @@ class MirrorPool(Pool):
             kind = ev.kind
             if kind == "cleared":
                 c["cleared_events"] += 1
-                blocks = [s for s in self._slot_of.values()]
-                hashes = list(self._slot_of) + list(self._unplaced)
+                blocks = list(self._slot_of.values()) + [x for v in self._extra.values() for x in v]
+                hashes = list(self.cached_hashes())
                 self._clear()
                 self.events.record("cleared", blocks, hashes)
                 continue
@@ -131,37 +140,42 @@ class MirrorPool(Pool):
 
     def store(self, hashes: list[int], parent: int | None, token_ids=None,
               block_size: int | None = None, seq_id=None) -> list[int]:
-        """Cache `hashes` as a chain under `parent`; returns the slots taken (-1 = no slot)."""
+        """Cache one copy of each of `hashes`, a chain under `parent`; returns the slots taken
+        (-1 = no free slot)."""
         c = self.mirror_counters
         if block_size and self.block_size is None:
             self.block_size = block_size
-        slot_of, free = self._slot_of, self._free
+        slot_of, free, unplaced = self._slot_of, self._free, self._unplaced
         own, bm = self._own, self._bm
         slots: list[int] = []
         prev = parent
         for h in hashes:
-            if h in slot_of or h in self._unplaced:
-                c["duplicate_stores"] += 1
-                slots.append(slot_of.get(h, -1))
-                prev = h
-                continue
             c["stored_blocks"] += 1
+            first = slot_of.get(h)
+            if first is not None or h in unplaced:
+                c["duplicate_stores"] += 1
             if not free:
                 c["overflow"] += 1
-                self._unplaced[h] = prev
+                u = unplaced.get(h)
+                if u is None:
+                    unplaced[h] = [prev, 1]
+                else:
+                    u[1] += 1
                 slots.append(-1)
                 prev = h
                 continue
             s = free.pop()
-            ps = slot_of.get(prev, -1) if prev is not None else -1
-            if ps >= 0:
-                tree = own[ps]
-                depth = int(self.slot_depth[ps]) + 1
+            if first is not None:  # another copy: same tree, same place in it
+                tree, depth = own[first], int(self.slot_depth[first])
+                self._extra.setdefault(h, []).append(s)
             else:
-                tree = self._next_tree
-                self._next_tree += 1
-                depth = 0
-            slot_of[h] = s
+                ps = slot_of.get(prev, -1) if prev is not None else -1
+                if ps >= 0:
+                    tree, depth = own[ps], int(self.slot_depth[ps]) + 1
+                else:
+                    tree, depth = self._next_tree, 0
+                    self._next_tree += 1
+                slot_of[h] = s
             self.slot_hash[s] = h
             self.slot_has_parent[s] = prev is not None
             self.slot_parent[s] = 0 if prev is None else prev
@@ -174,19 +188,29 @@ class MirrorPool(Pool):
         return slots
 
     def remove(self, hashes: list[int], reason: str = "engine") -> list[int]:
-        """Drop `hashes`; returns the slots freed. Unknown hashes are counted, not raised."""
+        """Drop one copy of each of `hashes`; returns the slots freed. A hash with no copy is
+        counted in `unknown_removes`, not raised."""
         c = self.mirror_counters
-        slot_of, free = self._slot_of, self._free
+        slot_of, free, unplaced, extra = self._slot_of, self._free, self._unplaced, self._extra
         freed: list[int] = []
         for h in hashes:
-            s = slot_of.pop(h, None)
-            if s is None:
-                if h in self._unplaced:
-                    del self._unplaced[h]
-                    c["removed_blocks"] += 1
-                else:
-                    c["unknown_removes"] += 1
+            u = unplaced.get(h)
+            if u is not None:
+                c["removed_blocks"] += 1
+                u[1] -= 1
+                if not u[1]:
+                    del unplaced[h]
                 continue
+            more = extra.get(h)
+            if more:
+                s = more.pop()
+                if not more:
+                    del extra[h]
+            else:
+                s = slot_of.pop(h, None)
+                if s is None:
+                    c["unknown_removes"] += 1
+                    continue
             c["removed_blocks"] += 1
             self.blockmap.assign((s,), NO_OWNER, 0)
             free.append(s)
@@ -194,8 +218,15 @@ class MirrorPool(Pool):
         self.events.record("removed", freed, list(hashes), reason)
         return freed
 
+    def copies(self, h: int) -> int:
+        """How many copies of `h` the engine holds (0: not cached)."""
+        n = (h in self._slot_of) + len(self._extra.get(h, ()))
+        u = self._unplaced.get(h)
+        return n + (u[1] if u else 0)
+
     def _clear(self) -> None:
         self._slot_of.clear()
+        self._extra.clear()
         self._unplaced.clear()
         self._reset_free_structure()
         self.blockmap.clear()
@@ -212,7 +243,8 @@ class MirrorPool(Pool):
     def forest_snapshot(self) -> tuple:
         """What `forest_of` needs, copied (C-speed copies: O(cached) but cheap), so the shape can
         be computed off the thread that mutates the pool."""
-        return (dict(self._slot_of), len(self._unplaced), self.slot_hash.copy(),
+        unplaced_only = sum(1 for h in self._unplaced if h not in self._slot_of)
+        return (dict(self._slot_of), unplaced_only, self.slot_hash.copy(),
                 self.slot_parent.copy(), self.slot_has_parent.copy(), self.slot_depth.copy(),
                 self.block_size)
 
@@ -221,7 +253,8 @@ class MirrorPool(Pool):
         return forest_of(self.forest_snapshot(), top)
 
     def _extra_stats(self) -> dict:
-        out = {"mirror": {**self.mirror_counters, "cached_blocks": len(self._slot_of) + len(self._unplaced),
+        out = {"mirror": {**self.mirror_counters, "cached_blocks": len(self.cached_hashes()),
+                          "copies": self.used_blocks + sum(u[1] for u in self._unplaced.values()),
                           "block_size": self.block_size, "logical_slots": True}}
         if self.source is not None:
             out["mirror"]["source"] = self.source.status()
@@ -239,17 +272,25 @@ class MirrorPool(Pool):
         states = self.blockmap.states_np()
         owners = self.blockmap.owners_np()
         occupied = np.zeros(self.num_blocks, dtype=np.bool_)
-        for h, s in self._slot_of.items():
+        held = [(h, s) for h, s in self._slot_of.items()]
+        held += [(h, s) for h, slots in self._extra.items() for s in slots]
+        for h, more in self._extra.items():
+            if h not in self._slot_of:
+                problems.append(f"hash {h:016x} has extra copies but no first one")
+            if not more:
+                problems.append(f"hash {h:016x} has an empty list of extra copies")
+        for h, s in held:
             if not 0 <= s < self.num_blocks:
                 problems.append(f"hash {h:016x} on slot {s} outside the pool")
                 continue
             if occupied[s]:
-                problems.append(f"slot {s} holds two hashes")
+                problems.append(f"slot {s} holds two copies")
             occupied[s] = True
             if int(self.slot_hash[s]) != h:
                 problems.append(f"slot {s} records hash {int(self.slot_hash[s]):016x}, not {h:016x}")
-            if h in self._unplaced:
-                problems.append(f"hash {h:016x} is both placed and unplaced")
+        for h, (_parent, n) in self._unplaced.items():
+            if n <= 0:
+                problems.append(f"hash {h:016x} has {n} unplaced copies")
         in_free = np.zeros(self.num_blocks, dtype=np.bool_)
         free = np.frombuffer(self._free, dtype=np.int32)
         in_free[free] = True

@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 
 from .blockmap import CACHED, FREE, NO_OWNER, PINNED, STATE_NAMES, USED, BlockMap
-from .errors import InvalidRequest, NotFound, OutOfMemory, positive_int
+from .errors import ExceedsCapacity, InvalidRequest, NotFound, OutOfMemory, positive_int
 from .events import EventLog, stored_ids
 from .geometry import ModelGeometry, size_in_bytes
 from .history import DEFAULT_HISTORY_BYTES, History
@@ -97,7 +97,8 @@ class Pool(ABC):
 
     Subclasses keep their own free structure and per-allocation records (`_allocs`: id ->
     record whose first item is the requested bytes) and implement `_allocate`, `_extend`,
-    `_truncate`, `_release`, `_block_ids`, `_compact` (returns the data moves as (src, dst,
+    `_truncate` (may return the block ids it freed, for the event), `_release`, `_block_ids`,
+    `_compact` (returns the data moves as (src, dst,
     count) runs in an order safe to apply one after another, and whether sources and
     destinations are disjoint), `_free_lengths`, `_free_problems`, `_reset_free_structure` and
     `used_blocks`. Allocation ids are positive ints, never reused within a pool's life.
@@ -546,7 +547,13 @@ class Pool(ABC):
             raise InvalidRequest(f"size must be positive, got {nbytes} bytes")
         raise InvalidRequest(f"size must be an integer number of bytes, got {nbytes!r}")
 
-    def _oom(self, requested: int, free_bytes: int, largest_free: int, cause: str) -> OutOfMemory:
+    def _oom(self, requested: int, free_bytes: int, largest_free: int, cause: str,
+             one_request: bool = True) -> OutOfMemory | ExceedsCapacity:
+        """The error for a refused request: ExceedsCapacity when one request exceeds the whole
+        pool (it never fits; not counted as an OOM), else OutOfMemory (counted, logged). A batch
+        (`one_request=False`) is an OOM like the calls it stands for."""
+        if one_request and requested > self.capacity_bytes:
+            return ExceedsCapacity(requested, self.capacity_bytes)
         self.counters["ooms_" + cause] += 1
         self.events.record("oom", requested, free_bytes, largest_free, cause)
         return OutOfMemory(requested, free_bytes, largest_free, cause)

@@ -183,6 +183,32 @@ class RecordedHistory:
         return self._view
 
 
+class RecordedEvents:
+    """The newest events of a recording, read like an EventLog (never written)."""
+
+    def __init__(self, rows: list[tuple], last_seq: int) -> None:
+        self._rows = rows
+        self.last_seq = last_seq
+        self.capacity = len(rows)
+
+    def raw_after(self, seq: int) -> list[tuple]:
+        return [r for r in self._rows if r[0] > seq]
+
+    def after(self, seq: int = 0, limit: int = 1000, kinds=None, block_ids: bool = True) -> list[dict]:
+        from .events import event_dict
+
+        out = []
+        for row in self._rows:
+            if row[0] > seq and (kinds is None or row[2] in kinds):
+                out.append(event_dict(row))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
 class RecordedPool:
     """A recording served like a pool, read-only: its block map, numbers and the newest events
     are those at the recording's last event; `history` replays any point of it. Any other
@@ -194,7 +220,6 @@ class RecordedPool:
 
     def __init__(self, path: str | Path, name: str | None = None) -> None:
         from .blockmap import BlockMap
-        from .events import EventLog
 
         meta, view = read_recording(path)
         self.path = str(path)
@@ -212,10 +237,8 @@ class RecordedPool:
         self.blockmap = BlockMap(self.num_blocks)
         self.blockmap.owners_np()[:] = rep.owner
         self.blockmap.states_np()[:] = rep.state
-        self.events = EventLog(10_000)
-        for row in view.rows(max(view.first_seq, view.last_seq - 10_000), view.last_seq):
-            self.events._append(row)
-        self.events.last_seq = view.last_seq
+        self.events = RecordedEvents(list(view.rows(max(view.first_seq, view.last_seq - 10_000),
+                                                    view.last_seq)), view.last_seq)
 
     def __getattr__(self, name: str):
         raise ReadOnly(f"pool {self.__dict__.get('name', '?')!r} is a recording (read-only): "

@@ -1,8 +1,11 @@
-"""Bearer-token auth: required on mutating calls and the websocket when `KVSCOPE_TOKEN` is set.
+"""Bearer-token auth: when `KVSCOPE_TOKEN` is set (or generated, app/cli.py), every request to
+`/api/...` and `/ws/...` needs it; only the pages, `/healthz`, `/metrics` and the static files
+stay open (`PUBLIC_PATHS`). Checked by app/security.py for every route, so a new route is gated
+unless it is added here on purpose (tests/app/test_api_auth.py enumerates the router).
 
-Mutating calls are every POST/PUT/DELETE, and the reads that change state: the entry GET
-touches the entry (LRU order, hit/miss counters, TTL eviction, events), so its route adds
-`Depends(check_token)`. Other GETs, /metrics and /healthz stay open.
+REST and websocket compare the token the same way (`token_problem`): surrounding whitespace is
+ignored, an empty value counts as missing (401 / close 4401), anything else that differs is
+wrong (403 / close 4403), compared in constant time on the UTF-8 bytes.
 """
 
 from __future__ import annotations
@@ -15,32 +18,50 @@ from .errors import ApiError
 
 MUTATING = frozenset({"POST", "PUT", "DELETE", "PATCH"})
 
+# Paths answered without the token: they reveal no keys, no stored bytes, no allocations.
+PUBLIC_PATHS = frozenset({"/", "/docs", "/openapi.json", "/healthz", "/metrics"})
+PUBLIC_PREFIXES = ("/static/",)
+
+
+def is_public(path: str) -> bool:
+    return path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+
+
+def presented_token(authorization: str | None, query_token: str | None = None) -> str | None:
+    """The token a request presents: the Authorization header's Bearer value, else `?token=`.
+    None when neither carries one (an empty value is none); "" for another auth scheme."""
+    if authorization and authorization.strip():
+        scheme, _, value = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer":
+            return ""
+        return value.strip() or None
+    if query_token is not None:
+        return query_token.strip() or None
+    return None
+
 
 def token_problem(expected: str | None, authorization: str | None, query_token: str | None = None) -> int:
     """0 when allowed, else the HTTP status to refuse with (401 missing or empty, 403 wrong)."""
     if not expected:
         return 0
-    given = None
-    if authorization:
-        scheme, _, value = authorization.partition(" ")
-        given = (value.strip() or None) if scheme.lower() == "bearer" else ""
-    if given is None and query_token is not None:
-        given = query_token
+    given = presented_token(authorization, query_token)
     if given is None:
         return 401
-    return 0 if hmac.compare_digest(given.encode(), expected.encode()) else 403
+    return 0 if hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode()) else 403
+
+
+def token_error(status: int) -> ApiError:
+    if status == 401:
+        return ApiError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)")
+    return ApiError(403, "forbidden", "wrong bearer token")
 
 
 async def require_token(request: Request) -> None:
-    """Router dependency: lets reads through, checks the token on POST/PUT/DELETE."""
-    if request.method in MUTATING:
-        await check_token(request)
+    """Router dependency kept for routers that name it; app/security.py already checked."""
 
 
 async def check_token(request: Request) -> None:
     """Refuse the request unless it carries the token (when one is set). Raises ApiError 401/403."""
     status = token_problem(request.app.state.settings.token, request.headers.get("authorization"))
-    if status == 401:
-        raise ApiError(401, "unauthorized", "missing bearer token (Authorization: Bearer <token>)")
-    if status == 403:
-        raise ApiError(403, "forbidden", "wrong bearer token")
+    if status:
+        raise token_error(status)

@@ -10,10 +10,13 @@ import sys
 def serve(argv: list[str], opening: bool = False) -> int:
     """`kvscope serve`, or with `opening`, `kvscope open FILE...` (the files served read-only)."""
     import dataclasses
+    import secrets
 
     import uvicorn
 
+    from .http_protocol import MAX_HEAD_BYTES, KVScopeH11Protocol
     from .main import create_app
+    from .security import WILDCARD_BINDS, is_loopback_bind
     from .settings import SettingsError, check_device, get_settings
 
     try:
@@ -32,6 +35,8 @@ def serve(argv: list[str], opening: bool = False) -> int:
     parser.add_argument("--port", type=int, default=settings.port)
     parser.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: KVSCOPE_DEVICE, auto)")
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--no-token", action="store_true",
+                        help="listen beyond loopback without a token (none is generated); not recommended")
     parser.add_argument("--publish", metavar="ENDPOINT",
                         help="the default pool caches prefixes and publishes its KV events here, "
                              "in vLLM's format (e.g. tcp://*:5557)")
@@ -53,6 +58,13 @@ def serve(argv: list[str], opening: bool = False) -> int:
                 print(f"kvscope open: {exc}", file=sys.stderr)
                 return 2
         settings = dataclasses.replace(settings, open_recordings=tuple(args.files))
+    if settings.token is None and not args.no_token and not is_loopback_bind(args.host):
+        # As Jupyter does: reachable from other machines means a token, printed once.
+        settings = dataclasses.replace(settings, token=secrets.token_urlsafe(24))
+        shown = "localhost" if args.host in WILDCARD_BINDS else args.host
+        print(f"kvscope serve: listening on {args.host}:{args.port}, beyond loopback, so a token is "
+              f"required (set KVSCOPE_TOKEN to choose it):\n    {settings.token}\n"
+              f"    open http://{shown}:{args.port}/?token={settings.token}", file=sys.stderr, flush=True)
     # What would only fail in the startup hook (with a traceback) is checked here, in one line.
     try:
         check_device(device, "KVSCOPE_DEVICE" if args.device is None else "--device")
@@ -69,12 +81,18 @@ def serve(argv: list[str], opening: bool = False) -> int:
         except ValueError as exc:
             print(f"kvscope serve: {exc}", file=sys.stderr)
             return 2
+    KVScopeH11Protocol.head_timeout_s = settings.head_timeout_s
     # Everything imported so far (torch, numpy, FastAPI: hundreds of thousands of objects) lives
     # as long as the process; freezing it keeps the cyclic GC's full collections from rescanning
     # it every time allocations and events age into the old generation.
     gc.freeze()
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                ws_per_message_deflate=False)
+                ws_per_message_deflate=False,
+                http=KVScopeH11Protocol,  # request-head timeout, JSON answer to malformed HTTP
+                h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+                timeout_keep_alive=5,
+                ws_max_size=64 * 1024,  # clients send nothing the server reads
+                ws_ping_interval=20.0, ws_ping_timeout=20.0)
     return 0
 
 

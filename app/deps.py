@@ -6,17 +6,22 @@ which costs more than the allocator call it guards.
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Path, Request
 
 from allocator import KVCache
+from allocator.errors import NotFound
 
 from .operations import cache_of, refuse_cache_entry  # noqa: F401 - their old home; kept importable
 from .registry import PoolHandle, Registry
 from .schemas import POOL_NAME_PATTERN, Key
 from .settings import Settings
 from .stream import Hub
+
+T = TypeVar("T")
 
 
 async def get_registry(request: Request) -> Registry:
@@ -38,12 +43,35 @@ PoolName = Annotated[str, Path(pattern=POOL_NAME_PATTERN, description="pool name
 EntryKey = Annotated[Key, Path(description="cache key", examples=["session-1"])]
 
 
-async def get_pool(pool: PoolName, registry: RegistryDep) -> PoolHandle:
-    """The pool named in the path. Raises NotFound (404)."""
+async def find_pool(pool: PoolName, registry: RegistryDep) -> PoolHandle:
+    """The pool named in the path, without its lock. Raises NotFound (404)."""
     return registry.get(pool)
 
 
-PoolDep = Annotated[PoolHandle, Depends(get_pool)]
+async def get_pool(pool: PoolName, registry: RegistryDep) -> AsyncIterator[PoolHandle]:
+    """The pool named in the path, its lock held while the route runs. Raises NotFound (404).
+
+    NOTE: holding the lock is what lets O(pool) calls (check, defragment, the JSON block map)
+    run in a worker thread (`run_locked`): no other route of this pool, workload tick or
+    stream tick touches the pool meanwhile. Uncontended, taking it never yields to the loop.
+    `scope="function"` releases it when the route returns, before the answer is written, so
+    a slow reader of a response cannot hold the pool.
+    """
+    handle = registry.get(pool)
+    async with handle.lock:
+        if registry.find(pool) is not handle:  # deleted (or replaced) while we waited
+            raise NotFound("pool", pool)
+        yield handle
+
+
+PoolDep = Annotated[PoolHandle, Depends(get_pool, scope="function")]
+UnlockedPoolDep = Annotated[PoolHandle, Depends(find_pool)]
+
+
+async def run_locked(fn: Callable[[], T]) -> T:
+    """Run `fn` (O(pool) work) in a worker thread; the caller holds the pool's lock (PoolDep),
+    so the event loop keeps serving /healthz, other pools and the streams meanwhile."""
+    return await asyncio.to_thread(fn)
 
 
 async def get_cache(handle: PoolDep) -> KVCache:
@@ -52,4 +80,12 @@ async def get_cache(handle: PoolDep) -> KVCache:
 
 
 CacheDep = Annotated[KVCache, Depends(get_cache)]
+
+
+async def get_cache_unlocked(handle: UnlockedPoolDep) -> KVCache:
+    """As `get_cache`, without the pool's lock (a route that awaits a body takes it itself)."""
+    return cache_of(handle.pool)
+
+
+UnlockedCacheDep = Annotated[KVCache, Depends(get_cache_unlocked)]
 

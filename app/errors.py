@@ -30,7 +30,8 @@ STATUS_OF: tuple[tuple[type[KVScopeError], int], ...] = (
 
 HTTP_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
               405: "method_not_allowed", 406: "not_acceptable", 409: "conflict",
-              413: "too_large", 415: "unsupported_media_type", 422: "invalid_request"}
+              413: "too_large", 415: "unsupported_media_type", 422: "invalid_request",
+              431: "headers_too_large"}
 
 
 # FastAPI's detail on the 400 it raises when reading a JSON body fails other than by a decode error.
@@ -112,8 +113,29 @@ async def handle_http(request: Request, exc: StarletteHTTPException) -> JSONResp
     if exc.status_code == 400 and exc.detail == BODY_PARSE_FAILED:
         return _unparsable_body(exc.__cause__)
     code = HTTP_CODES.get(exc.status_code, "error")
-    return JSONResponse(error_body(code, str(exc.detail)), exc.status_code,
-                        headers=getattr(exc, "headers", None))
+    headers = getattr(exc, "headers", None)
+    if exc.status_code == 405:
+        allow = allowed_methods(request)
+        headers = {**(headers or {}), "Allow": ", ".join(allow)}
+        return JSONResponse(error_body(code, f"{request.method} is not allowed here; use {', '.join(allow)}",
+                                       {"allow": allow}), 405, headers=headers)
+    return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, headers=headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route answers on this path (HEAD with GET: app/head.py), sorted.
+    Starlette's own 405 names only the first route that matched the path."""
+    path = request.url.path
+    methods: set[str] = set()
+    from .routing_index import flat_routes
+
+    for route in flat_routes(request.app):
+        regex = getattr(route, "path_regex", None)
+        if regex is not None and getattr(route, "methods", None) and regex.match(path):
+            methods |= set(route.methods)
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
 
 
 def _unparsable_body(cause: BaseException | None) -> JSONResponse:

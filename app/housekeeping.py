@@ -23,7 +23,7 @@ def sweep(registry: Registry) -> int:
     reaped = 0
     for handle in registry:
         cache = handle.cache
-        if cache is None:
+        if cache is None or handle.lock.locked():  # a worker thread may hold it (app/deps.py)
             continue
         try:
             reaped += len(cache.expire())

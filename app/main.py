@@ -14,14 +14,18 @@ from allocator.recording import RecordedPool
 from . import __version__
 from .auth import require_token
 from .errors import install_error_handlers
+from .head import HeadMiddleware
 from .housekeeping import Housekeeper
+from .instance import Instance
 from .limits import BodyLimitMiddleware
 from .metrics import LatencyMiddleware, Metrics
+from .openapi import install_openapi
 from .pages import mount_static
 from .pages import router as pages_router
 from .recordings import Recordings, pool_name_for
 from .registry import Registry
 from .routes import allocations, entries, history, meta, ops, pools, recordings, stream, workload
+from .security import SecurityMiddleware
 from .settings import Settings, get_settings
 from .stream import Hub
 
@@ -73,8 +77,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings = settings
+    app.state.instance = Instance.new()
     app.state.registry = Registry(settings)
-    app.state.hub = Hub(settings.stream_interval_s)
+    app.state.instance = Instance.new()
+    app.state.hub = Hub(settings.stream_interval_s, app.state.instance, settings)
     app.state.recordings = Recordings(settings.recordings_dir, app.state.registry)
     app.state.housekeeper = Housekeeper(app.state.registry)
     app.state.metrics = Metrics(app.state.registry)
@@ -85,14 +91,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(pages_router)
     mount_static(app)
 
-    @app.get("/healthz", tags=["ops"])
-    async def healthz() -> dict:
-        return {"ok": True}
+    @app.get("/healthz", tags=["ops"], description=(
+        "Liveness, and which server process answers: `instance_id` changes when the server "
+        "restarts (pools, history and workloads are in memory only and start afresh)."))
+    async def healthz(request: Request) -> dict:
+        return {"ok": True, **request.app.state.instance.describe()}
 
     @app.get("/metrics", tags=["ops"], response_class=Response)
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    install_openapi(app)
+    # Added innermost first: Security (outermost) -> Latency -> BodyLimit -> Head -> the app.
+    app.add_middleware(HeadMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_body=settings.max_body)
     app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
+    app.add_middleware(SecurityMiddleware, settings=settings)
     return app

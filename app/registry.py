@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from allocator import MirrorPool, Pool, PoolSpec
-from allocator.errors import Conflict, NotFound, TooLarge
+from allocator.errors import Conflict, ExceedsCapacity, NotFound, TooLarge
 from allocator.history import DEFAULT_HISTORY_BYTES
 
-from .settings import Settings
+from .settings import Settings, total_pool_cap
 
 if TYPE_CHECKING:
     from allocator import KVCache
@@ -96,7 +96,12 @@ class Registry:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.total_cap = total_pool_cap(settings)  # bytes all pools together may hold
         self._pools: dict[str, PoolHandle] = {}
+
+    def total_bytes(self) -> int:
+        """Bytes of all pools together (what `total_cap` bounds)."""
+        return sum(h.pool.capacity_bytes for h in self._pools.values())
 
     def __contains__(self, name: str) -> bool:
         return name in self._pools
@@ -136,6 +141,13 @@ class Registry:
         if len(self._pools) >= s.max_pools:
             raise Conflict(f"at most {s.max_pools} pools; delete one first")
         spec.check_caps(s.max_blocks, s.max_pool_bytes)  # before any memory is taken
+        planned = spec.capacity_bytes
+        if planned > self.total_cap:
+            raise ExceedsCapacity(planned, self.total_cap, "server (KVSCOPE_MAX_TOTAL_BYTES)")
+        held = self.total_bytes()
+        if held + planned > self.total_cap:
+            raise Conflict(f"pools already hold {held} of the server's {self.total_cap} bytes "
+                           f"(KVSCOPE_MAX_TOTAL_BYTES): {planned} more do not fit; delete a pool first")
         if spec.history_bytes == DEFAULT_HISTORY_BYTES and s.history_bytes != DEFAULT_HISTORY_BYTES:
             spec = dataclasses.replace(spec, history_bytes=s.history_bytes)
         handle = PoolHandle(spec.name, spec.build())

@@ -333,6 +333,8 @@ class PolicyOut(BaseModel):
 class EventList(BaseModel):
     events: list[dict]
     last_seq: int
+    instance_id: str = Field(description="the server process that answered (app/instance.py)")
+    started_at: float = Field(description="when it started, Unix seconds")
 
 
 class BlockMapOut(BaseModel):

@@ -38,6 +38,14 @@ def _env_int(name: str, default: int, low: int = 0, high: int | None = None) -> 
     return value
 
 
+def _env_list(name: str) -> tuple[str, ...] | None:
+    """A comma-separated variable as a tuple of lowercase items, or None when unset."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    return tuple(item.strip().lower().rstrip("/") for item in raw.split(",") if item.strip())
+
+
 def check_device(device: str, source: str) -> str:
     """`device` when it is well formed and this host has it. Raises SettingsError naming
     `source` (the variable or flag it came from)."""
@@ -69,6 +77,19 @@ class Settings:
     max_batch: int = 10_000
     max_body: int = 16 * MIB
     stream_interval_s: float = 0.05
+    # Security (app/security.py): hosts and origins besides the server's own; "*" allows any.
+    # None means "derive from `host`": loopback names, plus any name when listening on all
+    # interfaces (a token is then generated unless one is set; app/cli.py).
+    allowed_hosts: tuple[str, ...] | None = None
+    allowed_origins: tuple[str, ...] = ()
+    # Sum of all pools' bytes; 0 = a fraction of the default device's memory (total_pool_cap).
+    max_total_bytes: int = 0
+    # Stream clients (app/stream.py): per pool, over all pools, and how long a client's socket
+    # may stay unwritable before it is dropped.
+    max_stream_clients: int = 64
+    max_stream_clients_per_pool: int = 16
+    stream_stall_s: float = 5.0
+    head_timeout_s: float = 10.0  # a connection must send a complete request head this soon
     recordings_dir: str = "recordings"  # where POST .../recording writes its .kvrec files
     history_bytes: int = 64 * MIB  # each pool's in-memory history budget (0: no history)
     open_recordings: tuple[str, ...] = ()  # recording files served read-only (kvscope open)
@@ -88,6 +109,13 @@ class Settings:
             max_pools=_env_int("KVSCOPE_MAX_POOLS", 32, 1),  # the default pool needs one
             max_batch=_env_int("KVSCOPE_MAX_BATCH", 10_000),
             max_body=_env_int("KVSCOPE_MAX_BODY", 16 * MIB),
+            allowed_hosts=_env_list("KVSCOPE_ALLOWED_HOSTS"),
+            allowed_origins=_env_list("KVSCOPE_ALLOWED_ORIGINS") or (),
+            max_total_bytes=_env_int("KVSCOPE_MAX_TOTAL_BYTES", 0),
+            max_stream_clients=_env_int("KVSCOPE_MAX_STREAM_CLIENTS", 64, 1),
+            max_stream_clients_per_pool=_env_int("KVSCOPE_MAX_STREAM_CLIENTS_PER_POOL", 16, 1),
+            stream_stall_s=_env_int("KVSCOPE_STREAM_STALL_MS", 5000, 100) / 1000,
+            head_timeout_s=_env_int("KVSCOPE_HEAD_TIMEOUT_MS", 10_000, 100) / 1000,
             recordings_dir=os.environ.get("KVSCOPE_RECORDINGS_DIR") or "recordings",
             history_bytes=_env_int("KVSCOPE_HISTORY_BYTES", 64 * MIB),
         )
@@ -102,12 +130,38 @@ class Settings:
             raise SettingsError(f"the default pool's {blocks} x {self.default_block_bytes} bytes exceed "
                                 f"KVSCOPE_MAX_POOL_BYTES={self.max_pool_bytes} "
                                 "(set KVSCOPE_DEFAULT_BLOCKS or KVSCOPE_DEFAULT_BLOCK_BYTES)")
+        total = total_pool_cap(self)
+        if blocks * self.default_block_bytes > total:
+            raise SettingsError(f"the default pool's {blocks} x {self.default_block_bytes} bytes exceed the "
+                                f"server's total of {total} bytes (KVSCOPE_MAX_TOTAL_BYTES)")
 
     def default_pool_blocks(self, device: str) -> int:
         """Blocks of the `default` pool: 4,096 x 4 KiB (16 MiB) on a CPU, 65,536 on a GPU."""
         if self.default_blocks > 0:
             return self.default_blocks
         return 65_536 if device.startswith("cuda") else 4_096
+
+
+# Share of the device's memory (system RAM for a CPU) all pools together may take by default.
+TOTAL_POOL_SHARE = 0.5
+
+
+def device_memory_bytes(device: str) -> int:
+    """Total memory of `device` ("cpu": system RAM; "cuda:N": that GPU's memory)."""
+    if device.startswith("cuda"):
+        import torch
+
+        index = int(device.partition(":")[2] or 0)
+        return int(torch.cuda.get_device_properties(index).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def total_pool_cap(settings: Settings) -> int:
+    """Bytes all pools together may hold: KVSCOPE_MAX_TOTAL_BYTES, else TOTAL_POOL_SHARE of the
+    default device's memory."""
+    if settings.max_total_bytes > 0:
+        return settings.max_total_bytes
+    return int(device_memory_bytes(str(resolve_device(settings.device))) * TOTAL_POOL_SHARE)
 
 
 @lru_cache(maxsize=1)

@@ -88,14 +88,33 @@ def with_counter(frame: bytes, counter: int) -> bytes:
 
 def blockmap_runs(bm: BlockMap) -> list[list[int]]:
     """The whole map run-length encoded as [start, count, owner, state] (numpy, O(blocks))."""
+    return blockmap_runs_array(bm).tolist()
+
+
+def blockmap_runs_array(bm: BlockMap) -> np.ndarray:
+    """`blockmap_runs` as an (n, 4) int64 array: a copy, independent of the live map."""
     owners = bm.owners_np()
     states = bm.states_np()
     if bm.num_blocks == 0:
-        return []
+        return np.zeros((0, 4), dtype=np.int64)
     change = np.flatnonzero((owners[1:] != owners[:-1]) | (states[1:] != states[:-1])) + 1
     starts = np.concatenate(([0], change))
     counts = np.diff(np.concatenate((starts, [bm.num_blocks])))
-    return np.stack([starts, counts, owners[starts], states[starts]], axis=1).tolist()
+    return np.stack([starts, counts, owners[starts].astype(np.int64), states[starts].astype(np.int64)], axis=1)
+
+
+RUNS_PER_CHUNK = 16_384
+
+
+def json_runs_chunks(head: dict, runs: np.ndarray):
+    """`{**head, "runs": [[start, count, owner, state], ...]}` as JSON, in chunks of
+    RUNS_PER_CHUNK runs: a 1M-block map is never one 19 MB string."""
+    opening = json.dumps(head, separators=(",", ":"))[:-1]
+    yield (opening + (',"runs":[' if head else '{"runs":[')).encode()
+    for at in range(0, len(runs), RUNS_PER_CHUNK):
+        part = json.dumps(runs[at:at + RUNS_PER_CHUNK].tolist(), separators=(",", ":"))[1:-1]
+        yield ((',' if at else '') + part).encode()
+    yield b"]}"
 
 
 def dumps(msg: dict) -> str:
@@ -153,9 +172,10 @@ class Client:
 class PoolStream:
     """The stream of one pool: its clients and the task that feeds them."""
 
-    def __init__(self, handle, interval_s: float) -> None:
+    def __init__(self, handle, interval_s: float, instance: dict | None = None) -> None:
         self.handle = handle
         self.interval_s = interval_s
+        self.instance = instance or {}  # app/instance.py: instance_id, started_at
         self.clients: set[Client] = set()
         self.since = handle.pool.blockmap.checkpoint()  # the block map's reader checkpoint
         self.seq = handle.pool.events.last_seq
@@ -172,7 +192,7 @@ class PoolStream:
         pool = self.handle.pool
         return {"type": "hello", "protocol": PROTOCOL_VERSION, "pool": pool.config(),
                 "states": {str(k): v for k, v in STATE_NAMES.items()},
-                "last_event_seq": pool.events.last_seq, "meta": META}
+                "last_event_seq": pool.events.last_seq, "meta": META, **self.instance}
 
     def join(self) -> Client:
         """A new client, queued with hello + snapshot (synchronously: no delta can slip between)."""
@@ -232,6 +252,9 @@ class PoolStream:
         pool = self.handle.pool
         bm, events = pool.blockmap, pool.events
         cache = pool.cache  # TTL expiry is app/housekeeping.py's, not the stream's
+        if self.handle.lock.locked():
+            # A worker thread holds the pool (app/deps.py run_locked); read it next tick.
+            return
         if not self.clients:  # nobody listens; `join` takes a fresh checkpoint
             return
         # Chunks stamped since the last checkpoint; a numpy scan of one u32 per 64 blocks.
@@ -274,13 +297,32 @@ class PoolStream:
 
 
 class Hub:
-    """All pool streams of one app; attached when a pool is created, detached when dropped."""
+    """All pool streams of one app; attached when a pool is created, detached when dropped.
 
-    def __init__(self, interval_s: float = 0.05) -> None:
+    It admits clients up to `max_clients` in all and `max_per_pool` on one pool (`refusal`);
+    `stall_s` is how long a client's socket may stay unwritable before it is dropped.
+    """
+
+    def __init__(self, interval_s: float = 0.05, instance=None, settings=None) -> None:
         self.interval_s = interval_s
+        self.instance = instance.describe() if instance is not None else {}
+        self.max_clients = settings.max_stream_clients if settings is not None else 64
+        self.max_per_pool = settings.max_stream_clients_per_pool if settings is not None else 16
+        self.stall_s = settings.stream_stall_s if settings is not None else 5.0
+        self.streams: set[PoolStream] = set()
+
+    def refusal(self, stream: PoolStream) -> str | None:
+        """Why one more client may not join `stream`, or None when it may."""
+        if len(stream.clients) >= self.max_per_pool:
+            return (f"too many stream clients on pool {stream.handle.name!r} "
+                    f"({self.max_per_pool}, KVSCOPE_MAX_STREAM_CLIENTS_PER_POOL); try again later")
+        if sum(len(s.clients) for s in self.streams) >= self.max_clients:
+            return f"too many stream clients ({self.max_clients}, KVSCOPE_MAX_STREAM_CLIENTS); try again later"
+        return None
 
     def attach(self, handle) -> PoolStream:
-        stream = PoolStream(handle, self.interval_s)
+        stream = PoolStream(handle, self.interval_s, self.instance)
+        self.streams.add(stream)
         handle.stream = stream
         stream.task = asyncio.get_running_loop().create_task(stream.run(), name=f"stream:{handle.name}")
         return stream
@@ -293,6 +335,7 @@ class Hub:
         from .runner import stop_workload
 
         await stop_workload(handle)
+        self.streams.discard(stream)
         await detach_links(handle)
         stream.close(reason)
         if stream.task is not None:

@@ -5,6 +5,8 @@
 2. blocks/s through the batch endpoint (aim >= 1M).
 3. a 1,000,000-block pool, 10 websocket clients, ~5,000 ops/s: time from a REST op to the delta
    that shows it (median aim < 100 ms), delta bytes per changed run, the server's CPU share.
+4. /healthz p99 while `check` and the JSON block map of a fragmented 1M-block pool run (in a
+   worker thread under the pool's lock), against idle /healthz p99 in the same run (ratio).
 
 Run: .venv/bin/python -m bench.bench_server   (or python bench/bench_server.py); < 2 minutes.
 """
@@ -261,6 +263,66 @@ def bench_stream(url: str, pid: int) -> dict:
             "server_cpu_share": cpu}
 
 
+# -- 4. /healthz while an O(pool) call runs -------------------------------------------------------
+CHECK_BLOCKS = 1_000_000
+
+
+def _fragment(c: httpx.Client, name: str) -> None:
+    """A 1M-block paged pool holding 500,000 one-block allocations, every other block free."""
+    c.post("/api/pools", json={"name": name, "num_blocks": CHECK_BLOCKS, "block_bytes": 16})
+    for _ in range(CHECK_BLOCKS // 10_000):
+        res = c.post(f"/api/pools/{name}/ops", json={"ops": [{"op": "allocate", "bytes": 16}] * 10_000})
+        ids = [r["id"] for r in res.json()["results"]]
+        c.post(f"/api/pools/{name}/ops", json={"ops": [{"op": "free", "id": i} for i in ids[::2]]})
+
+
+async def _healthz_latencies(url: str, seconds: float, busy: threading.Event | None = None) -> list[float]:
+    host, port = url.removeprefix("http://").split(":")
+    client = RawClient(host, int(port))
+    await client.open()
+    out: list[float] = []
+    stop = time.perf_counter() + seconds
+    while time.perf_counter() < stop:
+        t0 = time.perf_counter()
+        await client.request("GET", "/healthz")
+        if busy is None or busy.is_set():
+            out.append(time.perf_counter() - t0)
+        await asyncio.sleep(0.002)
+    client.close()
+    return out
+
+
+def bench_long_calls(url: str) -> dict:
+    """/healthz p99 while `check` (and the JSON block map) of a fragmented 1M-block pool run,
+    against idle /healthz p99 in the same run."""
+    with httpx.Client(base_url=url, timeout=120) as c:
+        _fragment(c, "frag")
+        idle = asyncio.run(_healthz_latencies(url, 2.0))
+        busy, durations, stop = threading.Event(), {"check": [], "blockmap": []}, threading.Event()
+
+        def hammer() -> None:
+            while not stop.is_set():
+                for name, path in (("check", "/api/pools/frag/check"), ("blockmap", "/api/pools/frag/blockmap?format=json")):
+                    busy.set()
+                    t0 = time.perf_counter()
+                    r = c.get(path)
+                    durations[name].append(time.perf_counter() - t0)
+                    assert r.status_code == 200, r.text[:200]
+                    busy.clear()
+
+        worker = threading.Thread(target=hammer)
+        worker.start()
+        during = asyncio.run(_healthz_latencies(url, 8.0, busy))
+        stop.set()
+        worker.join()
+        c.delete("/api/pools/frag")
+    return {"idle_p99_ms": pct(idle, 99) * 1e3, "busy_p99_ms": pct(during, 99) * 1e3,
+            "busy_max_ms": max(during) * 1e3 if during else float("nan"), "samples": len(during),
+            "check_s": float(np.median(durations["check"])) if durations["check"] else float("nan"),
+            "blockmap_s": float(np.median(durations["blockmap"])) if durations["blockmap"] else float("nan"),
+            "ratio": pct(during, 99) / pct(idle, 99)}
+
+
 def run() -> dict:
     proc, url = start_server()
     try:
@@ -286,8 +348,13 @@ def run() -> dict:
               f"({stream['delta_bytes_per_block']:.2f} bytes per changed block, snapshot = 5); "
               f"slow-client resyncs {stream['resync_snapshots']}; "
               f"server CPU {stream['server_cpu_share'] * 100:.0f}% of one core")
+        long_calls = bench_long_calls(url)
+        print(f"/healthz during a 1M-block check + JSON block map (fragmented, 500k allocations; check "
+              f"{long_calls['check_s']:.2f} s, blockmap {long_calls['blockmap_s']:.2f} s median): p99 "
+              f"{long_calls['busy_p99_ms']:.1f} ms (max {long_calls['busy_max_ms']:.1f}, {long_calls['samples']} "
+              f"samples) vs idle p99 {long_calls['idle_p99_ms']:.1f} ms: {long_calls['ratio']:.1f}x")
         print(f"total {time.perf_counter() - t0:.0f} s")
-        return {"requests": requests, "batch": batch, "stream": stream}
+        return {"requests": requests, "batch": batch, "stream": stream, "long_calls": long_calls}
     finally:
         proc.terminate()
         try:

@@ -97,7 +97,9 @@ def replay_into(path: str, pool, speed: float | None = None, apply=None, stop=No
             wait = (ts - t0) / speed - (time.monotonic() - start)
             if wait > 0 and (stop.wait(wait) if stop is not None else time.sleep(wait)):
                 break
-        if last is not None and seq <= last:
+        if last is not None and seq == last:
+            continue  # the same batch twice (a recording made by another tool)
+        if last is not None and seq < last:
             out["restarts"] += 1
             run(lambda: pool.apply([Cleared()]))
         elif last is not None and seq > last + 1:

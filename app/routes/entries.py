@@ -10,7 +10,7 @@ from allocator.errors import NotFound
 
 from .. import operations
 from ..auth import check_token
-from ..deps import CacheDep, EntryKey, PoolDep
+from ..deps import CacheDep, EntryKey, UnlockedCacheDep, UnlockedPoolDep
 from ..schemas import EntryList, EntryOut, EntryPut, PutOut
 
 router = APIRouter(prefix="/api/pools/{pool}/entries", tags=["entries"])
@@ -67,8 +67,9 @@ async def evict_entry(key: EntryKey, cache: CacheDep) -> Response:
         OCTET: {"schema": {"type": "string", "format": "binary"}}}}},
     description="Raw bytes written into the entry's device blocks (at most the entry's size).",
 )
-async def put_data(key: EntryKey, request: Request, handle: PoolDep, cache: CacheDep) -> Response:
+async def put_data(key: EntryKey, request: Request, handle: UnlockedPoolDep, cache: UnlockedCacheDep) -> Response:
     cache.peek(key)  # 404 before reading a body that has nowhere to go
+    # Not under the lock while the body arrives: a slow uploader must not hold the pool.
     payload = await request.body()
     async with handle.lock:  # the body was awaited: re-resolve the entry under the lock
         cache.write(key, payload)

@@ -89,7 +89,7 @@ async def history_events(
             responses={200: {"content": {"application/octet-stream": {}, "text/csv": {}}}})
 async def export(
     handle: PoolDep,
-    format: Annotated[Literal["memory_viz", "csv"], Query(description="memory_viz or csv")],
+    format: Annotated[Literal["memory_viz", "csv"], Query(description="memory_viz or csv")] = "csv",
 ) -> Response:
     """`memory_viz`: a pickle (protocol 4) shaped like `torch.cuda.memory._snapshot()` (one
     segment for the pool, `alloc` / `free_completed` traces) that `python -m

@@ -5,15 +5,16 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header, Query, Response, status
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from allocator import STATE_NAMES
 from allocator.errors import InvalidRequest
 from allocator.mirror import forest_of
 
 from .. import mirrors, operations
-from ..deps import CacheDep, HubDep, PoolDep, RegistryDep
+from ..deps import CacheDep, HubDep, PoolDep, RegistryDep, run_locked
+from ..errors import ApiError
 from ..schemas import (
     BlockMapOut,
     CheckOut,
@@ -27,7 +28,7 @@ from ..schemas import (
     ResetOut,
     StatsOut,
 )
-from ..stream import blockmap_runs, snapshot_frame
+from ..stream import blockmap_runs_array, json_runs_chunks, snapshot_frame
 from .history import AtSeq, blockmap_at, stats_at
 
 router = APIRouter(prefix="/api/pools", tags=["pools"])
@@ -64,12 +65,12 @@ async def delete_pool(handle: PoolDep, registry: RegistryDep, hub: HubDep) -> Re
 
 @router.post("/{pool}/reset", response_model=ResetOut)
 async def reset_pool(handle: PoolDep) -> dict:
-    return {"freed": handle.reset()}
+    return {"freed": await run_locked(handle.reset)}
 
 
 @router.post("/{pool}/defragment", response_model=DefragOut)
 async def defragment(handle: PoolDep) -> dict:
-    return operations.defragment(handle.pool)
+    return await run_locked(lambda: operations.defragment(handle.pool))
 
 
 @router.get("/{pool}/stats", response_model=StatsOut, response_model_exclude_unset=True)
@@ -83,18 +84,36 @@ async def pool_stats(handle: PoolDep, at_seq: AtSeq = None) -> dict:
 
 @router.get("/{pool}/check", response_model=CheckOut)
 async def check_pool(handle: PoolDep) -> dict:
-    problems = handle.check()
+    problems = await run_locked(handle.check)
     return {"ok": not problems, "problems": problems}
 
 
-@router.get("/{pool}/events", response_model=EventList)
+def check_all(pool) -> list[str]:
+    """The pool's and its cache's invariant problems (O(pool): run off the loop)."""
+    problems = pool.check()
+    if pool.cache is not None:
+        problems += pool.cache.check()
+    return problems
+
+
+@router.get("/{pool}/events", response_model=EventList, description=(
+    "Events with seq > `after`, oldest first. An `after` beyond `last_seq` is 409: that seq came "
+    "from an earlier server process (see `instance_id`) or an earlier pool of this name; the "
+    "history is volatile, so start again from `after=0`."))
 async def pool_events(
+    request: Request,
     handle: PoolDep,
     after: Annotated[int, Query(ge=0, le=1 << 62)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> dict:
     events = handle.pool.events
-    return {"events": events.after(after, limit), "last_seq": events.last_seq}
+    instance = request.app.state.instance.describe()
+    if after > events.last_seq:
+        raise ApiError(409, "history_reset",
+                       f"after={after} is beyond the last event seq {events.last_seq} of pool {handle.name!r}: "
+                       "the server restarted or the pool was recreated since; start again from after=0",
+                       {"after": after, "last_seq": events.last_seq, **instance})
+    return {"events": events.after(after, limit), "last_seq": events.last_seq, **instance}
 
 
 @router.get(
@@ -122,12 +141,11 @@ async def blockmap(
             raise InvalidRequest("at_seq answers in JSON only; use format=json")
         return JSONResponse(await blockmap_at(handle, at_seq))
     if format == "binary":
-        return Response(snapshot_frame(bm, 0), media_type="application/octet-stream")
-    return JSONResponse({
-        "num_blocks": bm.num_blocks,
-        "states": {str(k): v for k, v in STATE_NAMES.items()},
-        "runs": blockmap_runs(bm),
-    })
+        return Response(await run_locked(lambda: snapshot_frame(bm, 0)), media_type="application/octet-stream")
+    runs = await run_locked(lambda: blockmap_runs_array(bm))
+    head = {"num_blocks": bm.num_blocks, "states": {str(k): v for k, v in STATE_NAMES.items()}}
+    # Streamed in chunks by a worker thread (Starlette iterates a plain generator there).
+    return StreamingResponse(json_runs_chunks(head, runs), media_type="application/json")
 
 
 @router.get("/{pool}/forest", description="A mirror pool's prefix forest: roots, orphans, "

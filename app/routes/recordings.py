@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Path, Request, status
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from allocator.errors import Conflict, NotFound
+from allocator.errors import NotFound
 
 from ..auth import check_token
 from ..deps import HubDep, PoolDep, RegistryDep
@@ -46,12 +46,15 @@ async def start_recording(handle: PoolDep, request: Request, body: RecordingStar
 
 @router.get("/api/pools/{pool}/recording", summary="The pool's recording in progress")
 async def get_recording(handle: PoolDep, request: Request) -> dict:
+    """`recording` true with the file's name and progress while one runs; false (with `error`
+    when the last one stopped on its own, e.g. a full disk) otherwise."""
     recs = recordings_of(request)
     active = recs.active.get(handle.name)
     if active is None:
+        out = {"pool": handle.name, "recording": False}
         if handle.name in recs.failed:
-            raise Conflict(recs.failed[handle.name])
-        raise NotFound("recording of pool", handle.name)
+            out["error"] = recs.failed[handle.name]
+        return out
     return active[0].info() | {"name": active[0].path.stem}
 
 

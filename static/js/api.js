@@ -48,7 +48,8 @@ export async function api(method, path, body, retried = false) {
   const headers = {};
   const token = getToken();
   if (token) headers.Authorization = `Bearer ${token}`;
-  if (body !== undefined) headers["Content-Type"] = "application/json";
+  // The server refuses a POST without it, body or not (a cross-site form could send one).
+  if (body !== undefined || method === "POST") headers["Content-Type"] = "application/json";
   const res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   if ((res.status === 401 || res.status === 403) && !retried) {
     if (await onAuthRequired()) return api(method, path, body, true);
@@ -118,6 +119,8 @@ export function pool(name) {
     defragment: () => api("POST", `${base}/defragment`),
     check: () => api("GET", `${base}/check`),
     stats: () => api("GET", `${base}/stats`),
+    /** A mirror pool's prefix forest (roots, orphans, depth, most shared prefixes). */
+    forest: () => api("GET", `${base}/forest`),
     /** @param {import("./model.js").EventGap} gap */
     events: (gap) => api("GET", `${base}/events?after=${gap.after}&limit=${gap.limit}`),
     /** @param {Size} size */

@@ -111,7 +111,7 @@ export function createCompare(grid, env) {
     box.dataset.pool = name;
     box.innerHTML = `<div class="panel-head"><h2>${name}</h2><span class="conn small" data-state="connecting"><i></i><span></span></span></div>
       <div class="cmp-alerts"></div><div class="cmp-verdict" hidden></div><div class="cmp-numbers"></div>
-      <div class="cmp-spark"><span class="hint"><i class="sw" style="background:#4fc3f7"></i> utilization <i class="sw" style="background:#ef5350"></i> ${scatterFails(strategy) ? "external fragmentation" : "free-space scatter (harmless here)"}</span></div>
+      <div class="cmp-spark"><span class="hint"><i class="sw util"></i> utilization <i class="sw frag"></i> ${scatterFails(strategy) ? "external fragmentation" : "free-space scatter (harmless here)"}</span></div>
       <div class="cmp-map"></div>`;
     grid.appendChild(box);
     const model = new PoolModel();

@@ -2,7 +2,7 @@
 // It keeps one ImageData the size of the canvas and repaints only the rows a frame touched,
 // at most once per animation frame, with putImageData on that band of rows.
 
-import { escapeHtml } from "./dom.js";
+import { escapeHtml, paintSwatches } from "./dom.js";
 import { formatBytes } from "./model.js";
 
 /**
@@ -269,7 +269,7 @@ export function createHeatmap(root, model, opts = {}) {
   }
 
   function renderLegend() {
-    const sw = (css, label, cls = "") => `<span class="lg"><i class="sw ${cls}" style="background:${css}"></i>${label}</span>`;
+    const sw = (css, label, cls = "") => `<span class="lg"><i class="sw ${cls}" data-color="${css}"></i>${label}</span>`;
     if (mode === "heat") {
       legend.innerHTML =
         `<span class="lg"><i class="sw grad"></i>next to evict → last</span>` +
@@ -281,6 +281,7 @@ export function createHeatmap(root, model, opts = {}) {
         `<span class="lg"><i class="sw hues muted"></i>cached, evictable</span>` +
         `<span class="lg"><i class="sw pin"></i>pinned</span>`;
     }
+    paintSwatches(legend);
   }
 
   // -- hover tooltip ---------------------------------------------------------------------
@@ -303,7 +304,7 @@ export function createHeatmap(root, model, opts = {}) {
     const st = model.stateNames[model.state[i]] || "?";
     const lines = [`<b>block ${i.toLocaleString()}</b> <span class="st st-${st}">${st}</span>`];
     if (owner >= 0) {
-      lines.push(`<i class="sw" style="background:${ownerCss(owner)}"></i> owner <b>#${owner}</b>`);
+      lines.push(`<i class="sw" data-color="${ownerCss(owner)}"></i> owner <b>#${owner}</b>`);
       const key = (alloc && alloc.key) || model.keyById.get(owner);
       if (key) lines.push(`key <code>${escapeHtml(String(key))}</code>`);
       const rank = model.orderRank.get(owner);
@@ -337,6 +338,7 @@ export function createHeatmap(root, model, opts = {}) {
     const owner = model.owner[i];
     const known = owner >= 0 ? knownAlloc(owner) : null;
     tip.innerHTML = tipHtml(i, known);
+    paintSwatches(tip);
     tip.hidden = false;
     const box = root.getBoundingClientRect();
     let x = ev.clientX - box.left + 14;
@@ -363,7 +365,10 @@ export function createHeatmap(root, model, opts = {}) {
     }
     allocCache.set(want, { t: performance.now(), data });
     if (allocCache.size > 4096) allocCache.delete(/** @type {number} */ (allocCache.keys().next().value));
-    if (hoverBlock >= 0 && model.owner[hoverBlock] === want && !tip.hidden) tip.innerHTML = tipHtml(hoverBlock, knownAlloc(want) ?? data);
+    if (hoverBlock >= 0 && model.owner[hoverBlock] === want && !tip.hidden) {
+      tip.innerHTML = tipHtml(hoverBlock, knownAlloc(want) ?? data);
+      paintSwatches(tip);
+    }
   }
 
   canvas.addEventListener("mousemove", (ev) => {

@@ -1,6 +1,6 @@
 // Wiring: one pool's stream -> model -> heatmap / charts / panels; controls; views.
 
-import { api, getToken, pool as poolApi, poolPath, pools } from "./api.js";
+import { getToken, pool as poolApi, pools, setToken } from "./api.js";
 import { createCharts } from "./charts.js";
 import { createCompare } from "./compare.js";
 import { createControls, promptToken } from "./controls.js";
@@ -22,7 +22,18 @@ const page = {
 };
 
 const params = new URLSearchParams(window.location.search);
-let poolName = params.get("pool") || "default";
+// A token in the address (the link `kvscope serve` prints) goes to this tab's session storage
+// and out of the address bar, history and any Referer.
+if (params.get("token")) {
+  setToken(params.get("token"));
+  params.delete("token");
+  const clean = new URL(window.location.href);
+  clean.searchParams.delete("token");
+  window.history.replaceState(null, "", clean);
+}
+// "" until one is shown: without ?pool= the page shows the first pool the server lists
+// (`default` unless someone deleted it), or says there is none.
+let poolName = params.get("pool") || "";
 let model = new PoolModel();
 /** @type {ReturnType<typeof feedPool>|null} */
 let socket = null;
@@ -85,7 +96,7 @@ function refreshForest() {
   forestAt = now;
   forestPool = poolName;
   const name = poolName;
-  api("GET", `${poolPath(name)}/forest`).then((f) => {
+  poolApi(name).forest().then((f) => {
     if (name === poolName) {
       mirrorForest = f;
       schedulePanels();
@@ -114,6 +125,7 @@ function renderPanels() {
 function onMessage(msg) {
   switch (msg.type) {
     case "hello":
+      if (model.restarted) controls.status("server restarted, history reset", "err");
       if (msg.protocol !== page.protocol) controls.status(`server speaks stream protocol ${msg.protocol}, page expects ${page.protocol}: reload`, "err");
       describePool();
       heatmap && heatmap.relayout();
@@ -253,6 +265,7 @@ async function showFirstPool() {
   /** @type {HTMLSelectElement} */ ($("#pool-select")).innerHTML = "";
   $("#pool-meta").textContent = "no pools: create one on the Pool tab";
   setPoolInUrl("");
+  /** @type {HTMLElement} */ ($('.controls-panel [data-tab="pool"]')).click(); // the create form
 }
 
 $("#pool-select").addEventListener("change", (ev) => connect(/** @type {HTMLSelectElement} */ (ev.target).value));
@@ -278,7 +291,8 @@ function showView(view) {
 }
 document.querySelectorAll("[data-view]").forEach((b) => b.addEventListener("click", () => showView(/** @type {HTMLElement} */ (b).dataset.view || "dashboard")));
 
-refreshPools(poolName);
+if (poolName) refreshPools(poolName);
+else showFirstPool();
 showView(window.location.hash === "#compare" ? "compare" : "dashboard");
 
 /**

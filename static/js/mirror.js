@@ -56,7 +56,7 @@ export function mirrorNumbersHtml(s, forest) {
   const num = (v) => (v == null ? "—" : Number(v).toLocaleString());
   const state = src.state || "not connected";
   const cells = [
-    cell("cached blocks", num(m.cached_blocks), `on ${num(s.total_blocks)} logical slots (not the engine's block ids) · ${pct(s.utilization)}`),
+    cell("cached blocks", num(m.cached_blocks), `${m.copies != null && m.copies !== m.cached_blocks ? `${num(m.copies)} copies ` : ""}on ${num(s.total_blocks)} logical slots (not the engine's block ids) · ${pct(s.utilization)}`),
     cell("stream", escapeHtml(state), `seq ${num(src.last_seq)} · ${num(src.batches)} batches · ${num(src.restarts)} restarts`, state === "live" ? "" : "hot"),
     cell("lost events", num(src.lost_batches || 0), `${num(src.gaps || 0)} gaps · ${num(src.replayed_batches || 0)} batches replayed`, src.lost_batches > 0 ? "hot" : ""),
     cell("errors", num(src.error_count || 0), escapeHtml(src.error_count ? errorSummary(src.errors) : "no bad input"), src.error_count > 0 ? "hot" : ""),

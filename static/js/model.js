@@ -68,7 +68,7 @@ export const DEFAULT_THRESHOLDS = Object.freeze({
  * @property {number} [largest_free_bytes]
  */
 
-/** @typedef {{type:"hello", protocol:number, pool:PoolConfig, states:Object<string,string>, last_event_seq:number, meta?:import("./vocab.js").Meta}} HelloMessage */
+/** @typedef {{type:"hello", protocol:number, pool:PoolConfig, states:Object<string,string>, last_event_seq:number, meta?:import("./vocab.js").Meta, instance_id?:string, started_at?:number}} HelloMessage */
 /** @typedef {{type:"events", events:PoolEvent[], skipped?:number}} EventsMessage  skipped: events the server left out just before this batch */
 /** @typedef {{type:"resync", last_event_seq:number}} ResyncMessage  after a resync snapshot: queued events up to last_event_seq were dropped */
 /** @typedef {{events:PoolEvent[], last_seq:number}} EventPage  GET /api/pools/{pool}/events?after=&limit= */
@@ -284,6 +284,11 @@ export class PoolModel {
     /** @type {WorkloadProgress|null} */
     this.workload = null;
     this.thresholds = { ...DEFAULT_THRESHOLDS };
+    /** The server process of the last hello (`instance_id`); null before the first. */
+    this.instanceId = null;
+    /** Set when a hello came from another server process than the one before: the server
+     * restarted and everything it held (pools, events, allocations) is new. Until the next hello. */
+    this.restarted = false;
   }
 
   /** @param {HelloMessage} hello */
@@ -296,7 +301,19 @@ export class PoolModel {
     this.resize(hello.pool.num_blocks);
     this.lastFrame = -1;
     const seq = Number(hello.last_event_seq) || 0;
-    if (seq < this.lastSeq) {
+    const instance = hello.instance_id || null;
+    this.restarted = Boolean(instance && this.instanceId && instance !== this.instanceId);
+    this.instanceId = instance || this.instanceId;
+    if (this.restarted) {
+      // another process: its seqs and ids restart from scratch, and our history is not its
+      this.lastSeq = seq;
+      this.latchSeq = -1;
+      this.goneIds.clear();
+      this.events = [];
+      this.keyById.clear();
+      this.createdAt.clear();
+      this.fragmentationOom = null;
+    } else if (seq < this.lastSeq) {
       // a restarted server numbers events and allocations from scratch: our old ones mean nothing
       this.lastSeq = seq;
       this.latchSeq = -1;

@@ -8,6 +8,7 @@ from kvtest_util import FakeClock, payload, pool_snapshot
 from allocator import (
     Conflict,
     ContiguousPool,
+    ExceedsCapacity,
     InvalidRequest,
     KVCache,
     NotFound,
@@ -54,13 +55,18 @@ def test_bad_sizes_are_invalid_requests(strategy: str, bad: object) -> None:
 def test_sizes_above_capacity(strategy: str) -> None:
     pool, cache, ids = populated(strategy)
     events = pool.events.last_seq
-    err = unchanged(pool, lambda: pool.allocate(64 * 16 + 1), OutOfMemory)
-    assert err.cause == "capacity"
-    assert pool.events.last_seq == events + 1  # the OOM is logged, nothing else
-    unchanged(pool, lambda: pool.extend(ids[0], 10**9), OutOfMemory)
-    # A cache entry above the cache capacity is malformed, not a memory shortage.
-    unchanged(pool, lambda: cache.put("huge", 513), InvalidRequest)
-    unchanged(pool, lambda: cache.put("a", 10**6), InvalidRequest)
+    # More than the whole pool can never fit: ExceedsCapacity (413), not an OOM, not logged.
+    err = unchanged(pool, lambda: pool.allocate(64 * 16 + 1), ExceedsCapacity)
+    assert err.details() == {"requested_bytes": 64 * 16 + 1, "capacity_bytes": 64 * 16, "of": "pool"}
+    assert pool.events.last_seq == events
+    unchanged(pool, lambda: pool.extend(ids[0], 10**9), ExceedsCapacity)
+    # Free memory short of a request the pool could hold is an OOM ("not now"), logged.
+    held = pool.used_blocks * pool.block_bytes
+    err = unchanged(pool, lambda: pool.allocate(64 * 16 - held + 64), OutOfMemory)
+    assert err.cause == "capacity" and pool.events.last_seq == events + 1
+    # A cache entry above the cache capacity can never fit either.
+    unchanged(pool, lambda: cache.put("huge", 513), ExceedsCapacity)
+    unchanged(pool, lambda: cache.put("a", 10**6), ExceedsCapacity)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -49,9 +49,10 @@ def test_contiguous_histogram_and_largest_free() -> None:
 
 def test_oom_counters_by_cause() -> None:
     paged = create_pool("paged", num_blocks=4, block_bytes=16, device="cpu")
+    paged.allocate(16)
     for _ in range(2):
         with pytest.raises(OutOfMemory) as err:
-            paged.allocate(65)
+            paged.allocate(64)  # fits the pool, not its free blocks
         assert err.value.cause == "capacity"
     assert paged.stats()["ooms"] == {"capacity": 2, "fragmentation": 0}
     assert paged.stats()["counters"]["ooms_capacity"] == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -16,33 +17,31 @@ HASHES = st.integers(0, 40).map(lambda i: (i * 0x9E3779B97F4A7C15) & ((1 << 64) 
 
 
 class MirrorMachine(RuleBasedStateMachine):
-    """Reference: the engine's cached set is a set; each chain's parent is the previous hash."""
+    """Reference: the engine's cache as a multiset of hashes (vLLM keeps duplicate blocks, and a
+    hybrid model one per KV-cache group): a store adds a copy, a remove takes one."""
 
     @initialize(num_blocks=st.integers(1, 24))
     def make(self, num_blocks):
         self.pool = MirrorPool(num_blocks, name="m", device="cpu")
-        self.ref: set[int] = set()
-        self.parent: dict[int, int | None] = {}
+        self.ref: Counter[int] = Counter()
 
-    @rule(hashes=st.lists(HASHES, min_size=1, max_size=6, unique=True),
-          parent=st.one_of(st.none(), HASHES))
+    @rule(hashes=st.lists(HASHES, min_size=1, max_size=6), parent=st.one_of(st.none(), HASHES))
     def store(self, hashes, parent):
         slots = self.pool.store(hashes, parent)
         assert len(slots) == len(hashes)
-        prev = parent
-        for h in hashes:
-            if h not in self.ref:
-                self.parent[h] = prev
-            self.ref.add(h)
-            prev = h
+        self.ref.update(hashes)
 
-    @rule(hashes=st.lists(HASHES, min_size=1, max_size=6, unique=True))
+    @rule(hashes=st.lists(HASHES, min_size=1, max_size=6))
     def remove(self, hashes):
-        unknown = sum(h not in self.ref for h in hashes)
         before = self.pool.mirror_counters["unknown_removes"]
+        unknown = 0
+        for h in hashes:
+            if self.ref[h]:
+                self.ref[h] -= 1
+            else:
+                unknown += 1
         self.pool.remove(hashes)
         assert self.pool.mirror_counters["unknown_removes"] == before + unknown
-        self.ref -= set(hashes)
 
     @rule()
     def clear(self):
@@ -53,17 +52,20 @@ class MirrorMachine(RuleBasedStateMachine):
     @invariant()
     def agrees(self):
         assert self.pool.check() == []
-        assert self.pool.cached_hashes() == self.ref
-        placed = min(len(self.ref), self.pool.num_blocks)
-        assert self.pool.used_blocks <= placed
-        if self.pool.mirror_counters["overflow"] == 0:
-            assert self.pool.used_blocks == len(self.ref)
-        for h in self.ref:
+        cached = {h for h, n in self.ref.items() if n > 0}
+        assert self.pool.cached_hashes() == cached
+        for h in cached:
+            assert self.pool.copies(h) == self.ref[h]
+        copies = self.pool.stats()["mirror"]["copies"]
+        assert copies == sum(self.ref.values())
+        assert self.pool.used_blocks == min(copies, self.pool.num_blocks) or \
+            self.pool.mirror_counters["overflow"] > 0
+        for h in cached:
             s = self.pool.slot_of(h)
             if s is not None:
                 assert int(self.pool.slot_hash[s]) == h
         f = self.pool.forest()
-        assert f["cached_blocks"] == len(self.ref)
+        assert f["cached_blocks"] == len(cached)
         assert f["roots"] + f["orphans"] <= f["placed_blocks"]
 
 
@@ -93,6 +95,20 @@ def test_forest_shape_of_a_known_tree():
     pool.remove([2])
     f = pool.forest()
     assert f["orphans"] == 3 and f["max_depth"] == 3  # 3 and 7 lost their parent
+
+
+def test_duplicate_copies_as_vllm_keeps_them():
+    """Two requests fill the same block at once: vLLM keeps both blocks, stores and removes each."""
+    pool = MirrorPool(8, name="m", device="cpu")
+    a = pool.store([1, 2], None)
+    b = pool.store([2], 1)
+    assert pool.used_blocks == 3 and pool.copies(2) == 2
+    assert pool.blockmap.owner[b[0]] == pool.blockmap.owner[a[1]]  # the copy joins its tree
+    pool.remove([2])
+    assert pool.cached_hashes() == {1, 2} and pool.used_blocks == 2
+    pool.remove([2])
+    assert pool.cached_hashes() == {1} and pool.mirror_counters["unknown_removes"] == 0
+    assert pool.check() == []
 
 
 def test_read_only_and_overflow():

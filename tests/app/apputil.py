@@ -25,11 +25,17 @@ from app.settings import Settings  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = dict(default_blocks=256, default_block_bytes=4096, max_pool_bytes=64 << 20,
-             max_blocks=1 << 20, max_pools=8, max_batch=1000, max_body=1 << 20)
+             max_blocks=1 << 20, max_pools=8, max_batch=1000, max_body=1 << 20,
+             max_total_bytes=1 << 30,
+             # schemathesis' in-process client names the host "testserver"
+             allowed_hosts=("testserver",))
+# What a bodiless POST sends: the JSON media type, so a browser would have had to preflight.
+JSON = {"Content-Type": "application/json"}
 
 
 def make_client(**overrides) -> TestClient:
-    return TestClient(create_app(Settings(**{**SMALL, **overrides})))
+    # A loopback Host, as a browser on this machine sends (app/security.py checks it).
+    return TestClient(create_app(Settings(**{**SMALL, **overrides})), base_url="http://localhost")
 
 
 def state_of(client, pool: str = "default") -> dict:
@@ -70,13 +76,13 @@ def free_port() -> int:
 class Server:
     """A real `python -m app.cli serve` on a free loopback port."""
 
-    def __init__(self, env: dict | None = None) -> None:
+    def __init__(self, env: dict | None = None, args: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
         full_env = {**os.environ, "KVSCOPE_DEFAULT_BLOCKS": "4096", **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port)],
+            [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), *args],
             cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 30

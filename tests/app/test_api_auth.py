@@ -1,82 +1,126 @@
-"""Auth: with a token set, mutations need it (401 missing, 403 wrong); reads stay open, except
-the entry GET, which touches the entry."""
+"""Auth: with a token set, every route under /api and /ws needs it (reads too: they reveal keys,
+allocations and stored bytes); only the pages, /healthz, /metrics and the static files are open.
+The routes are enumerated from the app's router, so a new route cannot be forgotten."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from apputil import assert_error, state_of
+from apputil import JSON, assert_error, make_client, state_of
+from starlette.routing import Mount
+from starlette.websockets import WebSocketDisconnect
 
-MUTATIONS = [
-    ("POST", "/api/pools", {"name": "x", "num_blocks": 4, "block_bytes": 64}),
-    ("DELETE", "/api/pools/default", None),
-    ("POST", "/api/pools/default/reset", None),
-    ("POST", "/api/pools/default/defragment", None),
-    ("POST", "/api/pools/default/allocations", {"bytes": 1}),
-    ("POST", "/api/pools/default/allocations/1/extend", {"bytes": 1}),
-    ("DELETE", "/api/pools/default/allocations/1", None),
-    ("PUT", "/api/pools/default/entries/a", {"bytes": 1}),
-    ("DELETE", "/api/pools/default/entries/a", None),
-    ("POST", "/api/pools/default/entries/a/evict", None),
-    ("PUT", "/api/pools/default/entries/a/data", None),
-    ("POST", "/api/pools/default/ops", {"ops": [{"op": "allocate", "bytes": 1}]}),
-    ("PUT", "/api/pools/default/cache/policy", {"policy": "lfu"}),
-    ("POST", "/api/pools/default/workload", {"kind": "scenario", "name": "burst"}),
-    ("DELETE", "/api/pools/default/workload", None),
-    ("GET", "/api/pools/default/entries/a", None),
-    ("POST", "/api/pools/default/ops", {"ops": [{"op": "get", "key": "a"}]}),
-]
+from app.routing_index import flat_routes
+
+H = {"Authorization": "Bearer s3cret"}
+# Exactly what is answered without the token (method, path template).
+PUBLIC = {("GET", "/"), ("GET", "/docs"), ("GET", "/openapi.json"), ("GET", "/healthz"),
+          ("GET", "/metrics"), ("GET", "/static")}
+SAMPLE = {"pool": "default", "key": "a", "id": "1", "name": "r1"}  # name: a recording
 
 
-@pytest.mark.parametrize("method,path,body", MUTATIONS)
-def test_mutations_need_the_token(authed, method, path, body):
-    before = state_of(authed)
-    kw = {"json": body} if body is not None else {}
-    assert_error(authed.request(method, path, **kw), 401, "unauthorized")
-    assert_error(authed.request(method, path, headers={"Authorization": "Bearer nope"}, **kw), 403, "forbidden")
-    assert_error(authed.request(method, path, headers={"Authorization": "Basic s3cret"}, **kw), 403, "forbidden")
-    assert state_of(authed) == before
+def every_route(app) -> list[tuple[str, str]]:
+    """(method, path template) of every route the app serves; "WS" for websockets."""
+    out = []
+    for route in flat_routes(app):
+        if isinstance(route, Mount):
+            out.append(("GET", route.path))
+        elif getattr(route, "methods", None):
+            out += [(m, route.path) for m in sorted(route.methods) if m != "HEAD"]
+        else:
+            out.append(("WS", route.path))
+    return out
 
 
-def test_entry_get_needs_the_token_and_touches_nothing_without_it(authed):
-    h = {"Authorization": "Bearer s3cret"}
-    authed.put("/api/pools/default/entries/a", json={"bytes": 1}, headers=h)
-    before = authed.get("/api/pools/default/stats").json()["cache"]
-    assert_error(authed.get("/api/pools/default/entries/a"), 401, "unauthorized")
-    assert_error(authed.get("/api/pools/default/entries/zz"), 401, "unauthorized")
-    assert authed.get("/api/pools/default/stats").json()["cache"] == before
-    assert authed.get("/api/pools/default/entries/a", headers=h).json()["hits"] == 1
+def concrete(template: str) -> str:
+    return re.sub(r"\{(\w+)\}", lambda m: SAMPLE[m.group(1)], template)
 
 
-@pytest.mark.parametrize("authorization", ["Bearer", "Bearer ", "Bearer    "])
+def test_every_route_but_the_public_ones_needs_the_token(authed):
+    authed.put("/api/pools/default/entries/a", json={"bytes": 1}, headers=H)
+    routes = every_route(authed.app)
+    assert len(routes) > 25, routes  # the enumeration sees the included routers
+    before = state_of_authed(authed)
+    public = set()
+    for method, template in routes:
+        path = concrete(template) + ("/js/main.js" if template == "/static" else "")
+        if method == "WS":
+            with authed.websocket_connect(path) as ws, pytest.raises(WebSocketDisconnect) as info:
+                ws.receive_text()
+            assert info.value.code == 4401, template
+            continue
+        r = authed.request(method, path, headers=JSON if method != "GET" else {})
+        if r.status_code == 401:
+            assert r.json()["error"]["code"] == "unauthorized"
+            assert r.headers["www-authenticate"] == "Bearer"
+        else:
+            public.add((method, template))
+    assert public == PUBLIC
+    assert state_of_authed(authed) == before, "a refused request changed nothing"
+
+
+def state_of_authed(client) -> dict:
+    client.headers.update(H)
+    try:
+        return state_of(client)
+    finally:
+        del client.headers["Authorization"]
+
+
+def test_stored_bytes_and_keys_need_the_token(authed):
+    authed.put("/api/pools/default/entries/a", json={"bytes": 8}, headers=H)
+    authed.put("/api/pools/default/entries/a/data", content=b"secret!!",
+               headers={**H, "content-type": "application/octet-stream"})
+    for path in ("/api/pools/default/entries/a/data", "/api/pools/default/entries",
+                 "/api/pools/default/events", "/api/pools/default/allocations/0"):
+        assert_error(authed.get(path), 401, "unauthorized")
+        assert_error(authed.get(path, headers={"Authorization": "Bearer nope"}), 403, "forbidden")
+    assert authed.get("/api/pools/default/entries/a/data", headers=H).content == b"secret!!"
+
+
+@pytest.mark.parametrize("authorization", ["Bearer", "Bearer ", "Bearer    ", "  "])
 def test_empty_bearer_value_is_401_missing_not_403(authed, authorization):
-    r = authed.post("/api/pools/default/reset", headers={"Authorization": authorization})
+    r = authed.post("/api/pools/default/reset", headers={**JSON, "Authorization": authorization})
     assert_error(r, 401, "unauthorized")
     assert r.headers["www-authenticate"] == "Bearer"
 
 
+@pytest.mark.parametrize("authorization,status", [
+    ("Bearer  s3cret  ", 0), ("bearer s3cret", 0), ("Basic s3cret", 403), ("Bearer s3cret2", 403),
+    ("Bearer s3cr\u00e9t", 403), ("Bearer S3CRET", 403),
+])
+def test_the_token_compares_the_same_on_rest(authed, authorization, status):
+    r = authed.get("/api/pools", headers={"Authorization": authorization.encode("utf-8")})
+    assert r.status_code == (status or 200), r.text
+
+
+@pytest.mark.parametrize("query,code", [
+    ("", 4401), ("?token=", 4401), ("?token=%20", 4401), ("?token=bad", 4403), ("?token=s3cr%C3%A9t", 4403),
+    ("?token=S3CRET", 4403),
+])
+def test_websocket_refusals_use_the_same_rules(authed, query, code):
+    with authed.websocket_connect(f"/ws/pools/default{query}") as ws, pytest.raises(WebSocketDisconnect) as info:
+        ws.receive_text()
+    assert info.value.code == code
+
+
+def test_websocket_with_the_token_gets_hello(authed):
+    for url, headers in (("/ws/pools/default?token=s3cret", {}), ("/ws/pools/default?token=%20s3cret%20", {}),
+                         ("/ws/pools/default", H)):
+        with authed.websocket_connect(url, headers=headers) as ws:
+            assert ws.receive_json()["type"] == "hello"
+
+
 def test_right_token_passes(authed):
-    h = {"Authorization": "Bearer s3cret"}
-    assert authed.post("/api/pools/default/allocations", json={"bytes": 1}, headers=h).status_code == 201
-    assert authed.put("/api/pools/default/entries/a", json={"bytes": 1}, headers=h).status_code == 201
+    assert authed.post("/api/pools/default/allocations", json={"bytes": 1}, headers=H).status_code == 201
+    assert authed.put("/api/pools/default/entries/a", json={"bytes": 1}, headers=H).status_code == 201
+    assert authed.get("/api/pools/default/entries/a", headers=H).json()["hits"] == 1
 
 
-@pytest.mark.parametrize("path", ["/api/pools", "/api/pools/default", "/api/pools/default/stats",
-                                  "/api/pools/default/blockmap", "/api/pools/default/entries",
-                                  "/api/pools/default/events", "/metrics", "/healthz", "/openapi.json"])
-def test_reads_stay_open(authed, path):
-    assert authed.get(path).status_code == 200
-
-
-def test_websocket_needs_the_token(authed):
-    from starlette.websockets import WebSocketDisconnect
-
-    for url, code in (("/ws/pools/default", 4401), ("/ws/pools/default?token=bad", 4403)):
-        with authed.websocket_connect(url) as ws, pytest.raises(WebSocketDisconnect) as info:
-            ws.receive_text()
-        assert info.value.code == code
-    with authed.websocket_connect("/ws/pools/default?token=s3cret") as ws:
-        assert ws.receive_json()["type"] == "hello"
-    with authed.websocket_connect("/ws/pools/default", headers={"Authorization": "Bearer s3cret"}) as ws:
+def test_without_a_token_everything_is_open(client):
+    assert client.get("/api/pools/default/entries").status_code == 200
+    with client.websocket_connect("/ws/pools/default") as ws:
         assert ws.receive_json()["type"] == "hello"
 
 
@@ -85,3 +129,19 @@ def test_page_says_a_token_is_required(authed, client):
     assert r.status_code == 200, r.text
     assert 'data-token-required="true"' in r.text
     assert 'data-token-required="false"' in client.get("/").text
+
+
+def test_without_a_token_the_bearer_scheme_is_optional(client):
+    spec = client.get("/openapi.json").json()
+    assert spec["paths"]["/api/pools"]["get"]["security"] == [{}, {"bearer": []}]
+
+
+def test_openapi_declares_bearer_on_gated_routes_only():
+    with make_client(token="t") as c:
+        spec = c.get("/openapi.json").json()
+    assert spec["components"]["securitySchemes"]["bearer"] == {
+        "type": "http", "scheme": "bearer", "description": spec["components"]["securitySchemes"]["bearer"]["description"]}
+    for path, item in spec["paths"].items():
+        for method, op in item.items():
+            gated = path.startswith("/api/")
+            assert (op.get("security") == [{"bearer": []}]) == gated, (method, path)

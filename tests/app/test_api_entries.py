@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from apputil import assert_error, assert_ok_check, make_client, state_of
+from apputil import JSON, assert_error, assert_ok_check, make_client, state_of
 
 BASE = "/api/pools/default/entries"
 
@@ -43,10 +43,11 @@ def test_capacity_evicts_lru_first_and_reports_keys(client):
     assert_ok_check(client)
 
 
-def test_entry_above_capacity_is_422_and_changes_nothing(client):
+def test_entry_above_capacity_is_413_and_changes_nothing(client):
     client.put(f"{BASE}/a", json={"bytes": 100})
     before = state_of(client)
-    assert_error(client.put(f"{BASE}/big", json={"bytes": 257 * 4096}), 422, "invalid_request")
+    err = assert_error(client.put(f"{BASE}/big", json={"bytes": 257 * 4096}), 413, "too_large")
+    assert err["details"] == {"requested_bytes": 257 * 4096, "capacity_bytes": 256 * 4096, "of": "cache"}
     assert state_of(client) == before
 
 
@@ -83,7 +84,7 @@ def test_invalid_utf8_and_unprintable_keys_are_422_on_every_route(client, raw):
     client.put(f"{BASE}/a", json={"bytes": 1})
     before = state_of(client)
     for method, suffix, kw in (("PUT", "", {"json": {"bytes": 1}}), ("GET", "", {}), ("DELETE", "", {}),
-                               ("PUT", "/data", {"content": b"x"}), ("GET", "/data", {})):
+                               ("PUT", "/data", {"content": b"x", "headers": {"content-type": "application/octet-stream"}}), ("GET", "/data", {})):
         err = assert_error(client.request(method, f"{BASE}/{raw}{suffix}", **kw), 422, "invalid_request")
         assert err["details"]["field"] == "key"
     assert state_of(client) == before
@@ -92,20 +93,20 @@ def test_invalid_utf8_and_unprintable_keys_are_422_on_every_route(client, raw):
 def test_manual_evict_is_204_with_an_evict_event_of_reason_manual(client):
     client.put(f"{BASE}/a", json={"bytes": 10})
     client.put(f"{BASE}/b", json={"bytes": 10})
-    r = client.post(f"{BASE}/a/evict")
+    r = client.post(f"{BASE}/a/evict", headers=JSON)
     assert r.status_code == 204 and r.content == b""
     assert [e["key"] for e in client.get(BASE).json()["entries"]] == ["b"]
     evicts = [e for e in client.get("/api/pools/default/events").json()["events"] if e["type"] == "evict"]
     assert [(e["key"], e["reason"]) for e in evicts] == [("a", "manual")]
     assert client.get("/api/pools/default/stats").json()["cache"]["evictions"]["manual"] == 1
-    assert_error(client.post(f"{BASE}/a/evict"), 404, "not_found")
+    assert_error(client.post(f"{BASE}/a/evict", headers=JSON), 404, "not_found")
     assert_ok_check(client)
 
 
 def test_manual_evict_of_a_pinned_entry_is_409_and_changes_nothing(client):
     client.put(f"{BASE}/p", json={"bytes": 10, "pinned": True})
     before = state_of(client)
-    err = assert_error(client.post(f"{BASE}/p/evict"), 409, "conflict")
+    err = assert_error(client.post(f"{BASE}/p/evict", headers=JSON), 409, "conflict")
     assert "pinned" in err["message"]
     assert state_of(client) == before
 
@@ -135,27 +136,27 @@ def test_data_roundtrip_as_raw_bytes(client):
     assert r.headers["content-type"] == "application/octet-stream"
     assert r.content == payload  # exactly what was written, not the entry's whole reservation
     # data survives defragmentation (blocks move, bytes do not change)
-    client.post("/api/pools/default/defragment")
+    client.post("/api/pools/default/defragment", headers=JSON)
     assert client.get(f"{BASE}/d/data").content[: len(payload)] == payload
 
 
 def test_data_errors(client):
     client.put(f"{BASE}/d", json={"bytes": 10})
-    assert_error(client.put(f"{BASE}/d/data", content=b"x" * 11), 422, "invalid_request")
-    assert_error(client.put(f"{BASE}/none/data", content=b"x"), 404, "not_found")
+    assert_error(client.put(f"{BASE}/d/data", content=b"x" * 11, headers={"content-type": "application/octet-stream"}), 422, "invalid_request")
+    assert_error(client.put(f"{BASE}/none/data", content=b"x", headers={"content-type": "application/octet-stream"}), 404, "not_found")
     assert_error(client.get(f"{BASE}/none/data"), 404, "not_found")
 
 
 def test_body_cap_is_413(client):
     client.put(f"{BASE}/d", json={"bytes": 100})
     before = state_of(client)
-    assert_error(client.put(f"{BASE}/d/data", content=b"x" * ((1 << 20) + 1)), 413, "too_large")
+    assert_error(client.put(f"{BASE}/d/data", content=b"x" * ((1 << 20) + 1), headers={"content-type": "application/octet-stream"}), 413, "too_large")
 
     def chunks():
         for _ in range(3):
             yield b"y" * (1 << 19)
 
-    assert_error(client.put(f"{BASE}/d/data", content=chunks()), 413, "too_large")
+    assert_error(client.put(f"{BASE}/d/data", content=chunks(), headers={"content-type": "application/octet-stream"}), 413, "too_large")
     assert state_of(client) == before
     assert client.get(f"{BASE}/d/data").content != b"y" * 100
 

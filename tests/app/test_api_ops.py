@@ -40,7 +40,7 @@ def test_per_op_errors_do_not_stop_the_batch(client):
     res = client.post(OPS, json={"ops": ops}).json()["results"]
     assert [x["ok"] for x in res] == [False, False, True, False, False]
     assert res[0]["error"]["code"] == "not_found"
-    assert res[1]["error"]["code"] == "out_of_memory" and res[1]["error"]["details"]["cause"] == "capacity"
+    assert res[1]["error"]["code"] == "too_large" and res[1]["error"]["details"]["capacity_bytes"] == 256 * 4096
     assert res[3]["error"]["code"] == "invalid_request"
     assert_ok_check(client)
 

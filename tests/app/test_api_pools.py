@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from apputil import assert_error, assert_ok_check, state_of
+from apputil import JSON, assert_error, assert_ok_check, state_of
 
 
 def test_default_pool_exists_and_is_paged_with_a_cache(client):
@@ -110,7 +110,7 @@ def test_pool_count_is_capped(client):
 def test_reset_frees_everything_keeps_config(client):
     client.post("/api/pools/default/allocations", json={"bytes": 10_000})
     client.put("/api/pools/default/entries/a", json={"bytes": 100})
-    r = client.post("/api/pools/default/reset")
+    r = client.post("/api/pools/default/reset", headers=JSON)
     assert r.status_code == 200 and r.json() == {"freed": 2}
     stats = client.get("/api/pools/default/stats").json()
     assert stats["used_blocks"] == 0 and stats["cache"]["entries"] == 0
@@ -130,7 +130,7 @@ def test_defragment_compacts_a_contiguous_pool(client):
     assert set(err["details"]) == {"requested_bytes", "free_bytes", "largest_free_bytes", "cause"}
     assert err["details"]["free_bytes"] == 8 * 64 and err["details"]["largest_free_bytes"] == 128
     assert state_of(client, "c") == before
-    r = client.post("/api/pools/c/defragment")
+    r = client.post("/api/pools/c/defragment", headers=JSON)
     assert r.status_code == 200
     report = r.json()
     assert report["moved_blocks"] > 0 and report["after"]["largest_free_bytes"] == 8 * 64
@@ -221,5 +221,5 @@ def test_policy_switch(client):
 ])
 def test_unknown_pool_is_404(client, method, path):
     before = state_of(client)
-    assert_error(getattr(client, method)(path), 404, "not_found")
+    assert_error(client.request(method.upper(), path, headers=JSON), 404, "not_found")
     assert state_of(client) == before

@@ -4,7 +4,7 @@ way, with the same error code, and changes the core the same way."""
 from __future__ import annotations
 
 import pytest
-from apputil import state_of
+from apputil import JSON, state_of
 
 POOL = "/api/pools/default"
 
@@ -24,7 +24,7 @@ def rest(client, op: dict):
     if kind == "delete":
         return client.delete(f"{POOL}/entries/{op['key']}")
     if kind == "evict":
-        return client.post(f"{POOL}/entries/{op['key']}/evict")
+        return client.post(f"{POOL}/entries/{op['key']}/evict", headers=JSON)
     raise AssertionError(kind)
 
 
@@ -35,7 +35,8 @@ def batch(client, op: dict) -> dict:
 
 @pytest.mark.parametrize("op,code", [
     ({"op": "allocate", "tokens": 4}, "invalid_request"),        # the pool has no model geometry
-    ({"op": "allocate", "bytes": 1 << 40}, "out_of_memory"),
+    ({"op": "allocate", "bytes": 1 << 40}, "too_large"),         # more than the whole pool
+    ({"op": "allocate", "bytes": 256 * 4096}, "out_of_memory"),  # the whole pool, two blocks in use
     ({"op": "extend", "id": 999, "bytes": 64}, "not_found"),
     ({"op": "extend", "id": "ENTRY", "bytes": 64}, "conflict"),   # a cache entry's allocation
     ({"op": "free", "id": "ENTRY"}, "conflict"),

@@ -76,7 +76,7 @@ def test_sigkill_mid_recording_loses_at_most_the_last_second(tmp_path):
         rep = view.replay_to(mid)
         assert past["runs"] == map_runs(rep.owner, rep.state)
         assert_error(c.post("/api/pools/rec-killed/allocations", json={"bytes": 10}), 409, "conflict")
-        assert_error(c.post("/api/pools/rec-killed/defragment"), 409, "conflict")
+        assert_error(c.post("/api/pools/rec-killed/defragment", json={}), 409, "conflict")
         assert c.get("/api/recordings/killed/file").content[:16] == b"SQLite format 3\x00"
     finally:
         log = srv2.stop()

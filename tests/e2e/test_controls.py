@@ -87,7 +87,7 @@ def test_deleting_the_shown_pool_moves_to_the_first_pool_left_then_to_none(brows
     base = f"http://127.0.0.1:{port}"
     log_path = artifacts / "e2e-delete-server.log"
     proc = start_server(port, log_path)
-    context = browser.new_context(base_url=base)
+    context = browser.new_context(base_url=base, bypass_csp=True)
     try:
         wait_healthy(base, proc, log_path)
         r = httpx.post(f"{base}/api/pools", json={"name": "other", "num_blocks": 64, "block_bytes": BLOCK})

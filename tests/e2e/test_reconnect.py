@@ -14,7 +14,7 @@ def test_page_reconnects_after_a_server_restart(browser, artifacts):
     base = f"http://127.0.0.1:{port}"
     log_path = artifacts / "e2e-restart-server.log"
     proc = start_server(port, log_path)
-    context = browser.new_context(base_url=base)
+    context = browser.new_context(base_url=base, bypass_csp=True)
     try:
         wait_healthy(base, proc, log_path)
         page = context.new_page()
@@ -27,6 +27,8 @@ def test_page_reconnects_after_a_server_restart(browser, artifacts):
         wait_healthy(base, proc, log_path)
         page.wait_for_function("window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0", timeout=15_000)
         assert page.locator("#conn").get_attribute("data-state") == "open"
+        # another server process (a new instance id): the page says its history was reset
+        assert page.locator("#control-status").text_content() == "server restarted, history reset"
     finally:
         context.close()
         stop_server(proc)

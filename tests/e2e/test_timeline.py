@@ -8,7 +8,15 @@ import json
 import httpx
 import pytest
 
-from .conftest import free_port, make_pool, open_pool, start_server, stop_server, wait_healthy
+from .conftest import (
+    BYPASS_CSP,
+    free_port,
+    make_pool,
+    open_pool,
+    start_server,
+    stop_server,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -90,7 +98,7 @@ def test_open_a_recording_from_the_pool_tab_and_scrub_it(browser, tmp_path):
                 api.post("/api/pools/src/allocations", json={"bytes": (i + 1) * BLOCK})
             info = api.delete("/api/pools/src/recording").json()
             assert info["events"] == 6
-            context = browser.new_context(viewport={"width": 1440, "height": 1000}, base_url=base)
+            context = browser.new_context(viewport={"width": 1440, "height": 1000}, base_url=base, bypass_csp=BYPASS_CSP)
             page = context.new_page()
             try:
                 open_pool(page, "src")

@@ -86,7 +86,7 @@ def test_mirror_pool_follows_vllm(ipc, vllm_kv, metrics_url):
             assert f["cached_blocks"] == len(src.cached) and f["top_prefixes"]
             # Read-only: the allocator's verbs are refused and change nothing.
             for r in (client.post("/api/pools/engine/allocations", json={"bytes": 10}),
-                      client.post("/api/pools/engine/defragment")):
+                      client.post("/api/pools/engine/defragment", headers={"Content-Type": "application/json"})):
                 assert_error(r, 422, "invalid_request")
             assert stats(client)["used_blocks"] == len(src.cached)
             assert client.delete("/api/pools/engine").status_code == 204

@@ -163,16 +163,18 @@ def test_all_blocks_cleared_empties_the_mirror(engine):
         sub.stop()
 
 
-def test_engine_restart_resets_the_mirror(ipc, vllm_kv):
+@pytest.mark.parametrize("which", ["vllm", "sglang"])
+def test_engine_restart_resets_the_mirror(which, ipc, vllm_kv, sglang_kv):
+    mod = vllm_kv if which == "vllm" else sglang_kv
     pub, rep = ipc("pub"), ipc("replay")
-    first = Engine(vllm_kv, "vllm", pub, rep, seed=1)
+    first = Engine(mod, which, pub, rep, seed=1)
     pool, sub = mirror_of(first)
     try:
         for _ in range(15):
             publish_and_wait(first, sub, first.source.step())
         assert pool.cached_hashes() == first.source.cached
         first.close()
-        second = Engine(vllm_kv, "vllm", pub, rep, seed=2)  # a new process: empty cache, seq 0
+        second = Engine(mod, which, pub, rep, seed=2)  # a new process: empty cache, seq 0
         try:
             for _ in range(5):
                 publish_and_wait(second, sub, second.source.step(), restarts=1)

@@ -13,6 +13,8 @@ test("a healthy mirror raises no alert and says logical slots", () => {
   assert.match(html, /logical slots/);
   assert.match(html, /no bad input/);
   assert.doesNotMatch(html, /engine KV usage/); // no metrics URL: no engine cells
+  assert.doesNotMatch(html, /copies/);
+  assert.match(numbersHtml(stats({ cached_blocks: 10, copies: 12, source: {} }), 0), /12 copies on 96 logical slots/);
 });
 
 test("lost events, bad input and overflow each raise their alert with the numbers", () => {

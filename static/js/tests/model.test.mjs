@@ -274,3 +274,23 @@ test("a failed workload reads as failed with its error, never finished", () => {
   assert.equal(bare.text, "mix · failed at 0/?: unknown error");
   assert.equal(bare.frac, 0);
 });
+
+test("a hello from another server instance says restarted and drops the old history", () => {
+  const m = new PoolModel();
+  const from = (instance, seq) => ({ ...hello(4), instance_id: instance, last_event_seq: seq });
+  m.applyMessage(from("aaaa", 0));
+  assert.equal(m.restarted, false); // the first hello: nothing to compare with
+  m.applyMessage({ type: "events", events: [{ seq: 1, ts: 1, type: "allocate", id: 3 }, { seq: 2, ts: 1, type: "put", id: 4, key: "k" }] });
+  assert.equal(m.lastSeq, 2);
+  m.applyMessage(from("aaaa", 2)); // a reconnect to the same process keeps the history
+  assert.equal(m.restarted, false);
+  assert.equal(m.events.length, 2);
+  // the restarted server has seq 5 by now: more than we saw, so seq alone would not tell
+  assert.equal(m.applyMessage(from("bbbb", 5)), null, "nothing of the old process is to be fetched");
+  assert.equal(m.restarted, true);
+  assert.deepEqual(m.events, []);
+  assert.equal(m.lastSeq, 5);
+  assert.equal(m.keyById.size, 0);
+  m.applyMessage(from("bbbb", 5));
+  assert.equal(m.restarted, false, "said once, for the hello that changed the instance");
+});

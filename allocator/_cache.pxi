@@ -1,0 +1,338 @@
+# Included by _core.pyx: the cache's per-operation path (put, victim choice, eviction).
+
+cimport cython
+import heapq
+import time as _time
+
+
+@cython.no_gc
+@cython.freelist(64)
+cdef class Entry:
+    """One cached key: the pool allocation `id` holding `nbytes` requested bytes.
+
+    NOTE: compiled and outside the cyclic GC (its fields are strings and numbers, which can
+    form no cycle), so thousands of live entries add nothing to full collections.
+    """
+
+    cdef public str key
+    cdef public int64_t id
+    cdef public int64_t nbytes
+    cdef public int64_t allocated_bytes
+    cdef public object priority
+    cdef public bint pinned
+    cdef public object ttl_s
+    cdef public object expires_at
+    cdef public double created_at
+    cdef public double last_access
+    cdef public int64_t hits
+    cdef public int64_t data_bytes  # length of the payload last written; reads return exactly that
+
+    def __init__(self, str key, int64_t id, int64_t nbytes, int64_t allocated_bytes,
+                 priority=0, bint pinned=False, ttl_s=None, expires_at=None,
+                 double created_at=0.0, double last_access=0.0, int64_t hits=0,
+                 int64_t data_bytes=0):
+        self.key, self.id, self.nbytes, self.allocated_bytes = key, id, nbytes, allocated_bytes
+        self.priority, self.pinned, self.ttl_s, self.expires_at = priority, pinned, ttl_s, expires_at
+        self.created_at, self.last_access, self.hits, self.data_bytes = created_at, last_access, hits, data_bytes
+
+    def __repr__(self) -> str:
+        return (f"Entry(key={self.key!r}, id={self.id}, nbytes={self.nbytes}, "
+                f"allocated_bytes={self.allocated_bytes}, priority={self.priority!r}, "
+                f"pinned={self.pinned}, ttl_s={self.ttl_s!r}, hits={self.hits})")
+
+    def to_dict(self, double now, pool=None) -> dict:
+        out = {
+            "key": self.key,
+            "id": self.id,
+            "bytes": self.nbytes,
+            "allocated_bytes": self.allocated_bytes,
+            "priority": self.priority,
+            "pinned": self.pinned,
+            "ttl_s": self.ttl_s,
+            "expires_in_s": None if self.expires_at is None else max(0.0, self.expires_at - now),
+            "age_s": now - self.created_at,
+            "idle_s": now - self.last_access,
+            "hits": self.hits,
+            "data_bytes": self.data_bytes,
+        }
+        if pool is not None:
+            from .pool import runs_of
+            out["blocks"] = runs_of(pool.block_ids(self.id))
+        return out
+
+
+@cython.no_gc
+@cython.freelist(16)
+cdef class PutResult:
+    """The entry a put left, whether it was created, and the keys evicted to make room.
+
+    NOTE: outside the cyclic GC like Entry: it holds an Entry and a list of key strings, which
+    cannot lead back to it.
+    """
+
+    cdef public Entry entry
+    cdef public bint created
+    cdef public list evicted
+
+    def __init__(self, Entry entry, bint created, list evicted=None):
+        self.entry, self.created = entry, created
+        self.evicted = [] if evicted is None else evicted
+
+    def __repr__(self) -> str:
+        return f"PutResult(entry={self.entry!r}, created={self.created}, evicted={self.evicted!r})"
+
+
+cdef class CacheCore:
+    """The per-operation path of KVCache (its base class): put, victim choice, eviction and
+    drop, compiled. KVCache (allocator/cache.py) adds validation messages, refresh/resize,
+    TTL sweeps, listing and check(); the state is shared through these attributes.
+
+    Victim order: expired (TTL) entries first, then lowest priority first, then the policy
+    within a priority. Pinned entries are never evicted and sit in no policy structure. On a
+    paged pool, allocation and free go straight to its compiled core; with the default clock
+    (time.monotonic) the time is read without a Python call. The `_name` def methods wrap the
+    `c_name` C methods for the Python side.
+    """
+
+    cdef public object pool
+    cdef public object clock
+    cdef public int64_t capacity_bytes
+    cdef public int64_t used_bytes
+    cdef public int64_t pinned_bytes
+    cdef public int64_t hits
+    cdef public int64_t misses
+    cdef public int64_t refusals
+    cdef public str _policy
+    cdef public dict _entries        # key -> Entry
+    cdef public dict _key_of         # allocation id -> key
+    cdef public dict _by_priority    # priority -> policy structure (non-empty ones)
+    cdef public dict evictions       # reason -> count
+    cdef public list _ttl_heap       # (expires_at, key, id), stale records skipped lazily
+    cdef PagedCore pcore
+    cdef EventRing ev
+    cdef int64_t bb
+    cdef bint exact, filters, mono
+    cdef uint8_t code_put, code_evict
+    cdef object _policies, _oom_type
+
+    def _bind(self, policies, oom_type) -> None:
+        """Cache what the hot path needs from the pool (KVCache.__init__ calls this)."""
+        pool = self.pool
+        core = getattr(pool, "_core", None)
+        self.pcore = core if isinstance(core, PagedCore) else None
+        self.ev = pool.events
+        self.bb = pool.block_bytes
+        self.exact = pool.exact_footprint
+        self.filters = pool.filters_victims
+        self.mono = self.clock is _time.monotonic
+        self.code_put = self.ev.code("put")
+        self.code_evict = self.ev.code("evict")
+        self._policies, self._oom_type = policies, oom_type
+
+    cdef inline double now(self) except? -1.0:
+        return mono_time() if self.mono else self.clock()
+
+    # -- policy structures ---------------------------------------------------------------
+    cdef KeyedPolicy c_struct(self, priority):
+        s = self._by_priority.get(priority)
+        if s is None:
+            s = self._by_priority[priority] = self._policies[self._policy]()
+        return <KeyedPolicy>s
+
+    cdef int c_unfile(self, str key, priority, bint evicted) except -1:
+        cdef KeyedPolicy s = self._by_priority[priority]
+        s.c_remove(key, evicted)
+        if not len(s._slot):
+            del self._by_priority[priority]
+        return 0
+
+    def _struct(self, priority):
+        return self.c_struct(priority)
+
+    def _unfile(self, str key, priority, bint evicted=False) -> None:
+        """Take `key` out of its priority's policy structure; an emptied structure goes too, so
+        the priorities scanned for a victim are only those that hold entries."""
+        self.c_unfile(key, priority, evicted)
+
+    # -- eviction ------------------------------------------------------------------------
+    cdef object c_next_victim(self, exclude):
+        cdef Entry e
+        cdef KeyedPolicy s
+        heap = self._ttl_heap
+        victim = None
+        if heap:
+            now = self.now()
+            skipped = []
+            while heap and heap[0][0] <= now:
+                expires_at, key, aid = heap[0]
+                e = self._entries.get(key)
+                valid = e is not None and e.id == aid and e.expires_at == expires_at
+                if valid and key != exclude and not e.pinned:
+                    victim = key
+                    break
+                item = heapq.heappop(heap)
+                if valid:  # pinned or being resized: still expired, so keep its record
+                    skipped.append(item)
+            for item in skipped:
+                heapq.heappush(heap, item)
+            if victim is not None:
+                return victim
+        by_priority = self._by_priority
+        for prio in (by_priority if len(by_priority) == 1 else sorted(by_priority)):
+            s = by_priority[prio]
+            if not s._slot:
+                continue
+            key = s.c_victim()
+            if key == exclude:  # the entry being resized is never its own victim
+                order = s.order(2)
+                key = order[1] if len(order) > 1 else None
+                if key is None:
+                    continue
+            return key
+        return None
+
+    def _next_victim(self, exclude, helps=None):
+        """The next key to evict (never `exclude`, never pinned). With `helps`, a predicate on
+        allocation ids, the first such key in eviction order whose memory `helps` accepts."""
+        cdef Entry e
+        if helps is not None:
+            for e in (<object>self).entries():
+                if not e.pinned and e.key != exclude and helps(e.id):
+                    return e.key
+            return None
+        return self.c_next_victim(exclude)
+
+    def _evictable_bytes(self, exclude) -> int:
+        return self.c_evictable(exclude)
+
+    cdef int64_t c_evictable(self, exclude) except? -1:
+        cdef int64_t spare = self.used_bytes - self.pinned_bytes
+        cdef Entry e
+        if exclude is not None:
+            e = self._entries.get(exclude)
+            if e is not None and not e.pinned:
+                spare -= e.allocated_bytes
+        return spare
+
+    cdef int c_make_room(self, int64_t need, exclude, list evicted, helps) except -1:
+        pool = self.pool
+        cdef int64_t over = self.used_bytes + need - self.capacity_bytes
+        cdef int64_t free_blocks = (self.pcore.free_count if self.pcore is not None
+                                    else pool.num_blocks - pool.used_blocks)
+        cdef int64_t short = need - free_blocks * self.bb
+        cdef int64_t spare
+        cdef Entry e
+        if over <= 0 and short <= 0:
+            return 0
+        spare = self.c_evictable(exclude)
+        if over > spare:
+            raise (<object>self)._refuse_budget(need)
+        if short > spare:
+            raise (<object>self)._refuse_pool(need)
+        entries = self._entries
+        while self.used_bytes + need > self.capacity_bytes:
+            key = ((helps is not None and self._next_victim(exclude, helps))
+                   or self.c_next_victim(exclude))
+            e = entries[key]
+            expired = e.expires_at is not None and e.expires_at <= self.now()
+            self.c_evict(key, "ttl" if expired else "capacity")
+            evicted.append(key)
+        return 0
+
+    def _make_room(self, int64_t need, exclude, list evicted, helps=None) -> None:
+        """Evict (reason capacity, or ttl for expired entries) until `need` more bytes fit
+        under the capacity; refuse up front when even evicting every candidate would not do.
+        With `helps` (see `Pool.victim_filter`), victims whose memory the request can also use
+        go first, so one eviction frees both budget and placement."""
+        self.c_make_room(need, exclude, evicted, helps)
+
+    cdef int c_evict(self, str key, str reason) except -1:
+        cdef Entry entry = self._entries[key]
+        cdef double now = self.now()
+        self.c_drop(entry, True)
+        self.evictions[reason] += 1
+        self.ev.record_values(self.code_evict, (
+            key, entry.nbytes, entry.allocated_bytes // self.bb, reason, self._policy,
+            now - entry.created_at, now - entry.last_access), wall_time())
+        return 0
+
+    def _evict(self, str key, str reason) -> None:
+        self.c_evict(key, reason)
+
+    cdef int c_drop(self, Entry entry, bint evicted) except -1:
+        del self._entries[entry.key]
+        del self._key_of[entry.id]
+        if entry.pinned:
+            self.pinned_bytes -= entry.allocated_bytes
+        else:
+            self.c_unfile(entry.key, entry.priority, evicted)
+        self.used_bytes -= entry.allocated_bytes
+        cdef Py_ssize_t pos
+        if self.pcore is not None:
+            pos = self.pcore.find(entry.id)
+            if pos >= 0:
+                self.pcore.free_slot(pos, wall_time())
+                return 0
+        self.pool.free(entry.id)
+        return 0
+
+    def _drop(self, Entry entry, bint evicted) -> None:
+        self.c_drop(entry, evicted)
+
+    # -- put -----------------------------------------------------------------------------
+    def put(self, key, nbytes, priority=None, ttl_s=None, pinned=None):
+        """Insert or refresh `key` with `nbytes`; evict others until it fits.
+
+        An existing key is touched and resized if `nbytes` differs; its priority, TTL and pin
+        change only where given (None keeps them; a new entry gets priority 0, no TTL,
+        unpinned). Raises InvalidRequest (bad key/size/ttl, or a size above the capacity) and
+        OutOfMemory (nothing evictable is left); on either, existing entries are unchanged
+        unless evictions were needed first (see the class NOTE).
+        """
+        cdef object me = self
+        if not (type(key) is str and 0 < len(<str>key) <= 256 and type(nbytes) is int
+                and nbytes > 0 and priority is None and ttl_s is None and pinned is None):
+            me._validate(key, nbytes, priority, ttl_s, pinned)
+        cdef int64_t nb = nbytes if nbytes <= self.capacity_bytes else self.capacity_bytes + 1
+        cdef int64_t need = ((nb + self.bb - 1) // self.bb) * self.bb if self.exact else self.pool.footprint(nbytes)
+        if need > self.capacity_bytes:
+            raise me._too_large(nbytes, self.pool.footprint(nbytes))
+        cdef double now = self.now()
+        entry = self._entries.get(key)
+        if entry is not None:
+            return me._refresh(entry, nbytes, priority, ttl_s, pinned, now)
+        priority = priority or 0
+        cdef bint pin = bool(pinned)
+        cdef list evicted = []
+        pool = self.pool
+        helps = pool.victim_filter(nbytes) if self.filters else None
+        self.c_make_room(need, None, evicted, helps)
+        cdef uint8_t state = 3 if pin else 2
+        if self.pcore is not None and need <= self.pcore.free_count * self.bb:
+            aid = self.pcore.alloc_one(nb, need // self.bb, state, wall_time())
+        else:
+            try:
+                aid = pool.allocate(nbytes, state)
+            except self._oom_type:
+                aid = me._allocate(nbytes, state, None, evicted, helps)
+        cdef int64_t held = need if self.exact else pool.held_bytes(aid)
+        if held > need and self.used_bytes + held - self.c_evictable(None) > self.capacity_bytes:
+            # A tiered pool fell back to a larger block than the budget can hold even after
+            # evicting everything evictable: refuse rather than overrun the capacity.
+            pool.free(aid)
+            raise me._refuse_budget(held)
+        cdef Entry e = Entry(key, aid, nb, held, priority, pin, ttl_s,
+                             None if ttl_s is None else now + ttl_s, now, now)
+        self._entries[key] = e
+        self._key_of[aid] = key
+        self.used_bytes += held
+        if pin:
+            self.pinned_bytes += held
+        else:
+            self.c_struct(priority).c_insert(key)
+        if ttl_s is not None:
+            heapq.heappush(self._ttl_heap, (e.expires_at, key, aid))
+        if held > need:  # a tiered pool fell back to a larger tier than estimated
+            me._shed_excess(key, evicted)
+        self.ev.record_values(self.code_put, (key, aid, nbytes, held // self.bb), wall_time())
+        return PutResult(e, True, evicted)

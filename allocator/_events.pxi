@@ -1,0 +1,252 @@
+# Included by _core.pyx: the event ring.
+
+cdef enum:
+    NVALS = 4            # int64 values per numeric event
+    FLAG_OBJ = 0x80      # kind byte: values are a Python tuple in _objs[slot]
+    CODE_MASK = 0x7f
+
+
+cdef class EventRing:
+    """Bounded ring of typed events with a monotonically increasing `seq`, in flat C arrays.
+
+    Each slot holds a timestamp, a kind code and either up to NVALS int64 values (the numeric
+    kinds the compiled pool records: no Python object at all) or a flat tuple of values (events
+    recorded from Python, e.g. with string keys). Block ids that an event changed go into a
+    separate int32 id ring (each event's ids contiguous there) and are read back with `after(..., block_ids=True)`.
+
+    Invariants: the events held are exactly seqs last_seq-count+1 .. last_seq, slot (seq-1) %
+    capacity; an event is dropped (oldest first) when the ring is full or when its block ids
+    are about to be overwritten in the id ring, so every event still held has all its ids;
+    readers see a gap in seq, never a reordering.
+    """
+
+    def __cinit__(self, Py_ssize_t capacity=10_000, fields=None, *args, **kw):
+        if capacity <= 0:
+            raise ValueError(f"event capacity must be positive, got {capacity}")
+        self.capacity = capacity
+        self.last_seq = 0
+        self.count = 0
+        self.bcap = max(16 * capacity, 1 << 16)
+        self.bpos = 0
+        ts = np.zeros(capacity, dtype=np.float64)
+        kind = np.zeros(capacity, dtype=np.uint8)
+        vals = np.zeros(capacity * NVALS, dtype=np.int64)
+        boff = np.zeros(capacity, dtype=np.int64)
+        bn = np.zeros(capacity, dtype=np.int32)
+        bring = np.zeros(self.bcap, dtype=np.int32)
+        aux = np.zeros(capacity, dtype=np.uint8)
+        self._arrays = (ts, kind, vals, boff, bn, bring, aux)
+        cdef uint8_t[::1] aux_mv = aux
+        self.aux = &aux_mv[0]
+        self.sink = None
+        self.spill_at = 1 << 62
+        self.spill_bpos = 1 << 62
+        cdef double[::1] ts_mv = ts
+        cdef uint8_t[::1] kind_mv = kind
+        cdef int64_t[::1] vals_mv = vals
+        cdef int64_t[::1] boff_mv = boff
+        self.ts, self.kind, self.vals, self.boff = &ts_mv[0], &kind_mv[0], &vals_mv[0], &boff_mv[0]
+        self.bn, self.bring = i32_ptr(bn), i32_ptr(bring)
+        self._objs = [None] * capacity
+        self._names = []
+        self._codes = {}
+        self._fields = []
+        for name, names in (fields or {}).items():
+            self._codes[name] = len(self._names)
+            self._names.append(name)
+            self._fields.append(tuple(names))
+        if len(self._names) > CODE_MASK:
+            raise ValueError("too many event kinds")
+
+    cdef int maybe_spill(self) except -1:
+        """Hand the ring to the history when it is about to drop events it has not consumed.
+        Called where the pool is consistent: after an event and everything it changed."""
+        if (self.last_seq >= self.spill_at or self.bpos >= self.spill_bpos) and self.sink is not None:
+            self.sink.spill()
+        return 0
+
+    cdef inline void set_aux(self, uint8_t x) noexcept:
+        """The newest event's extra code (a numeric allocate's state)."""
+        self.aux[self._slot(self.last_seq)] = x
+
+    def raw_after(self, int64_t seq) -> list:
+        """Events with seq > `seq` as flat tuples (seq, ts, type, *fields) in the layout of
+        allocator/vocab.py EVENT_KINDS, block ids as an int (one) or native int32 bytes; the
+        history packs these. Numeric events: allocate (id, requested, allocated, blocks,
+        block_ids, state), free (id, blocks, block_ids, requested_bytes)."""
+        cdef list out = []
+        cdef int64_t s = max(seq + 1, self.last_seq - self.count + 1)
+        cdef Py_ssize_t slot, n, pos
+        cdef uint8_t k
+        cdef int64_t *v
+        cdef object ids
+        while s <= self.last_seq:
+            slot = self._slot(s)
+            k = self.kind[slot]
+            name = self._names[k & CODE_MASK]
+            if k & FLAG_OBJ:
+                out.append((s, self.ts[slot], name) + self._objs[slot])
+            else:
+                v = &self.vals[slot * NVALS]
+                n = self.bn[slot]
+                if n == 1:
+                    ids = self.bring[<Py_ssize_t>(self.boff[slot] % self.bcap)]
+                elif n > 1:
+                    pos = <Py_ssize_t>(self.boff[slot] % self.bcap)
+                    ids = (<char *>&self.bring[pos])[:n * sizeof(int32_t)]
+                else:
+                    ids = None
+                if name == "free":
+                    out.append((s, self.ts[slot], name, v[0], v[1], ids, v[2]))
+                else:
+                    out.append((s, self.ts[slot], name, v[0], v[1], v[2], v[3], ids, self.aux[slot]))
+            s += 1
+        return out
+
+    def code(self, str kind) -> int:
+        """The numeric code of `kind` (KeyError for an unknown kind)."""
+        return self._codes[kind]
+
+    cdef inline Py_ssize_t _slot(self, int64_t seq) noexcept:
+        return <Py_ssize_t>((seq - 1) % self.capacity)
+
+    cdef inline void _open_slot(self, Py_ssize_t slot) noexcept:
+        """Make room for the next event: free what the slot held."""
+        if self.kind[slot] & FLAG_OBJ:
+            self._objs[slot] = None
+        if self.count < self.capacity:
+            self.count += 1
+
+    cdef int32_t *_reserve_blocks(self, Py_ssize_t slot, Py_ssize_t n) noexcept:
+        """Room for the `n` block ids of the event in `slot`, contiguous in the id ring (a write
+        that would wrap starts over at 0), or NULL when n is 0 or more than the ring holds."""
+        cdef Py_ssize_t pos, k
+        cdef int64_t start
+        if n <= 0 or n > self.bcap:
+            self.bn[slot] = 0 if n <= 0 else -1
+            return NULL
+        pos = <Py_ssize_t>(self.bpos % self.bcap)
+        start = self.bpos if pos + n <= self.bcap else self.bpos + (self.bcap - pos)
+        # Drop the oldest events whose ids this write overwrites (never the new one).
+        while self.count > 1:
+            k = self._slot(self.last_seq - self.count + 1)
+            if self.bn[k] > 0 and self.boff[k] + self.bcap < start + n:
+                if self.kind[k] & FLAG_OBJ:
+                    self._objs[k] = None
+                    self.kind[k] = 0
+                self.count -= 1
+            else:
+                break
+        self.boff[slot] = start
+        self.bn[slot] = <int32_t>n
+        self.bpos = start + n
+        return &self.bring[start % self.bcap]
+
+    cdef int32_t *record_num(self, uint8_t code, int64_t a, int64_t b, int64_t c, int64_t d,
+                             Py_ssize_t n, double now) noexcept:
+        """Append a numeric event (values a..d: the kind's fields in order); returns where its
+        `n` block ids go (the caller writes them; NULL: do not)."""
+        cdef int64_t seq = self.last_seq + 1
+        cdef Py_ssize_t slot = self._slot(seq)
+        self._open_slot(slot)
+        self.last_seq = seq
+        self.ts[slot] = now
+        self.kind[slot] = code
+        cdef int64_t *v = &self.vals[slot * NVALS]
+        v[0] = a
+        v[1] = b
+        v[2] = c
+        v[3] = d
+        return self._reserve_blocks(slot, n)
+
+    cdef int64_t record_values(self, uint8_t code, tuple values, double now) except -1:
+        """Append an event of kind `code` whose values (a flat tuple) follow its fields."""
+        cdef int64_t seq = self.last_seq + 1
+        cdef Py_ssize_t slot = self._slot(seq)
+        self._open_slot(slot)
+        self.last_seq = seq
+        self.ts[slot] = now
+        self.kind[slot] = code | FLAG_OBJ
+        self._objs[slot] = values
+        self.bn[slot] = 0
+        self.maybe_spill()
+        return seq
+
+    def record(self, str kind, *values, block_ids=None) -> int:
+        """Append one event; `values` follow the kind's fields, `block_ids` (optional) are the
+        blocks it changed. Returns its seq. KeyError for an unknown kind."""
+        cdef uint8_t code = self._codes[kind]
+        cdef int64_t seq = self.last_seq + 1
+        cdef Py_ssize_t slot = self._slot(seq)
+        cdef int32_t[::1] ids
+        cdef int32_t *dst
+        self._open_slot(slot)
+        self.last_seq = seq
+        self.ts[slot] = wall_time()
+        self.kind[slot] = code | FLAG_OBJ
+        self._objs[slot] = values
+        if block_ids is None or len(block_ids) == 0:
+            self.bn[slot] = 0
+        else:
+            ids = np.ascontiguousarray(block_ids, dtype=np.int32)
+            dst = self._reserve_blocks(slot, ids.shape[0])
+            if dst != NULL:
+                memcpy(dst, &ids[0], ids.shape[0] * sizeof(int32_t))
+        self.maybe_spill()
+        return seq
+
+    def truncate(self, int64_t seq) -> None:
+        """Forget events after `seq` (a rolled-back batch that no reader has seen yet)."""
+        cdef Py_ssize_t slot
+        while self.count and self.last_seq > seq:
+            slot = self._slot(self.last_seq)
+            if self.kind[slot] & FLAG_OBJ:
+                self._objs[slot] = None
+                self.kind[slot] = 0
+            if self.bn[slot] > 0:
+                self.bpos = self.boff[slot]  # the newest ids are the ones written last
+            self.count -= 1
+            self.last_seq -= 1
+        self.last_seq = seq
+        if self.sink is not None:
+            self.sink.rollback(seq)
+
+    def after(self, int64_t seq=0, Py_ssize_t limit=1000, kinds=None, bint block_ids=False) -> list:
+        """Events with seq > `seq`, oldest first, at most `limit`, as dicts
+        {"seq", "ts", "type", *fields}. With `block_ids`, each also has "block_ids": the blocks
+        it changed, in the order it changed them ([] when none were recorded, None when there
+        were more than the id ring holds)."""
+        cdef list out = []
+        cdef int64_t s = max(seq + 1, self.last_seq - self.count + 1)
+        cdef Py_ssize_t slot, j, n, pos
+        cdef uint8_t k
+        cdef dict event
+        cdef tuple names
+        cdef int64_t *v
+        while s <= self.last_seq and len(out) < limit:
+            slot = self._slot(s)
+            k = self.kind[slot]
+            name = self._names[k & CODE_MASK]
+            s += 1
+            if kinds is not None and name not in kinds:
+                continue
+            event = {"seq": s - 1, "ts": self.ts[slot], "type": name}
+            names = self._fields[k & CODE_MASK]
+            if k & FLAG_OBJ:
+                event.update(zip(names, self._objs[slot]))
+            else:
+                v = &self.vals[slot * NVALS]
+                for j in range(min(len(names), NVALS)):
+                    event[names[j]] = v[j]
+            if block_ids:
+                n = self.bn[slot]
+                if n < 0:
+                    event["block_ids"] = None
+                else:
+                    pos = <Py_ssize_t>(self.boff[slot] % self.bcap)
+                    event["block_ids"] = [self.bring[pos + j] for j in range(n)]
+            out.append(event)
+        return out
+
+    def __len__(self) -> int:
+        return self.count

@@ -1,0 +1,470 @@
+# Included by _core.pyx: the per-operation state of a paged pool.
+
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from libc.stdint cimport INT64_MAX, uint64_t
+
+
+cdef inline int64_t exact_int(object x) noexcept:
+    """x as an int64 when it is exactly an int (not bool, not float): INT64_MAX when it is an
+    int too large for int64, 0 when it is not an int (callers treat <= 0 as invalid)."""
+    cdef int overflow = 0
+    cdef long long v
+    if type(x) is not int:
+        return 0
+    v = PyLong_AsLongLongAndOverflow(x, &overflow)
+    if overflow:
+        return INT64_MAX if overflow > 0 else 0
+    return v
+
+
+cdef class PagedCore:
+    """Everything a paged pool touches per operation, in flat C arrays: the free list, the
+    block map stamps (through its BlockMap), the per-allocation records and the event ring.
+
+    Blocks form singly linked chains through `next_arr`: each live allocation's blocks in data
+    order (record: head, tail, count, requested bytes), and the free blocks as one more chain
+    from `free_head`. Taking n blocks walks n links from the free head; freeing splices the
+    allocation's chain back in front, so the next request gets the same blocks in the same
+    order, exactly what a LIFO stack of block ids gives, and a fresh pool fills from block 0.
+
+    NOTE: a chain, not a fixed-capacity stack plus a per-allocation id list: the one int32 link
+    per block serves both the free set and the allocations' block lists, so a 1M-block pool
+    full of 16-block allocations costs about 11 bytes per block instead of 16+.
+
+    Records live in parallel arrays indexed by a slot; an open-addressing table (linear probing,
+    backward-shift deletion, Fibonacci hashing) maps allocation id -> slot. No Python object per
+    block or per allocation.
+
+    Invariants (`check()` verifies them): the free chain and the allocations' chains partition
+    the blocks; each chain has its record's count and ends at its tail; owner[b] is the id of
+    the allocation whose chain holds b (-1 on the free chain); the table finds every live
+    record; requested_total is the sum of requested bytes.
+    """
+
+    def __cinit__(self, BlockMap bm, EventRing events, int64_t block_bytes, oom, bad_size,
+                  not_found):
+        self.bm = bm
+        self.ev = events
+        self.num_blocks = bm.num_blocks
+        self.block_bytes = block_bytes
+        self.own, self.st, self.cv = bm.own, bm.st, bm.cv
+        self.code_alloc = events.code("allocate")
+        self.code_free = events.code("free")
+        self._oom, self._bad_size, self._not_found = oom, bad_size, not_found
+        self.next_arr = np.empty(self.num_blocks, dtype=np.int32)
+        self.nxt = i32_ptr(self.next_arr)
+        self.rcap = 0
+        self._rec = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Every block free (chain 0, 1, 2, ...), no records; counters other than ids kept."""
+        cdef Py_ssize_t b
+        for b in range(self.num_blocks - 1):
+            self.nxt[b] = <int32_t>(b + 1)
+        self.nxt[self.num_blocks - 1] = NIL
+        self.free_head = 0
+        self.free_count = self.num_blocks
+        self.live = 0
+        self.requested_total = 0
+        self._rec = None
+        self.rcap = 0
+        self.slot_free = NIL
+        self.grow_records()
+        self.rehash(64)
+
+    # -- records -------------------------------------------------------------------------
+    cdef int grow_records(self) except -1:
+        cdef Py_ssize_t old = self.rcap, cap = max(64, 2 * old), i
+        names = ("aid", "req", "head", "tail", "n")
+        dtypes = (np.int64, np.int64, np.int32, np.int32, np.int32)
+        arrays = []
+        for k in range(5):
+            a = np.zeros(cap, dtype=dtypes[k])
+            if old:
+                a[:old] = self._rec[k]
+            arrays.append(a)
+        self._rec = tuple(arrays)
+        cdef int64_t[::1] aid = arrays[0]
+        cdef int64_t[::1] req = arrays[1]
+        self.r_aid, self.r_req = &aid[0], &req[0]
+        self.r_head, self.r_tail, self.r_n = i32_ptr(arrays[2]), i32_ptr(arrays[3]), i32_ptr(arrays[4])
+        # Called only with no unused slot left: the new ones become the unused chain
+        # (r_aid 0 marks an unused slot; ids start at 1).
+        for i in range(old, cap - 1):
+            self.r_tail[i] = <int32_t>(i + 1)
+        self.r_tail[cap - 1] = NIL
+        self.slot_free = <int32_t>old
+        self.rcap = cap
+        return 0
+
+    cdef int rehash(self, Py_ssize_t cap) except -1:
+        cdef Py_ssize_t s, i
+        cdef int bits = 0
+        while (<Py_ssize_t>1 << bits) < cap:
+            bits += 1
+        self._htab = np.full(<Py_ssize_t>1 << bits, -1, dtype=np.int32)
+        self.htab = i32_ptr(self._htab)
+        self.hmask = (<int64_t>1 << bits) - 1
+        self.hshift = 64 - bits
+        for s in range(self.rcap):
+            if self.r_aid[s]:
+                i = <Py_ssize_t>((<uint64_t>self.r_aid[s] * <uint64_t>11400714819323198485ULL) >> self.hshift)
+                while self.htab[i] != -1:
+                    i = (i + 1) & self.hmask
+                self.htab[i] = <int32_t>s
+        return 0
+
+    cdef inline Py_ssize_t home(self, int64_t aid) noexcept:
+        return <Py_ssize_t>((<uint64_t>aid * <uint64_t>11400714819323198485ULL) >> self.hshift)
+
+    cdef Py_ssize_t find(self, int64_t aid) noexcept:
+        """The table position holding `aid`, or -1."""
+        cdef Py_ssize_t i = self.home(aid)
+        cdef int32_t s
+        while True:
+            s = self.htab[i]
+            if s == -1:
+                return -1
+            if self.r_aid[s] == aid:
+                return i
+            i = (i + 1) & self.hmask
+
+    cdef Py_ssize_t slot_of(self, object aid) except -1:
+        """The record slot of allocation `aid`; NotFound for anything else (1.0 and True hash
+        like 1: they must not find id 1)."""
+        cdef int64_t a = exact_int(aid)
+        cdef Py_ssize_t pos = self.find(a) if 0 < a <= self.last_id else -1
+        if pos < 0:
+            raise self._not_found("allocation", aid)
+        return self.htab[pos]
+
+    cdef Py_ssize_t new_record(self, int64_t aid) except -1:
+        cdef Py_ssize_t s, i
+        if self.slot_free == NIL:
+            self.grow_records()
+        if 2 * (self.live + 1) > self.hmask + 1:
+            self.rehash(4 * (self.live + 1))
+        s = self.slot_free
+        self.slot_free = self.r_tail[s]
+        self.r_aid[s] = aid
+        i = self.home(aid)
+        while self.htab[i] != -1:
+            i = (i + 1) & self.hmask
+        self.htab[i] = <int32_t>s
+        self.live += 1
+        return s
+
+    cdef void drop_record(self, Py_ssize_t pos) noexcept:
+        """Remove the table entry at `pos` and free its slot (backward-shift deletion)."""
+        cdef Py_ssize_t s = self.htab[pos], i = pos, j = pos, k
+        self.r_aid[s] = 0
+        self.r_tail[s] = self.slot_free
+        self.slot_free = <int32_t>s
+        self.live -= 1
+        self.htab[i] = -1
+        while True:
+            j = (j + 1) & self.hmask
+            if self.htab[j] == -1:
+                return
+            k = self.home(self.r_aid[self.htab[j]])
+            # Move j back to the hole at i unless its home lies cyclically in (i, j].
+            if (i <= j and (k <= i or k > j)) or (i > j and k <= i and k > j):
+                self.htab[i] = self.htab[j]
+                self.htab[j] = -1
+                i = j
+
+    # -- blocks --------------------------------------------------------------------------
+    cdef int32_t take(self, Py_ssize_t n, int64_t aid, uint8_t state, int32_t *ids,
+                      int32_t *last) noexcept:
+        """Unlink n (<= free_count, > 0) blocks from the free head and stamp them; returns the
+        first, sets *last (its link is NIL); writes the ids to `ids` unless NULL."""
+        cdef int32_t b = self.free_head, first = b, prev = b
+        cdef uint32_t v = self.bm.version
+        cdef Py_ssize_t i
+        cdef int32_t *own = self.own
+        cdef uint8_t *st = self.st
+        cdef uint32_t *cv = self.cv
+        cdef int32_t *nxt = self.nxt
+        for i in range(n):
+            own[b] = <int32_t>aid
+            st[b] = state
+            cv[b >> CHUNK_SHIFT_C] = v
+            if ids != NULL:
+                ids[i] = b
+            prev = b
+            b = nxt[b]
+        self.free_head = b
+        nxt[prev] = NIL
+        self.free_count -= n
+        last[0] = prev
+        return first
+
+    cdef void give_back(self, int32_t head, int32_t tail, int32_t *ids) noexcept:
+        """Unstamp the chain head..tail and splice it in front of the free chain."""
+        cdef int32_t b = head
+        cdef uint32_t v = self.bm.version
+        cdef Py_ssize_t i = 0
+        cdef int32_t *own = self.own
+        cdef uint8_t *st = self.st
+        cdef uint32_t *cv = self.cv
+        cdef int32_t *nxt = self.nxt
+        while True:
+            own[b] = -1
+            st[b] = 0
+            cv[b >> CHUNK_SHIFT_C] = v
+            if ids != NULL:
+                ids[i] = b
+            i += 1
+            self.free_count += 1
+            if b == tail:
+                break
+            b = nxt[b]
+        nxt[tail] = self.free_head
+        self.free_head = head
+
+    cdef int64_t alloc_one(self, int64_t nbytes, Py_ssize_t n, uint8_t state, double now) except -1:
+        cdef int64_t aid = self.last_id + 1
+        cdef Py_ssize_t s = self.new_record(aid)
+        cdef int32_t last
+        cdef int32_t *ids = self.ev.record_num(self.code_alloc, aid, nbytes, n * self.block_bytes,
+                                               n, n, now)
+        self.ev.set_aux(state)
+        self.last_id = aid
+        self.r_head[s] = self.take(n, aid, state, ids, &last)
+        self.r_tail[s] = last
+        self.r_n[s] = <int32_t>n
+        self.r_req[s] = nbytes
+        self.requested_total += nbytes
+        self.ev.maybe_spill()
+        return aid
+
+    cdef int free_slot(self, Py_ssize_t pos, double now) except -1:
+        cdef Py_ssize_t s = self.htab[pos]
+        cdef int64_t aid = self.r_aid[s]
+        cdef int32_t n = self.r_n[s]
+        cdef int32_t *ids = self.ev.record_num(self.code_free, aid, n, self.r_req[s], 0, n, now)
+        self.give_back(self.r_head[s], self.r_tail[s], ids)
+        self.requested_total -= self.r_req[s]
+        self.frees += 1
+        self.drop_record(pos)
+        self.ev.maybe_spill()
+        return 0
+
+    # -- operations (the pool binds these as its methods) --------------------------------
+    def allocate(self, nbytes, int state=1):
+        """Allocate `nbytes` as ceil(nbytes / block_bytes) blocks; returns the allocation id.
+
+        Raises InvalidRequest (size not a positive int) or OutOfMemory (cause "capacity")."""
+        cdef int64_t nb = exact_int(nbytes)
+        cdef int64_t free_bytes = self.free_count * self.block_bytes
+        if nb <= 0:
+            self._bad_size(nbytes)
+        if nb > free_bytes:
+            raise self._oom(nbytes, free_bytes, free_bytes, "capacity")
+        return self.alloc_one(nb, (nb + self.block_bytes - 1) // self.block_bytes, <uint8_t>state,
+                              wall_time())
+
+    def free(self, aid) -> None:
+        """Return every block of `aid` to the pool. Raises NotFound (also on double free)."""
+        cdef int64_t a = exact_int(aid)
+        cdef Py_ssize_t pos = self.find(a) if 0 < a <= self.last_id else -1
+        if pos < 0:
+            raise self._not_found("allocation", aid)
+        self.free_slot(pos, wall_time())
+
+    def allocate_many(self, sizes, int state=1) -> list:
+        """Allocate each of `sizes` (bytes), all or nothing; returns the ids in order.
+        Raises InvalidRequest or OutOfMemory (then nothing was allocated)."""
+        cdef int64_t nb, total = 0, cap = self.num_blocks * self.block_bytes
+        cdef list out = []
+        for nbytes in sizes:
+            nb = exact_int(nbytes)
+            if nb <= 0:
+                self._bad_size(nbytes)
+            total += (min(nb, cap + 1) + self.block_bytes - 1) // self.block_bytes
+            total = min(total, self.num_blocks + 1)
+        if total > self.free_count:
+            free_bytes = self.free_count * self.block_bytes
+            raise self._oom(sum(sizes), free_bytes, free_bytes, "capacity", False)  # a batch: an OOM
+        cdef double now = wall_time()
+        for nbytes in sizes:
+            nb = nbytes
+            out.append(self.alloc_one(nb, (nb + self.block_bytes - 1) // self.block_bytes,
+                                      <uint8_t>state, now))
+        return out
+
+    def free_many(self, ids) -> None:
+        """Free every id in `ids`, all or nothing. Raises NotFound (unknown or repeated id)."""
+        cdef list positions = []
+        cdef Py_ssize_t pos
+        if len(set(ids)) != len(ids):
+            self._not_found_in(ids)
+        for aid in ids:
+            self.slot_of(aid)
+        cdef double now = wall_time()
+        for aid in ids:  # table positions move as entries go: find each again
+            self.free_slot(self.find(<int64_t>aid), now)
+
+    def _not_found_in(self, ids):
+        seen = set()
+        for aid in ids:
+            if aid in seen:
+                raise self._not_found("allocation", aid)  # the second free of a double free
+            self.slot_of(aid)
+            seen.add(aid)
+
+    def extend(self, aid, int64_t nbytes) -> list:
+        """Grow `aid` by `nbytes` requested bytes, taking the blocks that needs (same state as
+        its first block); returns the new block ids. NotFound / OutOfMemory (then unchanged)."""
+        cdef Py_ssize_t s = self.slot_of(aid)
+        cdef int64_t need = (self.r_req[s] + nbytes + self.block_bytes - 1) // self.block_bytes - self.r_n[s]
+        cdef int32_t last, first
+        cdef int64_t free_bytes = self.free_count * self.block_bytes
+        if need > self.free_count:
+            raise self._oom(need * self.block_bytes, free_bytes, free_bytes, "capacity")
+        ids = np.empty(max(need, 0), dtype=np.int32)
+        if need > 0:
+            first = self.take(need, self.r_aid[s], self.st[self.r_head[s]], i32_ptr(ids), &last)
+            self.nxt[self.r_tail[s]] = first
+            self.r_tail[s] = last
+            self.r_n[s] += <int32_t>need
+        self.r_req[s] += nbytes
+        self.requested_total += nbytes
+        return ids.tolist()
+
+    def truncate(self, aid, int64_t nbytes) -> list:
+        """Shrink `aid` to `nbytes` (0 < nbytes <= its size), freeing the blocks past the new
+        end; returns their ids. NotFound for an unknown id."""
+        cdef Py_ssize_t s = self.slot_of(aid), i
+        cdef int64_t keep = (nbytes + self.block_bytes - 1) // self.block_bytes
+        cdef int32_t b = self.r_head[s], cut
+        ids = np.empty(self.r_n[s] - keep, dtype=np.int32)
+        if keep < self.r_n[s]:
+            for i in range(keep - 1):
+                b = self.nxt[b]
+            cut = self.nxt[b]
+            self.nxt[b] = NIL
+            self.give_back(cut, self.r_tail[s], i32_ptr(ids))
+            self.r_tail[s] = b
+            self.r_n[s] = <int32_t>keep
+        self.requested_total += nbytes - self.r_req[s]
+        self.r_req[s] = nbytes
+        return ids.tolist()
+
+    def set_state(self, aid, uint8_t state) -> None:
+        """Mark every block of `aid` with `state` (stamping the map). NotFound."""
+        cdef Py_ssize_t s = self.slot_of(aid)
+        cdef int32_t b = self.r_head[s]
+        cdef uint32_t v = self.bm.version
+        while b != NIL:
+            self.st[b] = state
+            self.cv[b >> CHUNK_SHIFT_C] = v
+            b = self.nxt[b]
+
+    # -- reading -------------------------------------------------------------------------
+    def __contains__(self, aid) -> bool:
+        cdef int64_t a = exact_int(aid)
+        return 0 < a <= self.last_id and self.find(a) >= 0
+
+    def requested(self, aid) -> int:
+        """Requested bytes of `aid`. NotFound."""
+        return self.r_req[self.slot_of(aid)]
+
+    def count(self, aid) -> int:
+        """Blocks held by `aid`. NotFound."""
+        return self.r_n[self.slot_of(aid)]
+
+    def first_block(self, aid) -> int:
+        return self.r_head[self.slot_of(aid)]
+
+    def block_ids(self, aid) -> list:
+        """Blocks of `aid` in data order. NotFound."""
+        cdef Py_ssize_t s = self.slot_of(aid), i
+        cdef int32_t b = self.r_head[s]
+        cdef list out = []
+        for i in range(self.r_n[s]):
+            out.append(b)
+            b = self.nxt[b]
+        return out
+
+    def ids(self) -> list:
+        """Live allocation ids, oldest first."""
+        aids = self._rec[0]
+        return np.sort(aids[aids > 0]).tolist()
+
+    def records(self) -> tuple:
+        """(aid, requested, head, tail, count) numpy arrays of the live records, by id."""
+        aids = self._rec[0]
+        live = np.flatnonzero(aids > 0)
+        live = live[np.argsort(aids[live])]
+        return tuple(a[live] for a in self._rec)
+
+    def free_blocks(self) -> object:
+        """The free chain's block ids, head first (numpy int32), or None when it is longer
+        than the pool (a cycle)."""
+        out = np.empty(self.free_count, dtype=np.int32)
+        cdef int32_t[::1] o = out
+        cdef int32_t b = self.free_head
+        cdef Py_ssize_t i = 0
+        while b != NIL:
+            if i >= self.free_count or b < 0 or b >= self.num_blocks:
+                return None
+            o[i] = b
+            i += 1
+            b = self.nxt[b]
+        return out if i == self.free_count else None
+
+    def check(self) -> list:
+        """Problems with the records, chains and table (empty = ok); names the first culprit."""
+        problems = []
+        cdef Py_ssize_t s, i, seen = 0
+        cdef int32_t b
+        total = 0
+        for s in range(self.rcap):
+            if not self.r_aid[s]:
+                continue
+            seen += 1
+            aid = self.r_aid[s]
+            total += self.r_req[s]
+            if self.find(aid) < 0 or self.htab[self.find(aid)] != s:
+                problems.append(f"allocation {aid}: the id table does not find its record")
+            b = self.r_head[s]
+            for i in range(self.r_n[s] - 1):
+                if b < 0 or b >= self.num_blocks:
+                    break
+                b = self.nxt[b]
+            if b != self.r_tail[s] or b < 0 or self.nxt[b] != NIL:
+                problems.append(f"allocation {aid}: its chain of {self.r_n[s]} blocks does not end at its tail {self.r_tail[s]}")
+        if seen != self.live:
+            problems.append(f"{seen} live records, the count says {self.live}")
+        if total != self.requested_total:
+            problems.append(f"requested_total is {self.requested_total}, records add up to {total}")
+        if self.free_blocks() is None:
+            problems.append(f"the free chain from block {self.free_head} does not hold exactly {self.free_count} blocks")
+        return problems
+
+    def compact_chains(self, src, dst) -> None:
+        """Rewrite chains, records and the free chain after blocks src[i] -> dst[i] moved (the
+        caller moved the map cells); the free blocks become the ascending tail of the pool."""
+        remap = np.arange(self.num_blocks, dtype=np.int32)
+        remap[src] = dst
+        nx = self.next_arr
+        owned = np.frombuffer(self.bm.owner, dtype=np.int32) != -1  # after the move
+        moved_links = nx[src].copy()
+        nx[dst] = moved_links
+        links = nx[owned]
+        ok = links >= 0
+        links[ok] = remap[links[ok]]
+        nx[owned] = links
+        live = self._rec[0] > 0
+        for k in (2, 3):
+            col = self._rec[k]
+            col[live] = remap[col[live]]
+        used = self.num_blocks - self.free_count
+        if used < self.num_blocks:
+            nx[used:self.num_blocks - 1] = np.arange(used + 1, self.num_blocks, dtype=np.int32)
+            nx[self.num_blocks - 1] = NIL
+            self.free_head = <int32_t>used
+        else:
+            self.free_head = NIL

@@ -1,0 +1,435 @@
+# Included by _core.pyx: the cache's eviction policies over intrusive int32 lists.
+
+
+cdef class _Bucket:
+    """One list of a policy (LFU frequency bucket, S3-FIFO queue) over the policy's arrays."""
+    cdef DList l
+
+
+cdef class KeyedPolicy:
+    """Base of the compiled eviction policies: keys get a slot (dict key -> slot, the only
+    Python-level structure), and every order is an intrusive DList over the slots' int32
+    prev/next arrays, so insert / touch / remove / victim are O(1) C list operations.
+
+    Every policy answers `insert(key)`, `touch(key)` (a hit), `remove(key, evicted)`,
+    `victim()` (the next key to evict, without removing it), `order(limit)` (keys in eviction
+    order, next victim first), `keys()` and `len()`. Invariant: the keys held are those
+    inserted and not yet removed, each in exactly one of the policy's lists; `check()` says
+    which list is broken.
+
+    NOTE: the arrays double when full (a copy, then every list is re-pointed): policies hold
+    cache entries, whose number is not known up front, unlike a pool's blocks.
+    """
+
+    name = "base"
+
+    cdef dict _slot
+    cdef list _keys
+    cdef object _prev_arr, _next_arr
+    cdef int32_t *prev
+    cdef int32_t *next
+    cdef Py_ssize_t cap
+    cdef int32_t unused         # unused slots, chained through `next`
+    cdef list _lists             # every _Bucket, re-pointed when the arrays grow
+
+    def __cinit__(self, *args, **kw):
+        self._slot = {}
+        self._keys = []
+        self._lists = []
+        self.cap = 0
+        self.unused = NIL
+        self._grow()
+
+    cdef _Bucket new_list(self):
+        cdef _Bucket b = _Bucket()
+        b.l.prev, b.l.next = self.prev, self.next
+        b.l.head = b.l.tail = NIL
+        b.l.size = 0
+        self._lists.append(b)
+        return b
+
+    cdef int _grow(self) except -1:
+        cdef Py_ssize_t old = self.cap, cap = max(16, 2 * old), i
+        cdef _Bucket b
+        prev = np.full(cap, DETACHED, dtype=np.int32)
+        nxt = np.full(cap, DETACHED, dtype=np.int32)
+        if old:
+            prev[:old] = self._prev_arr
+            nxt[:old] = self._next_arr
+        self._prev_arr, self._next_arr = prev, nxt
+        self.prev, self.next = i32_ptr(prev), i32_ptr(nxt)
+        self._keys.extend([None] * (cap - old))
+        for i in range(cap - 1, old - 1, -1):  # only called with no unused slot left
+            self.next[i] = self.unused
+            self.unused = <int32_t>i
+        self.cap = cap
+        for b in self._lists:
+            b.l.prev, b.l.next = self.prev, self.next
+        self._on_grow(old)
+        return 0
+
+    cdef int _on_grow(self, Py_ssize_t old) except -1:
+        return 0
+
+    cdef int32_t acquire(self, key) except -2:
+        """A fresh, DETACHED slot for `key` (KeyError-free: the caller checked it is new)."""
+        if self.unused == NIL:
+            self._grow()
+        cdef int32_t s = self.unused
+        self.unused = self.next[s]
+        self.prev[s] = self.next[s] = DETACHED
+        self._slot[key] = s
+        self._keys[s] = key
+        return s
+
+    cdef void release(self, int32_t s):
+        """Forget the (already unlinked) slot `s` and its key."""
+        del self._slot[self._keys[s]]
+        self._keys[s] = None
+        self.next[s] = self.unused
+        self.unused = s
+
+    cdef list walk(self, _Bucket b, Py_ssize_t limit):
+        cdef list out = []
+        cdef int32_t s = b.l.head
+        while s != NIL and (limit < 0 or len(out) < limit):
+            out.append(self._keys[s])
+            s = self.next[s]
+        return out
+
+    # C-level entry points (the cache calls these; the def methods wrap them).
+    cdef int c_insert(self, key) except -1:
+        raise NotImplementedError
+
+    cdef int c_remove(self, key, bint evicted) except -1:
+        raise NotImplementedError
+
+    cdef object c_victim(self):
+        raise NotImplementedError
+
+    cdef int c_touch(self, key) except -1:
+        raise NotImplementedError
+
+    def insert(self, key) -> None:
+        self.c_insert(key)
+
+    def remove(self, key, evicted=False) -> None:
+        self.c_remove(key, evicted)
+
+    def victim(self):
+        return self.c_victim()
+
+    def touch(self, key) -> None:
+        self.c_touch(key)
+
+    cdef list check_list(self, _Bucket b, str what):
+        cdef int32_t s = b.l.head, p = NIL
+        cdef Py_ssize_t n = 0
+        while s != NIL:
+            if self.prev[s] != p:
+                return [f"{self.name} {what}: {self._keys[s]!r} has a broken back link"]
+            if self._keys[s] is None:
+                return [f"{self.name} {what}: holds an unused slot {s}"]
+            p, s = s, self.next[s]
+            n += 1
+            if n > self.cap:
+                return [f"{self.name} {what}: the list has a cycle"]
+        if p != b.l.tail or n != b.l.size:
+            return [f"{self.name} {what}: tail or size disagrees with the links ({n} walked, size {b.l.size})"]
+        return []
+
+    def keys(self) -> set:
+        return set(self._slot)
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def __contains__(self, key) -> bool:
+        return key in self._slot
+
+
+cdef class LRU(KeyedPolicy):
+    """Least recently used: one list in recency order, oldest first (O(1) touch and evict)."""
+
+    name = "lru"
+    cdef _Bucket order_
+
+    def __cinit__(self, *args, **kw):
+        self.order_ = self.new_list()
+
+    cdef int c_insert(self, key) except -1:
+        if key in self._slot:
+            raise KeyError(f"{key!r} is already held")
+        dlist_push_back(&self.order_.l, self.acquire(key))
+        return 0
+
+    cdef int c_touch(self, key) except -1:
+        dlist_move_to_back(&self.order_.l, self._slot[key])
+        return 0
+
+    cdef int c_remove(self, key, bint evicted) except -1:
+        cdef int32_t s = self._slot[key]
+        dlist_remove(&self.order_.l, s)
+        self.release(s)
+        return 0
+
+    cdef object c_victim(self):
+        return None if self.order_.l.head == NIL else self._keys[self.order_.l.head]
+
+    def order(self, limit=None) -> list:
+        return self.walk(self.order_, -1 if limit is None else limit)
+
+    def check(self) -> list:
+        problems = self.check_list(self.order_, "order")
+        if self.order_.l.size != len(self._slot):
+            problems.append(f"{self.name}: {len(self._slot)} keys, {self.order_.l.size} in the order")
+        return problems
+
+
+cdef class FIFO(LRU):
+    """First in, first out: insertion order; a hit changes nothing."""
+
+    name = "fifo"
+
+    cdef int c_touch(self, key) except -1:
+        if key not in self._slot:
+            raise KeyError(key)
+        return 0
+
+
+cdef class LFU(KeyedPolicy):
+    """Least frequently used, oldest first among equals: one list per frequency (O(1)).
+
+    `freq[s]` is the key's hit count + 1; bucket f holds the keys of frequency f in the order
+    they reached it; `min_freq` is the lowest non-empty frequency (recomputed on removal only
+    when its bucket empties: a scan of the bucket dict, whose size is the number of distinct
+    frequencies).
+    """
+
+    name = "lfu"
+    cdef object _freq_arr
+    cdef int64_t *freq
+    cdef dict _buckets          # frequency -> _Bucket (non-empty ones only)
+    cdef int64_t min_freq
+
+    def __cinit__(self, *args, **kw):
+        self._buckets = {}
+        self.min_freq = 0
+        self._on_grow(0)  # the base's __cinit__ grew the slots before this type's hook was set
+
+    cdef int _on_grow(self, Py_ssize_t old) except -1:
+        f = np.zeros(self.cap, dtype=np.int64)
+        if old:
+            f[:old] = self._freq_arr
+        self._freq_arr = f
+        cdef int64_t[::1] mv = f
+        self.freq = &mv[0]
+        return 0
+
+    cdef void _file(self, int32_t s, int64_t f):
+        cdef _Bucket b = self._buckets.get(f)
+        if b is None:
+            b = self._buckets[f] = self.new_list()
+        dlist_push_back(&b.l, s)
+        self.freq[s] = f
+        if self.min_freq == 0 or f < self.min_freq:
+            self.min_freq = f
+
+    cdef void _unfile(self, int32_t s):
+        cdef int64_t f = self.freq[s]
+        cdef _Bucket b = self._buckets[f]
+        dlist_remove(&b.l, s)
+        if b.l.size == 0:
+            del self._buckets[f]
+            self._lists.remove(b)
+            if f == self.min_freq:
+                self.min_freq = min(self._buckets) if self._buckets else 0
+
+    def insert(self, key, int64_t freq=1) -> None:
+        if key in self._slot:
+            raise KeyError(f"{key!r} is already held")
+        if freq < 1:
+            raise ValueError(f"frequency must be >= 1, got {freq}")
+        self._file(self.acquire(key), freq)
+
+    cdef int c_insert(self, key) except -1:
+        if key in self._slot:
+            raise KeyError(f"{key!r} is already held")
+        self._file(self.acquire(key), 1)
+        return 0
+
+    cdef int c_touch(self, key) except -1:
+        cdef int32_t s = self._slot[key]
+        cdef int64_t f = self.freq[s]
+        self._unfile(s)
+        self._file(s, f + 1)
+        return 0
+
+    cdef int c_remove(self, key, bint evicted) except -1:
+        cdef int32_t s = self._slot[key]
+        self._unfile(s)
+        self.release(s)
+        return 0
+
+    cdef object c_victim(self):
+        if not self._slot:
+            return None
+        cdef _Bucket b = self._buckets[self.min_freq]
+        return self._keys[b.l.head]
+
+    def order(self, limit=None) -> list:
+        cdef list out = []
+        for f in sorted(self._buckets):
+            out.extend(self.walk(self._buckets[f], -1))
+            if limit is not None and len(out) >= limit:
+                return out[:limit]
+        return out
+
+    def check(self) -> list:
+        problems = []
+        n = 0
+        for f, b in self._buckets.items():
+            problems += self.check_list(b, f"bucket {f}")
+            n += (<_Bucket>b).l.size
+            for key in self.walk(b, -1):
+                if self.freq[self._slot[key]] != f:
+                    problems.append(f"lfu: {key!r} of frequency {self.freq[self._slot[key]]} is in bucket {f}")
+        if n != len(self._slot):
+            problems.append(f"lfu: {len(self._slot)} keys, {n} in the buckets")
+        if self._buckets and self.min_freq != min(self._buckets):
+            problems.append(f"lfu: min frequency is {self.min_freq}, lowest bucket {min(self._buckets)}")
+        return problems
+
+
+cdef class S3FIFO(KeyedPolicy):
+    """S3-FIFO (Yang et al., SOSP 2023): a small probationary FIFO, a main FIFO and a ghost list.
+
+    New keys enter `small` (or `main` when the ghost remembers them). Eviction takes from `small`
+    while it holds at least SMALL_SHARE of the keys: a key hit there since insertion is promoted
+    to `main`, otherwise it is the victim (and remembered in `ghost`). From `main`, a key with
+    hits left is reinserted with one hit fewer (a CLOCK-like second chance); otherwise it is the
+    victim. Hit counts saturate at 3. `victim()` performs those promotions so that its answer is
+    the key `remove(key, evicted=True)` will take next. The ghost keeps at most max(len(main),
+    1) keys, oldest dropped first (a dict in insertion order: keys only, no slot).
+    """
+
+    name = "s3fifo"
+    SMALL_SHARE = 0.1
+    MAX_FREQ = 3
+    cdef _Bucket small, main
+    cdef object _hits_arr
+    cdef uint8_t *hits
+    cdef uint8_t *in_small
+    cdef object _small_arr
+    cdef dict _ghost
+
+    def __cinit__(self, *args, **kw):
+        self.small = self.new_list()
+        self.main = self.new_list()
+        self._ghost = {}
+        self._on_grow(0)  # the base's __cinit__ grew the slots before this type's hook was set
+
+    cdef int _on_grow(self, Py_ssize_t old) except -1:
+        h = np.zeros(self.cap, dtype=np.uint8)
+        m = np.zeros(self.cap, dtype=np.uint8)
+        if old:
+            h[:old] = self._hits_arr
+            m[:old] = self._small_arr
+        self._hits_arr, self._small_arr = h, m
+        cdef uint8_t[::1] hv = h
+        cdef uint8_t[::1] mv = m
+        self.hits, self.in_small = &hv[0], &mv[0]
+        return 0
+
+    cdef int c_insert(self, key) except -1:
+        if key in self._slot:
+            raise KeyError(f"{key!r} is already held")
+        cdef int32_t s = self.acquire(key)
+        self.hits[s] = 0
+        if key in self._ghost:
+            del self._ghost[key]
+            self.in_small[s] = 0
+            dlist_push_back(&self.main.l, s)
+        else:
+            self.in_small[s] = 1
+            dlist_push_back(&self.small.l, s)
+        return 0
+
+    cdef int c_touch(self, key) except -1:
+        cdef int32_t s = self._slot[key]
+        if self.hits[s] < 3:
+            self.hits[s] += 1
+        return 0
+
+    cdef int c_remove(self, key, bint evicted) except -1:
+        cdef int32_t s = self._slot[key]
+        cdef dict ghost = self._ghost
+        if self.in_small[s]:
+            dlist_remove(&self.small.l, s)
+            if evicted:
+                ghost[key] = None
+                while len(ghost) > max(self.main.l.size, 1):
+                    del ghost[next(iter(ghost))]
+        else:
+            dlist_remove(&self.main.l, s)
+        self.release(s)
+        return 0
+
+    cdef int32_t _victim_slot(self):
+        cdef int32_t s
+        cdef Py_ssize_t total
+        while True:
+            total = self.small.l.size + self.main.l.size
+            if self.small.l.size and (self.small.l.size >= 0.1 * total or not self.main.l.size):
+                s = self.small.l.head
+                if self.hits[s] > 0:  # re-accessed while on probation: promote
+                    dlist_remove(&self.small.l, s)
+                    self.hits[s] = 0
+                    self.in_small[s] = 0
+                    dlist_push_back(&self.main.l, s)
+                    continue
+                return s
+            s = self.main.l.head
+            if self.hits[s] > 0:  # second chance
+                self.hits[s] -= 1
+                dlist_move_to_back(&self.main.l, s)
+                continue
+            return s
+
+    cdef object c_victim(self):
+        if not self._slot:
+            return None
+        return self._keys[self._victim_slot()]
+
+    def order(self, limit=None) -> list:
+        """Eviction order, by running the policy on a copy (keys, queues and hit counts)."""
+        cdef S3FIFO sim = S3FIFO()
+        for key in self.walk(self.small, -1):
+            sim.insert(key)
+            sim.hits[sim._slot[key]] = self.hits[self._slot[key]]
+        for key in self.walk(self.main, -1):
+            s = sim.acquire(key)
+            sim.in_small[s] = 0
+            sim.hits[s] = self.hits[self._slot[key]]
+            dlist_push_back(&sim.main.l, s)
+        cdef list out = []
+        n = len(self._slot) if limit is None else min(limit, len(self._slot))
+        while len(out) < n:
+            key = sim.victim()
+            sim.remove(key, False)
+            out.append(key)
+        return out
+
+    def ghost_keys(self) -> list:
+        return list(self._ghost)
+
+    def check(self) -> list:
+        problems = self.check_list(self.small, "small") + self.check_list(self.main, "main")
+        if self.small.l.size + self.main.l.size != len(self._slot):
+            problems.append(f"s3fifo: {len(self._slot)} keys, {self.small.l.size + self.main.l.size} queued")
+        for key in self.walk(self.small, -1):
+            if not self.in_small[self._slot[key]]:
+                problems.append(f"s3fifo: {key!r} is in small but marked main")
+        if set(self._ghost) & set(self._slot):
+            problems.append("s3fifo: a key is both held and remembered by the ghost")
+        return problems
