@@ -103,6 +103,53 @@ cdef class EventRing:
             s += 1
         return out
 
+    def export(self, int64_t seq):
+        """Events with seq > `seq` in columns, for the history to pack without a Python object
+        per event: (first_seq, last_seq, ts, kind, vals, aux, nids, ids) as bytes of float64,
+        uint8 (code | FLAG_OBJ), int64 (NVALS per event), uint8, int32 (-1: ids not kept) and
+        int32 (every numeric event's ids, in order), then the value tuples of the Python-recorded
+        events in order, and the kind names by code. None when there is nothing after `seq`."""
+        cdef int64_t first = max(seq + 1, self.last_seq - self.count + 1)
+        cdef Py_ssize_t n = <Py_ssize_t>(self.last_seq - first + 1), i, j, slot, m, total = 0, pos
+        if n <= 0:
+            return None
+        ts = np.empty(n, dtype=np.float64)
+        kd = np.empty(n, dtype=np.uint8)
+        vs = np.empty(n * NVALS, dtype=np.int64)
+        ax = np.empty(n, dtype=np.uint8)
+        nb = np.empty(n, dtype=np.int32)
+        cdef double[::1] ts_v = ts
+        cdef uint8_t[::1] kd_v = kd
+        cdef int64_t[::1] vs_v = vs
+        cdef uint8_t[::1] ax_v = ax
+        cdef int32_t[::1] nb_v = nb
+        cdef list objs = []
+        for i in range(n):
+            slot = self._slot(first + i)
+            ts_v[i] = self.ts[slot]
+            kd_v[i] = self.kind[slot]
+            ax_v[i] = self.aux[slot]
+            for j in range(NVALS):
+                vs_v[i * NVALS + j] = self.vals[slot * NVALS + j]
+            if self.kind[slot] & FLAG_OBJ:
+                objs.append(self._objs[slot])
+                nb_v[i] = 0
+            else:
+                nb_v[i] = self.bn[slot]
+                if self.bn[slot] > 0:
+                    total += self.bn[slot]
+        ids = np.empty(total, dtype=np.int32)
+        cdef int32_t[::1] ids_v = ids
+        pos = 0
+        for i in range(n):
+            m = nb_v[i]
+            if m > 0:
+                slot = self._slot(first + i)
+                memcpy(&ids_v[pos], &self.bring[<Py_ssize_t>(self.boff[slot] % self.bcap)], m * sizeof(int32_t))
+                pos += m
+        return (first, self.last_seq, ts.tobytes(), kd.tobytes(), vs.tobytes(), ax.tobytes(),
+                nb.tobytes(), ids.tobytes(), objs, list(self._names))
+
     def code(self, str kind) -> int:
         """The numeric code of `kind` (KeyError for an unknown kind)."""
         return self._codes[kind]

@@ -18,11 +18,11 @@ from .metrics import fragmentation_stats
 
 DEFAULT_HISTORY_BYTES = 64 << 20
 # Events between keyframes: num_blocks / KEYFRAME_BLOCKS_PER_EVENT, at least one ring's worth,
-# at most KEYFRAME_EVENTS. A keyframe costs ~2-5 ns per block (copy + zlib), replay ~0.5-1 us
-# per event: a 65,536-block pool keyframes at every spill (10k events, reads ~10-40 ms), a
-# 1M-block pool every 131k events (~0.1 us per event on the hot path, reads up to ~150 ms).
+# at most KEYFRAME_EVENTS. A keyframe costs ~15 ns per block (copy + zlib), replay ~1 us per
+# event, the compiled hot path ~0.1 us per event: one keyframe per num_blocks events keeps
+# keyframes under ~15% of the hot path and a read under ~100 ms (65,536 blocks: ~50 ms worst).
 KEYFRAME_EVENTS = 131_072
-KEYFRAME_BLOCKS_PER_EVENT = 8
+KEYFRAME_BLOCKS_PER_EVENT = 1
 COUNTER_NAMES = ("extends", "truncates", "moves", "moved_blocks", "defragmentations",
                  "ooms_capacity", "ooms_fragmentation")
 
@@ -90,6 +90,47 @@ class Keyframe:
         return cls(seq, owner_z, state_z, requested, allocations, last_id, frees, tuple(counters))
 
 
+COLUMNS = "cols1"  # marks a segment stored as EventRing.export() columns
+NVALS = 4  # int64 values per numeric event (allocator/_events.pxi)
+FLAG_OBJ = 0x80
+
+
+def rows_of_columns(data: tuple) -> list[tuple]:
+    """Columns (see Segment.pack_columns) back to flat tuples in the vocabulary's layout, as
+    EventRing.raw_after() makes them: numeric allocate (id, requested, allocated, blocks,
+    block_ids, state), free (id, blocks, block_ids, requested_bytes)."""
+    _, first, last, ts, kind, vals, aux, nids, ids, objs, names = data
+    ts = np.frombuffer(ts, dtype=np.float64).tolist()
+    kind = np.frombuffer(kind, dtype=np.uint8).tolist()
+    vals = np.frombuffer(vals, dtype=np.int64).reshape(-1, NVALS).tolist()
+    aux = np.frombuffer(aux, dtype=np.uint8).tolist()
+    nids = np.frombuffer(nids, dtype=np.int32).tolist()
+    id_arr = np.frombuffer(ids, dtype=np.int32)
+    out: list[tuple] = []
+    pos = oi = 0
+    for i, k in enumerate(kind):
+        seq = first + i
+        if k & FLAG_OBJ:
+            out.append((seq, ts[i], names[k & 0x7F]) + tuple(objs[oi]))
+            oi += 1
+            continue
+        m = nids[i]
+        if m == 1:
+            bid = int(id_arr[pos])
+        elif m > 1:
+            bid = id_arr[pos:pos + m].tobytes()
+        else:
+            bid = None
+        pos += max(m, 0)
+        v = vals[i]
+        name = names[k]
+        if name == "free":
+            out.append((seq, ts[i], name, v[0], v[1], bid, v[2]))
+        else:
+            out.append((seq, ts[i], name, v[0], v[1], v[2], v[3], bid, aux[i]))
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Segment:
     """Events first..last (contiguous seqs) as a pickle of the stored tuples (not compressed:
@@ -104,7 +145,19 @@ class Segment:
         return len(self.blob) + 100
 
     def rows(self) -> list[tuple]:
-        return safe_loads(self.blob)
+        data = safe_loads(self.blob)
+        if data.__class__ is tuple and data and data[0] == COLUMNS:
+            return rows_of_columns(data)
+        return data
+
+    @classmethod
+    def pack_columns(cls, cols: tuple) -> Segment:
+        """From `EventRing.export()`: the columns as they come (bytes), no object per event."""
+        buf = io.BytesIO()
+        pickler = pickle.Pickler(buf, 5)
+        pickler.fast = True
+        pickler.dump((COLUMNS,) + cols)
+        return cls(cols[0], cols[1], buf.getvalue())
 
     @classmethod
     def pack(cls, rows: list[tuple]) -> Segment:
@@ -186,14 +239,16 @@ class History:
     def spill(self) -> None:
         """Pack the ring's unconsumed events; keyframe the live map when one is due."""
         events = self.pool.events
-        rows = events.raw_after(self.consumed)
-        if rows and rows[0][0] != self.consumed + 1:
+        cols = events.export(self.consumed)
+        if cols is not None and cols[0] != self.consumed + 1:
             # The ring dropped events before they reached us (an event with more block ids
             # than half the id ring): start over from a keyframe of the map now.
             self._restart()
             return
-        if rows:
-            seg = Segment.pack(_packable(rows) if self._has_ranges else rows)
+        if cols is not None:
+            if self._has_ranges:
+                cols = cols[:8] + ([_packable_values(v) for v in cols[8]],) + cols[9:]
+            seg = Segment.pack_columns(cols)
             self.segments.append(seg)
             self.nbytes += seg.nbytes
             self.consumed = seg.last
@@ -303,6 +358,13 @@ def _count(value) -> int:
     if cls is tuple:
         return value[1] - value[0]
     return len(value)
+
+
+def _packable_values(values: tuple) -> tuple:
+    """One event's values with ranges as (start, stop) (a range pickles ~30x slower)."""
+    if range in map(type, values):
+        return tuple((v.start, v.stop) if v.__class__ is range else v for v in values)
+    return values
 
 
 def _packable(rows: list[tuple]) -> list[tuple]:
