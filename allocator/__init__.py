@@ -13,7 +13,7 @@ Pure core: imports only the standard library, numpy and torch (never a web frame
 
 from __future__ import annotations
 
-from .blockmap import CACHED, FREE, PINNED, USED, BlockMap
+from .blockmap import CACHED, FREE, PINNED, SHARED, USED, BlockMap
 from .cache import Entry, KVCache, PutResult
 from .contiguous import ContiguousPool
 from .errors import (
@@ -23,6 +23,7 @@ from .errors import (
     KVScopeError,
     NotFound,
     OutOfMemory,
+    PrefixOutOfMemory,
     TooLarge,
     positive_int,
 )
@@ -32,17 +33,28 @@ from .history import History, HistoryView, OutsideHistory
 from .mirror import MirrorPool
 from .paged import PagedPool
 from .pool import Allocation, DefragReport, Pool
+from .prefix import PrefixPool, SequenceInfo
 from .spec import CacheSpec, PoolSpec
 from .storage import BlockStorage, resolve_device
 from .tiered import DEFAULT_TIERS, TieredPool
-from .vocab import EVENT_FIELDS, FITS, POLICIES, SCENARIOS, STATE_NAMES, STRATEGIES, meta
+from .vocab import (
+    EVENT_FIELDS,
+    FITS,
+    POLICIES,
+    PREFIX_POLICIES,
+    SCENARIOS,
+    STATE_NAMES,
+    STRATEGIES,
+    meta,
+)
 
 
 def create_pool(strategy: str = "paged", **options) -> Pool:
     """Build a pool: `PoolSpec.parse(strategy, **options).build()`. Size by `num_blocks` or
     `capacity_bytes`; block size by `block_bytes` or by `tokens_per_block` (default 16) with a
-    `model` geometry; `device`, `fit`, `tiers`, `name`, `event_capacity`, `cache` as
-    `PoolSpec.parse` takes them. Raises InvalidRequest."""
+    `model` geometry; `device`, `fit`, `tiers`, `name`, `event_capacity`, `cache`,
+    `prefix_caching` ({"policy": ...}: a PrefixPool) as `PoolSpec.parse` takes them. Raises
+    InvalidRequest."""
     return PoolSpec.parse(strategy, **options).build()
 
 
@@ -50,7 +62,8 @@ __all__ = [
     "Allocation", "BlockMap", "BlockStorage", "CACHED", "CacheSpec", "Conflict", "ContiguousPool",
     "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "ExceedsCapacity", "FITS", "FREE", "History", "HistoryView", "OutsideHistory",
     "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "MirrorPool", "ModelGeometry", "NotFound",
-    "OutOfMemory", "PINNED", "POLICIES", "PagedPool", "Pool", "PoolSpec", "PutResult", "SCENARIOS", "STATE_NAMES",
-    "STRATEGIES", "TieredPool", "TooLarge", "USED", "create_pool", "get_model", "meta",
+    "OutOfMemory", "PINNED", "POLICIES", "PREFIX_POLICIES", "PagedPool", "Pool", "PoolSpec",
+    "PrefixOutOfMemory", "PrefixPool", "PutResult", "SCENARIOS", "SHARED", "STATE_NAMES",
+    "STRATEGIES", "SequenceInfo", "TieredPool", "TooLarge", "USED", "create_pool", "get_model", "meta",
     "positive_int", "resolve_device",
 ]

@@ -214,7 +214,9 @@ cdef class CacheCore:
                 spare -= e.allocated_bytes
         return spare
 
-    cdef int c_make_room(self, int64_t need, exclude, list evicted, helps) except -1:
+    cdef int c_make_room(self, int64_t need, exclude, list evicted, helps, double now=-1.0,
+                         double wall=-1.0) except -1:
+        """(`now` / `wall`: the caller's clock readings, so one put reads each clock once.)"""
         pool = self.pool
         cdef int64_t over = self.used_bytes + need - self.capacity_bytes
         cdef int64_t free_blocks = (self.pcore.free_count if self.pcore is not None
@@ -234,8 +236,10 @@ cdef class CacheCore:
             key = ((helps is not None and self._next_victim(exclude, helps))
                    or self.c_next_victim(exclude))
             e = entries[key]
-            expired = e.expires_at is not None and e.expires_at <= self.now()
-            self.c_evict(key, "ttl" if expired else "capacity")
+            if now < 0:
+                now, wall = self.now(), wall_time()
+            expired = e.expires_at is not None and e.expires_at <= now
+            self.c_evict_entry(e, "ttl" if expired else "capacity", now, wall)
             evicted.append(key)
         return 0
 
@@ -247,19 +251,25 @@ cdef class CacheCore:
         self.c_make_room(need, exclude, evicted, helps)
 
     cdef int c_evict(self, str key, str reason) except -1:
-        cdef Entry entry = self._entries[key]
-        cdef double now = self.now()
-        self.c_drop(entry, True)
+        return self.c_evict_entry(self._entries[key], reason, self.now(), wall_time())
+
+    cdef int c_evict_entry(self, Entry entry, str reason, double now, double wall) except -1:
+        cdef str key = entry.key
+        self.c_drop(entry, True, wall)
         self.evictions[reason] += 1
-        self.ev.record_values(self.code_evict, (
-            key, entry.nbytes, entry.allocated_bytes // self.bb, reason, self._policy,
-            now - entry.created_at, now - entry.last_access), wall_time())
+        cdef int64_t *v = self.ev.record_keyed(self.code_evict, key, wall)
+        v[0] = entry.nbytes
+        v[1] = entry.allocated_bytes // self.bb
+        v[2] = self.ev.intern(reason)
+        v[3] = self.ev.intern(self._policy)
+        v[4] = f2i(now - entry.created_at)
+        v[5] = f2i(now - entry.last_access)
         return 0
 
     def _evict(self, str key, str reason) -> None:
         self.c_evict(key, reason)
 
-    cdef int c_drop(self, Entry entry, bint evicted) except -1:
+    cdef int c_drop(self, Entry entry, bint evicted, double wall) except -1:
         del self._entries[entry.key]
         del self._key_of[entry.id]
         if entry.pinned:
@@ -271,13 +281,13 @@ cdef class CacheCore:
         if self.pcore is not None:
             pos = self.pcore.find(entry.id)
             if pos >= 0:
-                self.pcore.free_slot(pos, wall_time())
+                self.pcore.free_slot(pos, wall)
                 return 0
         self.pool.free(entry.id)
         return 0
 
     def _drop(self, Entry entry, bint evicted) -> None:
-        self.c_drop(entry, evicted)
+        self.c_drop(entry, evicted, wall_time())
 
     # -- put -----------------------------------------------------------------------------
     def put(self, key, nbytes, priority=None, ttl_s=None, pinned=None):
@@ -298,6 +308,7 @@ cdef class CacheCore:
         if need > self.capacity_bytes:
             raise me._too_large(nbytes, self.pool.footprint(nbytes))
         cdef double now = self.now()
+        cdef double wall = wall_time()
         entry = self._entries.get(key)
         if entry is not None:
             return me._refresh(entry, nbytes, priority, ttl_s, pinned, now)
@@ -306,10 +317,10 @@ cdef class CacheCore:
         cdef list evicted = []
         pool = self.pool
         helps = pool.victim_filter(nbytes) if self.filters else None
-        self.c_make_room(need, None, evicted, helps)
+        self.c_make_room(need, None, evicted, helps, now, wall)
         cdef uint8_t state = 3 if pin else 2
         if self.pcore is not None and need <= self.pcore.free_count * self.bb:
-            aid = self.pcore.alloc_one(nb, need // self.bb, state, wall_time())
+            aid = self.pcore.alloc_one(nb, need // self.bb, state, wall)
         else:
             try:
                 aid = pool.allocate(nbytes, state)
@@ -334,5 +345,8 @@ cdef class CacheCore:
             heapq.heappush(self._ttl_heap, (e.expires_at, key, aid))
         if held > need:  # a tiered pool fell back to a larger tier than estimated
             me._shed_excess(key, evicted)
-        self.ev.record_values(self.code_put, (key, aid, nbytes, held // self.bb), wall_time())
+        cdef int64_t *v = self.ev.record_keyed(self.code_put, key, wall)
+        v[0] = e.id
+        v[1] = e.nbytes
+        v[2] = held // self.bb
         return PutResult(e, True, evicted)

@@ -144,7 +144,7 @@ cdef class EventRing:
     cdef readonly int64_t last_seq
     cdef Py_ssize_t count          # events held: seqs last_seq-count+1 .. last_seq
     cdef double *ts
-    cdef uint8_t *kind             # code into `_names`; FLAG_OBJ set when `_objs[slot]` holds values
+    cdef uint8_t *kind             # code into `_names`, plus FLAG_OBJ / FLAG_KEY (see _events.pxi)
     cdef int64_t *vals             # NVALS per slot, for the numeric kinds
     cdef int64_t *boff             # first position of the event's block ids in the id ring, or -1
     cdef int32_t *bn               # number of block ids (0: none recorded)
@@ -156,6 +156,9 @@ cdef class EventRing:
     cdef public int64_t spill_at   # call sink.spill() once last_seq reaches this ...
     cdef public int64_t spill_bpos # ... or bpos reaches this (the id ring would wrap)
     cdef list _objs
+    cdef list _layouts
+    cdef list _strings
+    cdef dict _string_ids
     cdef list _names
     cdef dict _codes
     cdef list _fields
@@ -163,10 +166,13 @@ cdef class EventRing:
     cdef int32_t *record_num(self, uint8_t code, int64_t a, int64_t b, int64_t c, int64_t d,
                              Py_ssize_t n, double now) noexcept
     cdef int64_t record_values(self, uint8_t code, tuple values, double now) except -1
+    cdef int64_t *record_keyed(self, uint8_t code, object first, double now) except NULL
+    cdef int64_t intern(self, str text) except -1
     cdef int32_t *_reserve_blocks(self, Py_ssize_t slot, Py_ssize_t n) noexcept
     cdef inline Py_ssize_t _slot(self, int64_t seq) noexcept
     cdef inline void _open_slot(self, Py_ssize_t slot) noexcept
     cdef int maybe_spill(self) except -1
+    cdef tuple _decoded(self, Py_ssize_t slot, uint8_t k)
     cdef inline void set_aux(self, uint8_t x) noexcept
 
 

@@ -1,9 +1,31 @@
 # Included by _core.pyx: the event ring.
 
+from libc.string cimport memcpy as _memcpy
+
 cdef enum:
-    NVALS = 4            # int64 values per numeric event
+    NVALS = 6            # int64 values per compiled event
     FLAG_OBJ = 0x80      # kind byte: values are a Python tuple in _objs[slot]
-    CODE_MASK = 0x7f
+    FLAG_KEY = 0x40      # kind byte: _objs[slot] holds the first field (a key), vals the rest
+    HELD = 0xc0          # either: the slot holds a Python object to release
+    CODE_MASK = 0x3f
+
+# How the compiled kinds lay their fields out (one letter per field, in EVENT_FIELDS order):
+# i = an int64 value, f = a double stored in a value, s = an index into the ring's string
+# table, o = the object in _objs[slot] (first field only). Kinds not named here are recorded
+# from Python as a tuple of values.
+COMPILED_LAYOUTS = {"allocate": "iiii", "free": "ii", "put": "oiii", "evict": "oiissff"}
+
+
+cdef inline int64_t f2i(double x) noexcept:
+    cdef int64_t out
+    _memcpy(&out, &x, sizeof(double))
+    return out
+
+
+cdef inline double i2f(int64_t x) noexcept:
+    cdef double out
+    _memcpy(&out, &x, sizeof(double))
+    return out
 
 
 cdef class EventRing:
@@ -51,10 +73,20 @@ cdef class EventRing:
         self._names = []
         self._codes = {}
         self._fields = []
+        self._layouts = []
+        self._strings = []
+        self._string_ids = {}
         for name, names in (fields or {}).items():
             self._codes[name] = len(self._names)
             self._names.append(name)
             self._fields.append(tuple(names))
+            layout = COMPILED_LAYOUTS.get(name)
+            # the history's fields (allocator/history.py) follow the compiled ones: block ids
+            # from the id ring, the state code (aux), the free's requested bytes (v[2])
+            if layout is not None and len(layout) > len(names):
+                raise ValueError(f"event kind {name!r} has fields {names}; its compiled layout "
+                                 f"{layout!r} in allocator/_events.pxi must name each of them")
+            self._layouts.append(layout)
         if len(self._names) > CODE_MASK:
             raise ValueError("too many event kinds")
 
@@ -98,10 +130,32 @@ cdef class EventRing:
                     ids = None
                 if name == "free":
                     out.append((s, self.ts[slot], name, v[0], v[1], ids, v[2]))
-                else:
+                elif name == "allocate":
                     out.append((s, self.ts[slot], name, v[0], v[1], v[2], v[3], ids, self.aux[slot]))
+                else:
+                    out.append((s, self.ts[slot], name) + self._decoded(slot, k))
             s += 1
         return out
+
+    cdef tuple _decoded(self, Py_ssize_t slot, uint8_t k):
+        """A compiled event's values per its layout (as `after()` reads them)."""
+        cdef int64_t *v = &self.vals[slot * NVALS]
+        cdef str layout = self._layouts[k & CODE_MASK]
+        cdef list vals = []
+        cdef Py_ssize_t j, pos = 0
+        for j in range(len(layout)):
+            ch = layout[j]
+            if ch == "o":
+                vals.append(self._objs[slot])
+                continue
+            if ch == "i":
+                vals.append(v[pos])
+            elif ch == "f":
+                vals.append(i2f(v[pos]))
+            else:
+                vals.append(self._strings[v[pos]])
+            pos += 1
+        return tuple(vals)
 
     def export(self, int64_t seq):
         """Events with seq > `seq` in columns, for the history to pack without a Python object
@@ -134,6 +188,10 @@ cdef class EventRing:
             if self.kind[slot] & FLAG_OBJ:
                 objs.append(self._objs[slot])
                 nb_v[i] = 0
+            elif self._names[self.kind[slot] & CODE_MASK] not in ("allocate", "free"):
+                objs.append(self._decoded(slot, self.kind[slot]))  # put / evict: as values
+                kd_v[i] = self.kind[slot] | FLAG_OBJ
+                nb_v[i] = 0
             else:
                 nb_v[i] = self.bn[slot]
                 if self.bn[slot] > 0:
@@ -157,9 +215,30 @@ cdef class EventRing:
     cdef inline Py_ssize_t _slot(self, int64_t seq) noexcept:
         return <Py_ssize_t>((seq - 1) % self.capacity)
 
+    cdef int64_t intern(self, str text) except -1:
+        """The string table index of `text` (reasons, policy names: a handful of values)."""
+        i = self._string_ids.get(text)
+        if i is None:
+            i = self._string_ids[text] = len(self._strings)
+            self._strings.append(text)
+        return i
+
+    cdef int64_t *record_keyed(self, uint8_t code, object first, double now) except NULL:
+        """Append an event of a compiled kind whose first field is an object (a key); returns
+        its NVALS values for the caller to fill per the kind's layout."""
+        cdef int64_t seq = self.last_seq + 1
+        cdef Py_ssize_t slot = self._slot(seq)
+        self._open_slot(slot)
+        self.last_seq = seq
+        self.ts[slot] = now
+        self.kind[slot] = code | FLAG_KEY
+        self._objs[slot] = first
+        self.bn[slot] = 0
+        return &self.vals[slot * NVALS]
+
     cdef inline void _open_slot(self, Py_ssize_t slot) noexcept:
         """Make room for the next event: free what the slot held."""
-        if self.kind[slot] & FLAG_OBJ:
+        if self.kind[slot] & HELD:
             self._objs[slot] = None
         if self.count < self.capacity:
             self.count += 1
@@ -178,7 +257,7 @@ cdef class EventRing:
         while self.count > 1:
             k = self._slot(self.last_seq - self.count + 1)
             if self.bn[k] > 0 and self.boff[k] + self.bcap < start + n:
-                if self.kind[k] & FLAG_OBJ:
+                if self.kind[k] & HELD:
                     self._objs[k] = None
                     self.kind[k] = 0
                 self.count -= 1
@@ -247,7 +326,7 @@ cdef class EventRing:
         cdef Py_ssize_t slot
         while self.count and self.last_seq > seq:
             slot = self._slot(self.last_seq)
-            if self.kind[slot] & FLAG_OBJ:
+            if self.kind[slot] & HELD:
                 self._objs[slot] = None
                 self.kind[slot] = 0
             if self.bn[slot] > 0:
@@ -267,6 +346,7 @@ cdef class EventRing:
         cdef int64_t s = max(seq + 1, self.last_seq - self.count + 1)
         cdef Py_ssize_t slot, j, n, pos
         cdef uint8_t k
+        cdef str ch
         cdef dict event
         cdef tuple names
         cdef int64_t *v
@@ -283,8 +363,20 @@ cdef class EventRing:
                 event.update(zip(names, self._objs[slot]))
             else:
                 v = &self.vals[slot * NVALS]
-                for j in range(min(len(names), NVALS)):
-                    event[names[j]] = v[j]
+                layout = self._layouts[k & CODE_MASK]
+                pos = 0
+                for j in range(len(names)):
+                    ch = layout[j] if layout is not None else "i"
+                    if ch == "o":
+                        event[names[j]] = self._objs[slot]
+                        continue
+                    if ch == "i":
+                        event[names[j]] = v[pos]
+                    elif ch == "f":
+                        event[names[j]] = i2f(v[pos])
+                    else:
+                        event[names[j]] = self._strings[v[pos]]
+                    pos += 1
             if block_ids:
                 n = self.bn[slot]
                 if n < 0:

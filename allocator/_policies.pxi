@@ -1,5 +1,8 @@
 # Included by _core.pyx: the cache's eviction policies over intrusive int32 lists.
 
+from cpython.dict cimport PyDict_SetDefault
+from cpython.object cimport PyObject
+
 
 cdef class _Bucket:
     """One list of a policy (LFU frequency bucket, S3-FIFO queue) over the policy's arrays."""
@@ -72,13 +75,16 @@ cdef class KeyedPolicy:
         return 0
 
     cdef int32_t acquire(self, key) except -2:
-        """A fresh, DETACHED slot for `key` (KeyError-free: the caller checked it is new)."""
+        """A fresh, DETACHED slot for `key`; KeyError when the key is already held (one dict
+        probe does both: setdefault)."""
         if self.unused == NIL:
             self._grow()
         cdef int32_t s = self.unused
+        cdef object slot = s
+        if PyDict_SetDefault(self._slot, key, slot) is not <PyObject *>slot:
+            raise KeyError(f"{key!r} is already held")
         self.unused = self.next[s]
         self.prev[s] = self.next[s] = DETACHED
-        self._slot[key] = s
         self._keys[s] = key
         return s
 
@@ -158,8 +164,6 @@ cdef class LRU(KeyedPolicy):
         self.order_ = self.new_list()
 
     cdef int c_insert(self, key) except -1:
-        if key in self._slot:
-            raise KeyError(f"{key!r} is already held")
         dlist_push_back(&self.order_.l, self.acquire(key))
         return 0
 

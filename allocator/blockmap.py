@@ -10,7 +10,7 @@ from ._core import BlockMap
 from .vocab import BLOCK_STATES, STATE_NAMES
 
 # State codes (allocator/vocab.py names them; the codes are the stream's wire format).
-FREE, USED, CACHED, PINNED = (BLOCK_STATES[n] for n in ("free", "used", "cached", "pinned"))
+FREE, USED, CACHED, PINNED, SHARED = (BLOCK_STATES[n] for n in ("free", "used", "cached", "pinned", "shared"))
 NO_OWNER = -1
 
 # A change marks the chunk of CHUNK blocks holding it. 64 blocks keep a delta's overhead small
@@ -20,4 +20,4 @@ CHUNK_SHIFT = 6
 CHUNK = 1 << CHUNK_SHIFT
 
 __all__ = ["BlockMap", "CACHED", "CHUNK", "CHUNK_SHIFT", "FREE", "NO_OWNER", "PINNED",
-           "STATE_NAMES", "USED"]
+           "SHARED", "STATE_NAMES", "USED"]

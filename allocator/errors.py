@@ -108,3 +108,26 @@ def positive_int(value: object, what: str, *, minimum: int = 1) -> int:
     if value < minimum:
         raise InvalidRequest(f"{what} must be {'positive' if minimum == 1 else f'at least {minimum}'}, got {value}")
     return value
+
+
+class PrefixOutOfMemory(OutOfMemory):
+    """A prefix-caching pool cannot find the blocks a sequence needs: every block is held
+    (free + idle cached blocks fall short). Carries the block counts that explain why."""
+
+    def __init__(self, needed_blocks: int, available_blocks: int, block_bytes: int,
+                 held_blocks: int, cached_blocks: int) -> None:
+        free = available_blocks * block_bytes
+        super().__init__(needed_blocks * block_bytes, free, free, "capacity")
+        self.args = (
+            f"out of memory: {needed_blocks} blocks needed, {available_blocks} free or evictable "
+            f"({held_blocks} held by sequences or allocations, {cached_blocks} idle cached)",
+        )
+        self.needed_blocks = needed_blocks
+        self.available_blocks = available_blocks
+        self.held_blocks = held_blocks
+        self.cached_blocks = cached_blocks
+
+    def details(self) -> dict:
+        return {**super().details(), "needed_blocks": self.needed_blocks,
+                "available_blocks": self.available_blocks, "held_blocks": self.held_blocks,
+                "cached_blocks": self.cached_blocks}

@@ -91,8 +91,9 @@ class Keyframe:
 
 
 COLUMNS = "cols1"  # marks a segment stored as EventRing.export() columns
-NVALS = 4  # int64 values per numeric event (allocator/_events.pxi)
+NVALS = 6  # int64 values per numeric event (allocator/_events.pxi)
 FLAG_OBJ = 0x80
+CODE_MASK = 0x3F
 
 
 def rows_of_columns(data: tuple) -> list[tuple]:
@@ -111,7 +112,7 @@ def rows_of_columns(data: tuple) -> list[tuple]:
     for i, k in enumerate(kind):
         seq = first + i
         if k & FLAG_OBJ:
-            out.append((seq, ts[i], names[k & 0x7F]) + tuple(objs[oi]))
+            out.append((seq, ts[i], names[k & CODE_MASK]) + tuple(objs[oi]))
             oi += 1
             continue
         m = nids[i]
@@ -123,7 +124,7 @@ def rows_of_columns(data: tuple) -> list[tuple]:
             bid = None
         pos += max(m, 0)
         v = vals[i]
-        name = names[k]
+        name = names[k & CODE_MASK]
         if name == "free":
             out.append((seq, ts[i], name, v[0], v[1], bid, v[2]))
         else:
@@ -670,7 +671,7 @@ def stats_of(geometry: dict, rep: Replayer) -> dict:
     """Pool.stats() fields rebuilt from a replayed map (the cache's own figures are not kept)."""
     n, bb = geometry["num_blocks"], geometry["block_bytes"]
     used = int((rep.owner != NO_OWNER).sum())
-    counts = np.bincount(rep.state, minlength=4)
+    counts = np.bincount(rep.state, minlength=max(STATE_NAMES) + 1)
     allocated = used * bb
     frag = fragmentation_stats(free_lengths(geometry, rep.owner, rep.state), bb, rep.requested, allocated)
     out = {

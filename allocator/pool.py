@@ -386,6 +386,14 @@ class Pool(ABC):
         """The KV cache built on this pool, or None (the extension named "cache")."""
         return self.extensions.get("cache")
 
+    @cache.setter
+    def cache(self, cache) -> None:
+        # The old way a cache announced itself (`pool.cache = self`): kept working, as `attach`.
+        if cache is None:
+            self.extensions.pop("cache", None)
+        else:
+            self.attach("cache", cache)
+
     # -- stats ---------------------------------------------------------------------------
     def _frag_summary(self) -> dict:
         s = fragmentation_stats(

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from .errors import InvalidRequest, TooLarge, positive_int
 from .geometry import ModelGeometry, get_model
 from .history import DEFAULT_HISTORY_BYTES
-from .vocab import DEFAULT_TOKENS_PER_BLOCK, FITS, POLICIES, STRATEGIES, STRATEGY_INFO
+from .vocab import (
+    DEFAULT_TOKENS_PER_BLOCK,
+    FITS,
+    POLICIES,
+    PREFIX_POLICIES,
+    STRATEGIES,
+    STRATEGY_INFO,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +49,7 @@ class PoolSpec:
     tiers: tuple[dict, ...] | None = None
     event_capacity: int = 10_000
     cache: CacheSpec | None = None
+    prefix_policy: str | None = None  # set: a prefix-caching paged pool (allocator/prefix.py)
     history_bytes: int | None = DEFAULT_HISTORY_BYTES  # 0 or None: no history (allocator/history.py)
 
     @property
@@ -64,6 +72,7 @@ class PoolSpec:
         name: str = "pool",
         event_capacity: int = 10_000,
         cache: dict | CacheSpec | None = None,
+        prefix_caching: dict | None = None,
         history_bytes: int | None = DEFAULT_HISTORY_BYTES,
     ) -> PoolSpec:
         """Size by `num_blocks` or `capacity_bytes`; block size by `block_bytes` or by
@@ -72,6 +81,9 @@ class PoolSpec:
         if info is None:
             raise InvalidRequest(f"unknown strategy {strategy!r}; choose one of {list(STRATEGIES)}")
         geometry = get_model(model) if isinstance(model, str) else model
+        prefix_policy = _prefix_policy(prefix_caching, strategy, tokens_per_block, geometry)
+        if prefix_policy is not None and tokens_per_block is None:
+            tokens_per_block = DEFAULT_TOKENS_PER_BLOCK
         if block_bytes is None:
             if geometry is None:
                 raise InvalidRequest("give 'block_bytes', or 'model' (with optional 'tokens_per_block')")
@@ -90,6 +102,9 @@ class PoolSpec:
                          minimum=block_bytes)
             num_blocks = capacity_bytes // block_bytes
         positive_int(num_blocks, "num_blocks")
+        if tokens_per_block is not None:  # also beside block_bytes, where it only labels the pool
+            positive_int(tokens_per_block, "tokens_per_block")
+
         fit = _option(info.options, "fit", fit, default="first", of=strategy)
         if fit is not None and fit not in FITS:
             raise InvalidRequest(f"unknown fit {fit!r}; choose one of {list(FITS)}")
@@ -97,7 +112,7 @@ class PoolSpec:
         return cls(strategy, num_blocks, block_bytes, name=name, device="auto" if device is None else device, model=geometry,
                    tokens_per_block=tokens_per_block, fit=fit,
                    tiers=tuple(tiers) if isinstance(tiers, (list, tuple)) else tiers, event_capacity=event_capacity,
-                   cache=_cache_spec(cache), history_bytes=history_bytes)
+                   cache=_cache_spec(cache), prefix_policy=prefix_policy, history_bytes=history_bytes)
 
     def check_caps(self, max_blocks: int, max_bytes: int) -> None:
         """Raises TooLarge when the pool would pass a server's caps (before any memory is taken)."""
@@ -107,7 +122,12 @@ class PoolSpec:
             raise TooLarge(f"{self.capacity_bytes} bytes exceeds the cap of {max_bytes}")
 
     def pool_class(self) -> type:
-        """The strategy's Pool subclass, from its vocabulary entry (`module:Class`)."""
+        """The strategy's Pool subclass, from its vocabulary entry (`module:Class`); with prefix
+        caching, the PrefixPool."""
+        if self.prefix_policy is not None:
+            from .prefix import PrefixPool
+
+            return PrefixPool
         module, _, cls = STRATEGY_INFO[self.strategy].impl.partition(":")
         return getattr(importlib.import_module(f"{__package__}.{module}"), cls)
 
@@ -118,6 +138,8 @@ class PoolSpec:
             options["fit"] = self.fit
         if self.tiers is not None:
             options["tiers"] = list(self.tiers)
+        if self.prefix_policy is not None:
+            options["policy"] = self.prefix_policy
         pool = self.pool_class()(
             self.num_blocks, self.block_bytes, name=self.name, device=self.device, model=self.model,
             tokens_per_block=self.tokens_per_block, event_capacity=self.event_capacity,
@@ -138,6 +160,22 @@ def _option(takes: tuple[str, ...], what: str, value, default, of: str):
         raise InvalidRequest(f"'{what}' applies only to strategy "
                              f"{[s for s, i in STRATEGY_INFO.items() if what in i.options]}, not {of!r}")
     return None
+
+
+def _prefix_policy(prefix_caching, strategy: str, tokens_per_block, geometry) -> str | None:
+    """The eviction policy of a prefix-caching pool, or None without prefix caching."""
+    if prefix_caching is None:
+        return None
+    if strategy != "paged":
+        raise InvalidRequest(f"prefix caching needs the paged strategy, not {strategy!r}")
+    if not isinstance(prefix_caching, dict) or set(prefix_caching) - {"policy"}:
+        raise InvalidRequest('prefix_caching must be an object like {"policy": "lru"}')
+    if tokens_per_block is None and geometry is None:
+        raise InvalidRequest("prefix caching needs 'tokens_per_block' (or a 'model', 16 by default)")
+    policy = prefix_caching.get("policy") or "lru"
+    if policy not in PREFIX_POLICIES:
+        raise InvalidRequest(f"unknown prefix-cache policy {policy!r}; choose one of {list(PREFIX_POLICIES)}")
+    return policy
 
 
 def _cache_spec(cache: dict | CacheSpec | None) -> CacheSpec | None:

@@ -110,11 +110,22 @@ POLICY_INFO: dict[str, PolicyInfo] = _by_name(
 )
 POLICIES: tuple[str, ...] = tuple(POLICY_INFO)
 
+# Eviction order of a prefix-caching pool's idle cached blocks: the cache's policies, and Bélády's
+# (the block whose supplied next use is furthest away goes first).
+PREFIX_POLICY_INFO: dict[str, PolicyInfo] = {
+    **POLICY_INFO,
+    "belady": PolicyInfo("belady", "Bélády", "the block needed furthest in the future goes first "
+                         "(next_use supplied per block)", needs_next_use=True),
+}
+PREFIX_POLICIES: tuple[str, ...] = tuple(PREFIX_POLICY_INFO)
+
 BLOCK_STATE_INFO: dict[str, BlockState] = _by_name(
     BlockState("free", 0, "no owner"),
     BlockState("used", 1, "a raw allocation"),
     BlockState("cached", 2, "a cache entry the policy may evict"),
     BlockState("pinned", 3, "a cache entry that is never evicted"),
+    BlockState("shared", 4, "a prefix-cache block held by two or more sequences (reference count >= 2); "
+               "in a prefix-caching pool `used` is a block with one holder, `cached` an idle cached one"),
 )
 BLOCK_STATES: dict[str, int] = {s.name: s.code for s in BLOCK_STATE_INFO.values()}
 STATE_NAMES: dict[int, str] = {s.code: s.name for s in BLOCK_STATE_INFO.values()}
@@ -148,6 +159,11 @@ EVENT_KINDS: dict[str, EventKind] = _by_name(
                          "seq_id", "owners", "state"), "prefix"),
     EventKind("removed", ("blocks", "block_hashes", "reason"), "prefix"),
     EventKind("cleared", ("blocks", "block_hashes"), "prefix"),
+    # Sequences of a prefix-caching pool: `blocks` of open are all its blocks (cached ones first),
+    # of append the blocks newly taken, of close the blocks released.
+    EventKind("open", ("seq_id", "num_tokens", "cached_tokens", "blocks"), "seq"),
+    EventKind("append", ("seq_id", "num_tokens", "blocks"), "seq"),
+    EventKind("close", ("seq_id", "blocks"), "seq"),
     # The blocks of allocation `id` took state code `state` (the cache pins and unpins).
     EventKind("state", ("id", "state", "block_ids"), "cache"),
 )
@@ -165,16 +181,20 @@ EVENT_GROUPS: dict[str, tuple[str, bool]] = {
     "alloc": ("alloc/free", False),
     "cache": ("put/hit/miss", False),
     "prefix": ("stored/removed/cleared", True),
+    "seq": ("open/append/close", False),
 }
 
 SCENARIO_INFO: dict[str, ScenarioInfo] = _by_name(
     ScenarioInfo("fragmentation", "mixed sizes, every other one freed, then one large request"),
     ScenarioInfo("chat", "multi-turn conversations with Zipf-skewed popularity on the KV cache", uses_cache=True),
     ScenarioInfo("burst", "waves of arrivals that overfill the pool, with quiet gaps between"),
+    ScenarioInfo("prefix-chat", "multi-turn conversations over shared system prompts on a "
+                 "prefix-caching pool: each prompt is the previous one plus reply plus message"),
 )
 SCENARIOS: tuple[str, ...] = tuple(SCENARIO_INFO)
 
-WORKLOAD_KINDS: tuple[str, ...] = ("scenario", "trace")
+# mooncake: the Mooncake trace (prompt block hashes) replayed into a prefix-caching pool.
+WORKLOAD_KINDS: tuple[str, ...] = ("scenario", "trace", "mooncake")
 
 # Why an allocation failed (`oom` events, OutOfMemory.cause): not enough free in total, or enough
 # free in total but not in the shape the request needs.
@@ -205,6 +225,7 @@ def meta() -> dict:
         "source_strategies": {k: _public(v) for k, v in SOURCE_STRATEGY_INFO.items()},
         "fits": list(FITS),
         "policies": {k: asdict(v) for k, v in POLICY_INFO.items()},
+        "prefix_policies": {k: asdict(v) for k, v in PREFIX_POLICY_INFO.items()},
         "block_states": {k: asdict(v) for k, v in BLOCK_STATE_INFO.items()},
         "events": {k: {"fields": list(v.fields), "group": v.group} for k, v in EVENT_KINDS.items()},
         "event_groups": {k: {"label": label, "default": on} for k, (label, on) in EVENT_GROUPS.items()},
@@ -219,7 +240,7 @@ def meta() -> dict:
 __all__ = [
     "BLOCK_STATES", "BLOCK_STATE_INFO", "BlockState", "DEFAULT_TOKENS_PER_BLOCK", "EVENT_FIELDS",
     "EVENT_GROUPS", "EVENT_KINDS", "EVICTION_REASONS", "EventKind", "FITS", "OOM_CAUSES",
-    "POLICIES", "POLICY_INFO", "PolicyInfo", "SCENARIOS", "SCENARIO_INFO", "SOURCE_STRATEGIES",
+    "POLICIES", "POLICY_INFO", "PREFIX_POLICIES", "PREFIX_POLICY_INFO", "PolicyInfo", "SCENARIOS", "SCENARIO_INFO", "SOURCE_STRATEGIES",
     "SOURCE_STRATEGY_INFO", "STATE_NAMES", "STRATEGIES", "STRATEGY_INFO", "ScenarioInfo",
     "StrategyInfo", "WORKLOAD_KINDS", "meta", "strategy_info",
 ]

@@ -1,4 +1,4 @@
-"""`kvscope serve | replay | scenario | mirror | recording`."""
+"""`kvscope serve | replay | scenario | prefix | mirror | recording`."""
 
 from __future__ import annotations
 
@@ -98,12 +98,14 @@ def serve(argv: list[str], opening: bool = False) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = ("usage: kvscope {serve,open,record,replay,scenario,mirror,recording} [options]\n"
+    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,mirror,recording} [options]\n"
              "  serve      run the server: dashboard, REST API, stream, metrics (kvscope serve -h)\n"
              "  open       serve recording files read-only, scrubbable in the dashboard (kvscope open -h)\n"
              "  record     run a scenario or trace headless on one pool, recording it (kvscope record -h)\n"
              "  replay     replay an LLM request trace through the serving simulator (kvscope replay -h)\n"
              "  scenario   run a fragmentation / chat / burst scenario (kvscope scenario -h)\n"
+             "  prefix     prefix-cache hit ratio vs capacity per policy on a Mooncake trace (kvscope prefix -h);\n"
+             "             with --publish ENDPOINT, the trace as a live KV-event source (kvscope prefix --publish E -h)\n"
              "  mirror     the dashboard on a live vLLM/SGLang engine's prefix cache (kvscope mirror -h)\n"
              "  recording  summarise or play back a mirror's recording (kvscope recording -h)")
     if not argv or argv[0] in ("-h", "--help"):
@@ -118,14 +120,18 @@ def main(argv: list[str] | None = None) -> int:
         from workloads.record import record_main
 
         return record_main(rest)
+    if command == "prefix" and any(a == "--publish" or a.startswith("--publish=") for a in rest):
+        from . import cli_events
+
+        return int(cli_events.prefix_publish_main(rest))
     if command in ("mirror", "recording"):
         from . import cli_events
 
         return int((cli_events.mirror_main if command == "mirror" else cli_events.recording_main)(rest))
-    if command in ("replay", "scenario"):
+    if command in ("replay", "scenario", "prefix"):
         from workloads import cli as workloads_cli  # written separately; imported only when used
 
-        run = workloads_cli.replay_main if command == "replay" else workloads_cli.scenario_main
+        run = getattr(workloads_cli, f"{command}_main")
         return int(run(rest) or 0)
     print(f"unknown command {command!r}\n{usage}", file=sys.stderr)
     return 2

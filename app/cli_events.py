@@ -62,6 +62,15 @@ def mirror_main(argv: list[str]) -> int:
     if err:
         p.error(err)
     spec["mirror"] = {k: v for k, v in spec["mirror"].items() if v is not None}
+    if args.num_blocks is None:  # read it now: a bad URL is one line here, not a failed startup
+        from kvevents.engine_metrics import MetricsError, num_gpu_blocks
+
+        try:
+            spec["num_blocks"] = num_gpu_blocks(args.metrics_url)
+        except MetricsError as exc:
+            print(f"kvscope mirror: {exc}", file=sys.stderr)
+            return 2
+        print(f"kvscope mirror: {spec['num_blocks']:,} GPU blocks (vllm:cache_config_info)", flush=True)
     return _serve("kvscope mirror", args, [(spec, {"record": args.record})])
 
 
@@ -109,6 +118,80 @@ def default_publish_spec(settings, args) -> dict:
         e = exc.errors()[0]
         raise ValueError(f"--publish: {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
     return spec
+
+
+def prefix_publish_main(argv: list[str]) -> int:
+    """`kvscope prefix --trace FILE --publish ENDPOINT [--speed X]`: a GPU-free engine. The
+    trace's requests run on a prefix-caching pool at X times real time and every request's
+    stored / removed events go out in vLLM's wire format, for testing KV-aware routers."""
+    p = argparse.ArgumentParser(
+        prog="kvscope prefix --publish",
+        description="Replay a Mooncake trace on a prefix-caching pool as a live KV-event source "
+                    "(vLLM's wire format), for testing KV-aware routers without a GPU.")
+    p.add_argument("--trace", default=None, help="Mooncake JSONL trace (default: the bundled one)")
+    p.add_argument("--publish", required=True, metavar="ENDPOINT", help="PUB endpoint, e.g. tcp://*:5557")
+    p.add_argument("--publish-replay-endpoint", metavar="ENDPOINT", help="replay endpoint, e.g. tcp://*:5558")
+    p.add_argument("--publish-topic", default="", help="topic")
+    p.add_argument("--speed", type=float, default=1.0, help="times real time; 0 = as fast as it goes")
+    p.add_argument("--capacity-tokens", type=int, default=1 << 20, help="the pool's size in tokens")
+    p.add_argument("--tokens-per-block", type=int, default=16)
+    p.add_argument("--policy", default="lru", help="prefix-cache eviction policy")
+    p.add_argument("--limit", type=int, default=None, help="only the first N requests")
+    args = p.parse_args(argv)
+    if args.speed < 0 or args.capacity_tokens <= 0 or args.tokens_per_block <= 0:
+        p.error("--speed must be >= 0, --capacity-tokens and --tokens-per-block positive")
+    from allocator.errors import InvalidRequest
+
+    try:
+        from workloads.mooncake import load_mooncake
+    except ImportError:
+        print("kvscope prefix --publish: this build has no Mooncake trace reader", file=sys.stderr)
+        return 2
+    import zmq
+
+    from allocator import create_pool
+    from kvevents.pool_publisher import PoolPublisher
+    from kvevents.trace_source import run_live_source
+
+    tpb = args.tokens_per_block
+    try:
+        trace = load_mooncake(args.trace, limit=args.limit)
+        pool = create_pool("paged", num_blocks=max(1, args.capacity_tokens // tpb), block_bytes=tpb,
+                           tokens_per_block=tpb, device="cpu", prefix_caching={"policy": args.policy})
+    except (InvalidRequest, TypeError) as exc:
+        print(f"kvscope prefix --publish: {exc}", file=sys.stderr)
+        return 2
+    try:
+        pub = PoolPublisher(pool, args.publish, topic=args.publish_topic,
+                            replay_endpoint=args.publish_replay_endpoint)
+    except zmq.ZMQError as exc:
+        print(f"kvscope prefix --publish: cannot open {args.publish}: {exc}", file=sys.stderr)
+        return 2
+
+    def requests():
+        for i in range(len(trace)):
+            hashes = trace.block_hashes(i, tpb)
+            yield float(trace.arrival_s[i]), hashes, len(hashes) * tpb
+
+    def progress(n, counts):
+        if n % 500 == 0:
+            print(f"{n:,}/{len(trace):,} requests · {counts['events']:,} events in "
+                  f"{counts['batches']:,} batches · next seq {pub.publisher.next_seq}", flush=True)
+
+    print(f"kvscope prefix --publish: {len(trace):,} requests on {pool.num_blocks:,} blocks of "
+          f"{tpb} tokens, publishing on {pub.publisher.endpoint}"
+          + (f" (replay {pub.publisher.replay_endpoint})" if pub.publisher.replay_endpoint else ""),
+          flush=True)
+    try:
+        counts = run_live_source(pool, requests(), pub, speed=args.speed or None, progress=progress)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    finally:
+        pub.close()
+    hit = counts["cached_tokens"] / counts["prompt_tokens"] if counts["prompt_tokens"] else 0.0
+    print(json.dumps({**counts, "hit_ratio": round(hit, 4), "published_seq": pub.publisher.next_seq}))
+    return 0
 
 
 def recording_main(argv: list[str]) -> int:

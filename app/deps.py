@@ -12,10 +12,10 @@ from typing import Annotated, TypeVar
 
 from fastapi import Depends, Path, Request
 
-from allocator import KVCache
+from allocator import KVCache, PrefixPool
 from allocator.errors import NotFound
 
-from .operations import cache_of, refuse_cache_entry  # noqa: F401 - their old home; kept importable
+from .operations import cache_of, prefix_pool_of, refuse_cache_entry  # noqa: F401 - their old home; kept importable
 from .registry import PoolHandle, Registry
 from .schemas import POOL_NAME_PATTERN, Key
 from .settings import Settings
@@ -72,6 +72,14 @@ async def run_locked(fn: Callable[[], T]) -> T:
     """Run `fn` (O(pool) work) in a worker thread; the caller holds the pool's lock (PoolDep),
     so the event loop keeps serving /healthz, other pools and the streams meanwhile."""
     return await asyncio.to_thread(fn)
+
+
+async def get_prefix_pool(handle: PoolDep) -> PrefixPool:
+    """The prefix-caching pool named in the path. Raises NotFound, Conflict."""
+    return prefix_pool_of(handle.pool)
+
+
+PrefixPoolDep = Annotated[PrefixPool, Depends(get_prefix_pool)]
 
 
 async def get_cache(handle: PoolDep) -> KVCache:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -55,6 +55,46 @@ class PoolCollector:
                 hits.add_metric([name], cache.hits)
                 misses.add_metric([name], cache.misses)
         yield from (blocks, util, internal, external, largest, ooms, evictions, hits, misses)
+        yield from prefix_metrics(self.registry)
+
+
+# vLLM's names for the same block-time distributions (seconds), under the kvscope_ prefix.
+BLOCK_HISTOGRAMS = {"lifetime": "kv_block_lifetime_seconds",
+                    "idle_before_evict": "kv_block_idle_before_evict_seconds",
+                    "reuse_gap": "kv_block_reuse_gap_seconds"}
+
+
+def prefix_metrics(registry):
+    """Prefix-caching pools: token-weighted queries and hits (vLLM's prefix_cache_queries /
+    prefix_cache_hits), blocks by state, and the block lifetime / idle / reuse-gap histograms."""
+    queries = CounterMetricFamily("kvscope_prefix_cache_queries", "Prompt tokens looked up in the "
+                                  "prefix cache", labels=["pool"])
+    hits = CounterMetricFamily("kvscope_prefix_cache_hits", "Prompt tokens served from the prefix "
+                               "cache", labels=["pool"])
+    evicted = CounterMetricFamily("kvscope_prefix_cache_evictions", "Cached blocks evicted",
+                                  labels=["pool"])
+    blocks = GaugeMetricFamily("kvscope_prefix_blocks", "Blocks of a prefix-caching pool by state "
+                               "(free, private, shared, cached, allocations)", labels=["pool", "state"])
+    hists = {k: HistogramMetricFamily("kvscope_" + name, f"Block {k.replace('_', ' ')} in seconds",
+                                      labels=["pool"]) for k, name in BLOCK_HISTOGRAMS.items()}
+    for handle in registry:
+        stats_of = getattr(handle.pool, "prefix_stats", None)
+        if stats_of is None:
+            continue
+        name, s = handle.name, stats_of()
+        queries.add_metric([name], s["queries"])
+        hits.add_metric([name], s["hits"])
+        evicted.add_metric([name], s["evicted"])
+        for state, n in s["blocks"].items():
+            blocks.add_metric([name, state], n)
+        for key, fam in hists.items():
+            h = s["histograms"][key]
+            cumulative, buckets = 0, []
+            for bound, count in zip([*h["bounds"], float("inf")], h["counts"]):
+                cumulative += count
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+            fam.add_metric([name], buckets, h["sum"])
+    yield from (queries, hits, evicted, blocks, *hists.values())
 
 
 class Metrics:

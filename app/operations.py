@@ -13,7 +13,7 @@ the checks it needs: no response models, no block runs unless asked for.
 
 from __future__ import annotations
 
-from allocator import KVCache, Pool
+from allocator import KVCache, Pool, PrefixPool, SequenceInfo
 from allocator.cache import Entry, PutResult
 from allocator.errors import Conflict
 
@@ -36,6 +36,14 @@ def refuse_cache_entry(pool: Pool, aid: int) -> None:
     if key is not None:
         raise Conflict(f"allocation {aid} holds cache entry {key!r}; change it through /entries/{{key}} "
                        "or the put/delete ops")
+
+
+def prefix_pool_of(pool: Pool) -> PrefixPool:
+    """The pool as a prefix-caching pool. Raises Conflict when it was created without."""
+    if not isinstance(pool, PrefixPool):
+        raise Conflict(f"pool {pool.name!r} has no prefix caching; create it with "
+                       "'prefix_caching': {\"policy\": \"lru\"} and 'tokens_per_block'")
+    return pool
 
 
 # -- allocations --------------------------------------------------------------------------------
@@ -94,6 +102,24 @@ def evict(pool: Pool, key: str) -> None:
     cache_of(pool).evict(key)
 
 
+# -- sequences (prefix caching) -----------------------------------------------------------------
+def open_sequence(pool: Pool, tokens=None, block_hashes=None, num_tokens=None, salt=None,
+                  next_use=None) -> SequenceInfo:
+    """Open a sequence, reusing its longest cached prefix. Raises Conflict (no prefix caching),
+    InvalidRequest, OutOfMemory (every block held)."""
+    return prefix_pool_of(pool).open_sequence(tokens, block_hashes, num_tokens, salt, next_use)
+
+
+def append(pool: Pool, seq_id: int, tokens=None, num_tokens=None, block_hashes=None) -> SequenceInfo:
+    """Grow sequence `seq_id`. Raises Conflict, NotFound, InvalidRequest, OutOfMemory."""
+    return prefix_pool_of(pool).append(seq_id, tokens, num_tokens, block_hashes)
+
+
+def close_sequence(pool: Pool, seq_id: int) -> None:
+    """Drop the sequence's references. Raises Conflict, NotFound."""
+    prefix_pool_of(pool).close_sequence(seq_id)
+
+
 # -- pool ---------------------------------------------------------------------------------------
 def defragment(pool: Pool) -> dict:
     """Compact the pool; the report as a dict."""
@@ -140,6 +166,23 @@ def _op_defragment(pool: Pool, op) -> dict:
     return {"ok": True, **defragment(pool)}
 
 
+def _op_open(pool: Pool, op) -> dict:
+    seq = open_sequence(pool, op.tokens, op.block_hashes, op.num_tokens, op.salt, op.next_use)
+    return {"ok": True, "id": seq.id, "num_tokens": seq.num_tokens,
+            "cached_tokens": seq.cached_tokens, "blocks": seq.blocks}
+
+
+def _op_append(pool: Pool, op) -> dict:
+    seq = append(pool, op.id, op.tokens, op.num_tokens, op.block_hashes)
+    return {"ok": True, "id": seq.id, "num_tokens": seq.num_tokens, "blocks": seq.blocks}
+
+
+def _op_close(pool: Pool, op) -> dict:
+    close_sequence(pool, op.id)
+    return {"ok": True}
+
+
 # One entry per batch op (app/schemas.py `Op`): a new op is a function above and a line here.
 BATCH_OPS = {"allocate": _op_allocate, "extend": _op_extend, "free": _op_free, "put": _op_put,
-             "get": _op_get, "delete": _op_delete, "evict": _op_evict, "defragment": _op_defragment}
+             "get": _op_get, "delete": _op_delete, "evict": _op_evict, "defragment": _op_defragment,
+             "open": _op_open, "append": _op_append, "close": _op_close}

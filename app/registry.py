@@ -61,6 +61,7 @@ class PoolHandle:
             "used_blocks": p.used_blocks,
             "utilization": p.used_blocks / p.num_blocks,
             "cache": None if cache is None else {"policy": cache.policy, "capacity_bytes": cache.capacity_bytes},
+            "prefix_caching": p.config().get("prefix_caching"),
         }
 
     def reset(self) -> int:
@@ -136,10 +137,7 @@ class Registry:
             return self._create_mirror(spec)
         if isinstance(spec, dict):
             spec = self.parse(spec)
-        if spec.name in self._pools:
-            raise Conflict(f"pool {spec.name!r} already exists")
-        if len(self._pools) >= s.max_pools:
-            raise Conflict(f"at most {s.max_pools} pools; delete one first")
+        self._admit(spec.name)
         spec.check_caps(s.max_blocks, s.max_pool_bytes)  # before any memory is taken
         planned = spec.capacity_bytes
         if planned > self.total_cap:
@@ -169,10 +167,7 @@ class Registry:
         only: it holds no KV bytes, so its one-byte-per-slot tensor lives on the CPU."""
         s = self.settings
         name, num_blocks = spec["name"], spec["num_blocks"]
-        if name in self._pools:
-            raise Conflict(f"pool {name!r} already exists")
-        if len(self._pools) >= s.max_pools:
-            raise Conflict(f"at most {s.max_pools} pools; delete one first")
+        self._admit(name)
         if num_blocks > s.max_blocks:
             raise TooLarge(f"{num_blocks} blocks exceeds the cap of {s.max_blocks}")
         pool = MirrorPool(num_blocks, spec.get("block_bytes") or 1, name=name, device="cpu",
@@ -180,6 +175,13 @@ class Registry:
         handle = PoolHandle(name, pool)
         self._pools[name] = handle
         return handle
+
+    def _admit(self, name: str) -> None:
+        """Raises Conflict when `name` is taken or the server holds its most pools already."""
+        if name in self._pools:
+            raise Conflict(f"pool {name!r} already exists")
+        if len(self._pools) >= self.settings.max_pools:
+            raise Conflict(f"at most {self.settings.max_pools} pools; delete one first")
 
     def remove(self, name: str) -> PoolHandle:
         handle = self.get(name)

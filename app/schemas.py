@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from allocator.vocab import (
     FITS,
     POLICIES,
+    PREFIX_POLICIES,
     SCENARIOS,
     SOURCE_STRATEGIES,
     STRATEGIES,
@@ -77,14 +78,29 @@ class CacheSpec(Strict):
     policy: Policy = "lru"
 
 
+PrefixPolicy = Literal[PREFIX_POLICIES]
+
+
+class PrefixCachingSpec(Strict):
+    policy: PrefixPolicy = Field("lru", description="eviction order of idle cached blocks; "
+                                 "belady needs next_use on each sequence")
+
+
 ZMQ_ENDPOINT = r"^(tcp://[^\s/]+:\d{1,5}|ipc://[^\s]+|inproc://[^\s]+)$"
+def _tcp_port(endpoint: str) -> str:
+    """A tcp:// endpoint's port must be a real one (the pattern allows five digits)."""
+    if endpoint.startswith("tcp://") and not 0 < int(endpoint.rsplit(":", 1)[1]) <= 65535:
+        raise ValueError(f"port of {endpoint!r} is not in 1..65535")
+    return endpoint
+
+
 Endpoint = Annotated[str, Field(max_length=256, pattern=ZMQ_ENDPOINT,
-                                examples=["tcp://127.0.0.1:5557"])]
+                                examples=["tcp://127.0.0.1:5557"]), AfterValidator(_tcp_port)]
 Topic = Annotated[str, Field(max_length=256)]
 # A publisher binds: over the API only TCP, so that a request cannot make the server create a
 # socket file at a path of its choosing (ipc://).
 BindEndpoint = Annotated[str, Field(max_length=256, pattern=r"^tcp://[^\s/]+:\d{1,5}$",
-                                    examples=["tcp://*:5557"])]
+                                    examples=["tcp://*:5557"]), AfterValidator(_tcp_port)]
 
 
 class MirrorSpec(Strict):
@@ -112,6 +128,8 @@ class PoolCreate(Strict):
         {"name": "frag", "strategy": "contiguous", "num_blocks": 1024, "block_bytes": 4096, "fit": "best"},
         {"name": "llama", "strategy": "paged", "capacity_bytes": 268435456, "model": "llama-3-8b",
          "tokens_per_block": 16},
+        {"name": "prefix", "strategy": "paged", "num_blocks": 4096, "block_bytes": 4096,
+         "tokens_per_block": 16, "prefix_caching": {"policy": "lru"}},
         {"name": "engine", "strategy": "mirror", "num_blocks": 20000,
          "mirror": {"endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558"}},
     ]})
@@ -127,6 +145,9 @@ class PoolCreate(Strict):
     tiers: Annotated[list[TierSpec], Field(min_length=1, max_length=8)] | None = None
     fit: Fit | None = None
     cache: CacheSpec | None = None
+    prefix_caching: PrefixCachingSpec | None = Field(
+        None, description="share full blocks between sequences by hash (paged only; needs "
+                          "tokens_per_block or a model)")
     mirror: MirrorSpec | None = Field(None, description="strategy 'mirror': the engine to follow")
     publish: PublishSpec | None = Field(None, description="publish this pool's prefix-cache events")
 
@@ -143,6 +164,11 @@ class PoolCreate(Strict):
         if self.block_bytes is None and self.model is None:
             raise ValueError("give 'block_bytes', or 'model' (with optional 'tokens_per_block')")
         # Options of another strategy are refused rather than silently ignored.
+        if self.prefix_caching is not None:
+            if self.strategy != "paged":
+                raise ValueError(f"'prefix_caching' applies only to strategy 'paged', not {self.strategy!r}")
+            if self.tokens_per_block is None and self.model is None:
+                raise ValueError("'prefix_caching' needs 'tokens_per_block' (or a 'model')")
         takes = STRATEGY_INFO[self.strategy].options
         for option in ("fit", "tiers"):
             if getattr(self, option) is not None and option not in takes:
@@ -173,6 +199,7 @@ class PoolSummary(BaseModel):
     used_blocks: int
     utilization: float
     cache: dict | None = None
+    prefix_caching: dict | None = None
 
 
 class PoolList(BaseModel):
@@ -219,6 +246,8 @@ class StatsOut(BaseModel):
     ooms: dict[str, int]
     last_event_seq: int
     cache: dict | None = Field(None, description="the cache's stats; absent when the pool has none")
+    prefix: dict | None = Field(None, description="prefix caching: token-weighted queries / hits, "
+                                "hit ratio, blocks by state, block-time histograms; absent without it")
 
 
 class ResetOut(BaseModel):
@@ -350,6 +379,74 @@ class BlockMapOut(BaseModel):
     at_seq: int | None = Field(None, description="the event seq this map is of (absent for the live map)")
 
 
+# -- sequences (prefix caching) ------------------------------------------------------------------
+MAX_SEQUENCE_TOKENS = 1 << 20
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, lt=1 << 63)]],
+                     Field(max_length=MAX_SEQUENCE_TOKENS, description="token ids")]
+BlockHashes = Annotated[list[Annotated[int, Field(ge=0, lt=1 << 64)]],
+                        Field(max_length=MAX_SEQUENCE_TOKENS, description="one hash per full block, "
+                              "64-bit unsigned")]
+Salt = Annotated[str, Field(max_length=256, description="separates caches (e.g. per tenant)")]
+NextUse = Annotated[list[Annotated[float, Field(ge=0)]], Field(
+    max_length=MAX_SEQUENCE_TOKENS, description="belady: when each block is next needed "
+    "(larger = later; a huge number for never)")]
+
+
+class SequenceOpen(Strict):
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"tokens": [1, 2, 3, 4, 5, 6, 7, 8, 9]},
+        {"block_hashes": [17, 42], "num_tokens": 40},
+        {"tokens": [1, 2, 3], "salt": "tenant-a"}]})
+
+    tokens: TokenIds | None = None
+    block_hashes: BlockHashes | None = None
+    num_tokens: Tokens | None = None
+    salt: Salt | None = None
+    next_use: NextUse | None = None
+
+
+class SequenceAppend(Strict):
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"tokens": [10, 11]}, {"num_tokens": 16, "block_hashes": [99]}]})
+
+    tokens: TokenIds | None = None
+    num_tokens: Tokens | None = None
+    block_hashes: BlockHashes | None = None
+
+
+class SequenceOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"id": 3, "num_tokens": 9, "cached_tokens": 8, "blocks": [0, 1, 5]}]})
+
+    id: int
+    num_tokens: int
+    cached_tokens: int = Field(description="tokens served from the prefix cache at open")
+    blocks: list[int] = Field(description="block ids in data order")
+
+
+class SequenceList(BaseModel):
+    ids: list[int]
+
+
+class PrefixResetOut(BaseModel):
+    cleared: int = Field(description="cached hashes dropped")
+
+
+class EvictionOrderOut(BaseModel):
+    blocks: list[int] = Field(description="idle cached blocks, next victim first")
+    total: int
+
+
+class BlockInfoOut(BaseModel):
+    block: int
+    state: str
+    refcount: int
+    hash: str | None = Field(description="16 hex digits, none when the block is not cached")
+    depth: int | None = Field(description="position in its prefix chain (0 = first block)")
+    hits: int
+    owner: int
+
+
 # -- batch ops ----------------------------------------------------------------------------------
 class OpAllocate(Strict):
     op: Literal["allocate"]
@@ -398,7 +495,30 @@ class OpDefragment(Strict):
     op: Literal["defragment"]
 
 
-Op = Annotated[OpAllocate | OpExtend | OpFree | OpPut | OpGet | OpDelete | OpEvict | OpDefragment,
+class OpOpen(Strict):
+    op: Literal["open"]
+    tokens: TokenIds | None = None
+    block_hashes: BlockHashes | None = None
+    num_tokens: Tokens | None = None
+    salt: Salt | None = None
+    next_use: NextUse | None = None
+
+
+class OpAppend(Strict):
+    op: Literal["append"]
+    id: Annotated[int, Field(ge=0, le=1 << 62)]
+    tokens: TokenIds | None = None
+    num_tokens: Tokens | None = None
+    block_hashes: BlockHashes | None = None
+
+
+class OpClose(Strict):
+    op: Literal["close"]
+    id: Annotated[int, Field(ge=0, le=1 << 62)]
+
+
+Op = Annotated[OpAllocate | OpExtend | OpFree | OpPut | OpGet | OpDelete | OpEvict | OpDefragment
+               | OpOpen | OpAppend | OpClose,
                Field(discriminator="op")]
 
 

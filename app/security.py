@@ -108,13 +108,22 @@ class SecurityMiddleware:
         self.allowed_origins = frozenset(o.lower().rstrip("/") for o in settings.allowed_origins)
         self._media_types: dict[int, frozenset[str]] = {}
         self._routes: list | None = None  # the app's routes, read at the first request
+        self._special: list = []  # those that declare a body type of their own
+        self._host_verdicts: dict[str, bool] = {}  # Host header -> allowed (bounded, see host_ok)
+        self._csp = CSP.encode()
+        self._docs_csp = DOCS_CSP.encode()
 
     # -- checks ---------------------------------------------------------------------------------
     def host_ok(self, host: str | None) -> bool:
         if host is None or "*" in self.allowed_hosts:
             return True
-        name = hostname_of(host)
-        return is_loopback(name) or name in self.allowed_hosts
+        verdict = self._host_verdicts.get(host)
+        if verdict is None:
+            name = hostname_of(host)
+            verdict = is_loopback(name) or name in self.allowed_hosts
+            if len(self._host_verdicts) < 256:  # a client can send any Host: keep the memo small
+                self._host_verdicts[host] = verdict
+        return verdict
 
     def origin_ok(self, origin: str | None, host: str | None) -> bool:
         if origin is None or "*" in self.allowed_origins:
@@ -128,14 +137,17 @@ class SecurityMiddleware:
         # Same host and port as the request; the scheme may differ behind a TLS proxy.
         return host is not None and parts.netloc == host.strip().lower()
 
-    def route_media_types(self, scope) -> frozenset[str] | None:
+    def route_media_types(self, scope, only_special: bool = False) -> frozenset[str] | None:
         """The body media types of the route `scope` goes to: what its OpenAPI requestBody
         declares (openapi_extra), else JSON. None when no route takes this method and path
-        (the router answers 404 / 405 then)."""
+        (the router answers 404 / 405 then). `only_special`: look only at the routes that
+        declare a type of their own (None when none of them matches)."""
         app = scope.get("app")
         if self._routes is None and app is not None:
             self._routes = flat_routes(app)
-        for route in self._routes or ():
+            self._special = [r for r in self._routes
+                             if ((getattr(r, "openapi_extra", None) or {}).get("requestBody") or {}).get("content")]
+        for route in (self._special if only_special else self._routes) or ():
             match, _ = route.matches(scope)
             if match is Match.FULL:
                 key = id(route)
@@ -205,8 +217,10 @@ class SecurityMiddleware:
         has_body = b"transfer-encoding" in headers or headers.get(b"content-length", "0").strip() not in ("", "0")
         if method != "POST" and not has_body and declared is None:
             return None
-        accepted = self.route_media_types(scope)
         given = media_type(declared)
+        # Fast path: JSON is every route's type but the few that declare others (the raw-data
+        # upload); only those need matching, not the whole route list.
+        accepted = self.route_media_types(scope, only_special=given == JSON)
         if accepted is None or given in accepted:
             return None
         want = " or ".join(sorted(accepted))
@@ -238,7 +252,7 @@ class SecurityMiddleware:
         await self.app(scope, receive, send)
 
     def _with_headers(self, send, path: str):
-        csp = (DOCS_CSP if path == "/docs" else CSP).encode()
+        csp = self._docs_csp if path == "/docs" else self._csp
 
         async def send_with_headers(message) -> None:
             if message["type"] == "http.response.start":

@@ -7,7 +7,8 @@ a fresh snapshot, then `{"type": "resync", "last_event_seq": N}`: the dropped `e
 up to N it had not seen (`GET /api/pools/{pool}/events?after=`), later ones come on the stream;
 the last workload `progress` is re-sent. So a slow client never makes the server buffer without
 bound. `stats` go out about 4 times a second when something changed and once a second when
-nothing did (the page's charts are time series), `order` (cache pools) about 4 times a second.
+nothing did (the page's charts are time series), `order` (cache pools) and `prefix` (prefix-caching
+pools) about 4 times a second.
 
 Binary layout (docs/STREAM.md, protocol 1; reader: static/js/frames.js `decodeFrame`), all
 little-endian:
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from allocator import STATE_NAMES, BlockMap, meta
+from allocator import STATE_NAMES, BlockMap, PrefixPool, meta
 
 PROTOCOL_VERSION = 1
 FRAME_MAGIC = 0x4B
@@ -62,6 +63,16 @@ EVENTS_PER_TICK = 1_000
 
 log = logging.getLogger("kvscope.stream")
 META = meta()  # the vocabulary, in every hello (allocator/vocab.py)
+
+
+def prefix_message(pool: PrefixPool) -> dict:
+    """The `prefix` message: idle cached blocks in eviction order (next victim first) and the
+    reference count of every block held more than once, for the sharing heat mode."""
+    order = pool.eviction_order(ORDER_LIMIT + 1)
+    refs = pool.core.refcnt_np
+    shared = np.flatnonzero(refs >= 2)[:ORDER_LIMIT]
+    return {"type": "prefix", "order": order[:ORDER_LIMIT], "truncated": len(order) > ORDER_LIMIT,
+            "shared": {"blocks": shared.tolist(), "refcounts": refs[shared].tolist()}}
 
 
 def encode_frame(bm: BlockMap, kind: int, runs: list[tuple[int, int]], frame: int = 0) -> bytes:
@@ -103,7 +114,7 @@ def blockmap_runs_array(bm: BlockMap) -> np.ndarray:
     return np.stack([starts, counts, owners[starts].astype(np.int64), states[starts].astype(np.int64)], axis=1)
 
 
-RUNS_PER_CHUNK = 16_384
+RUNS_PER_CHUNK = 4_096  # one json.dumps holds the GIL: keep each short for the loop
 
 
 def json_runs_chunks(head: dict, runs: np.ndarray):
@@ -284,6 +295,11 @@ class PoolStream:
                 self.send_json({"type": "order", "ids": [e.id for e in shown],
                                 "keys": [e.key for e in shown],
                                 "truncated": len(entries) > ORDER_LIMIT})
+        if isinstance(pool, PrefixPool) and now - self._order_at >= ORDER_EVERY_S:
+            mark = (self.deltas, events.last_seq)
+            if mark != self._order_mark:
+                self._order_mark, self._order_at = mark, now
+                self.send_json(prefix_message(pool))
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()

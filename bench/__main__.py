@@ -13,8 +13,14 @@ def modules() -> list[str]:
     return sorted(p.stem for p in Path(__file__).resolve().parent.glob("bench_*.py"))
 
 
+# Benches that also run when another is selected: the prefix-cache rows belong to the allocator's.
+ALSO = {"allocator": ("prefix",)}
+
+
 def main(argv: list[str]) -> int:
     wanted = set(argv)
+    for name in list(wanted):
+        wanted.update(ALSO.get(name.removeprefix("bench_"), ()))
     failed = 0
     for name in modules():
         if wanted and name not in wanted and name.removeprefix("bench_") not in wanted:

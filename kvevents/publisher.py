@@ -112,11 +112,12 @@ class Publisher:
                 "topic": self.topic, "next_seq": self._seq, "batches": self.published_batches,
                 "events": self.published_events, "replays_served": self.replays_served}
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 500) -> None:
+        """Stop; batches still queued for connected subscribers get `linger_ms` to leave."""
         with self._lock:
             self._running = False
         if self._thread is not None:
             self._thread.join(timeout=2)
-        self._pub.close(linger=0)
+        self._pub.close(linger=linger_ms)
         if self._replay is not None:
             self._replay.close(linger=0)

@@ -1,7 +1,7 @@
-"""Command line: `kvscope replay`, `kvscope scenario`, `kvscope policy-study`.
+"""Command line: `kvscope replay`, `kvscope scenario`, `kvscope policy-study`, `kvscope prefix`.
 
 The server's `app/cli.py` delegates to `replay_main(argv)` and `scenario_main(argv)`; they are
-also reachable as `python -m workloads replay|scenario|policy-study ...`. Each returns an exit
+also reachable as `python -m workloads replay|scenario|policy-study|prefix ...`. Each returns an exit
 status: 0 ok, 2 bad input (the message names what is wrong).
 """
 
@@ -18,7 +18,13 @@ from allocator import MODEL_PRESETS, InvalidRequest
 from allocator.vocab import POLICIES, STRATEGIES
 
 from .report import build_report, markdown, write_report
-from .scenarios import SCENARIOS, compare_scenario, comparison_text, run_scenario
+from .scenarios import (
+    SCENARIOS,
+    compare_prefix_caching,
+    compare_scenario,
+    comparison_text,
+    run_scenario,
+)
 from .simulator import RESERVATIONS, SimConfig, Simulator
 from .trace import load_trace
 
@@ -106,6 +112,15 @@ def _flag_message(exc: Exception) -> str:
     return text
 
 
+def _failed(exc: BaseException, describe=str) -> int:
+    """Say why a command stopped; returns its exit code (130 when interrupted, else 2)."""
+    if isinstance(exc, KeyboardInterrupt):
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    print(f"error: {describe(exc)}", file=sys.stderr)
+    return 2
+
+
 def _out_dir(path: str) -> Path:
     """Check the output directory up front (without creating it), so a bad --out fails before
     a long run: it, or the nearest part of it that exists, must be a writable directory."""
@@ -130,15 +145,11 @@ def replay_main(argv: list[str] | None = None) -> int:
         out = _out_dir(args.out)
         report = run_replay(args)
         paths = write_report(report, out, png=not args.no_png)
-    except InvalidRequest as exc:
-        print(f"error: {_flag_message(exc)}", file=sys.stderr)
-        return 2
+    except (InvalidRequest, KeyboardInterrupt) as exc:
+        return _failed(exc, _flag_message)
     except OSError as exc:
         print(f"error: cannot write the report to {args.out!r}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
     print(markdown(report))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0
@@ -150,8 +161,10 @@ def scenario_parser() -> argparse.ArgumentParser:
         "mixed sizes, free every other allocation, then ask for one large request (less than "
         "the free total, more than any hole); without --strategy it runs on a contiguous and a "
         "paged pool and prints them side by side. chat: multi-turn conversations on the pool's "
-        "cache (hit rate, evictions). burst: waves of arrivals that overfill the pool. A single "
-        "strategy's report is printed as JSON."))
+        "cache (hit rate, evictions). burst: waves of arrivals that overfill the pool. "
+        "prefix-chat: multi-turn conversations whose prompts grow by reply + message over shared "
+        "system prompts; without --strategy it runs with prefix caching on and off side by side. "
+        "A single strategy's report is printed as JSON."))
     p.add_argument("name", choices=SCENARIOS, help="which scenario")
     p.add_argument("--strategy", choices=STRATEGIES, help=(
         "allocation strategy of the pool (default: fragmentation compares contiguous and paged; "
@@ -167,7 +180,7 @@ def scenario_parser() -> argparse.ArgumentParser:
 
 def scenario_main(argv: list[str] | None = None) -> int:
     args = scenario_parser().parse_args(argv)
-    compare = args.strategy is None and args.name == "fragmentation"
+    compare = args.strategy is None and args.name in ("fragmentation", "prefix-chat")
     out = None
     try:
         if args.out:
@@ -176,16 +189,14 @@ def scenario_main(argv: list[str] | None = None) -> int:
             raise InvalidRequest(f"--seed must be >= 0, got {args.seed}")
         if args.blocks < 8:
             raise InvalidRequest(f"--blocks must be at least 8, got {args.blocks}")
-        if compare:
+        if compare and args.name == "prefix-chat":
+            report = compare_prefix_caching(args.seed, args.blocks, args.policy)
+        elif compare:
             report = compare_scenario(args.name, args.seed, args.blocks, args.policy)
         else:
             report = run_scenario(args.name, args.strategy or "paged", args.seed, args.blocks, args.policy)
-    except InvalidRequest as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+    except (InvalidRequest, KeyboardInterrupt) as exc:
+        return _failed(exc)
     text = json.dumps(report, indent=2)
     shown = comparison_text(report) if compare and not args.json else text + "\n"
     if out is not None:
@@ -217,12 +228,8 @@ def policy_main(argv: list[str] | None = None) -> int:
             raise InvalidRequest(f"--seed must be >= 0, got {args.seed}")
         out = _out_dir(args.out) if args.out else None
         result = run_study(args.seed, load_trace(limit=args.limit))
-    except InvalidRequest as exc:
-        print(f"error: {_flag_message(exc)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+    except (InvalidRequest, KeyboardInterrupt) as exc:
+        return _failed(exc, _flag_message)
     text = study_markdown(result)
     if out is not None:
         (_mkdir(out) / "policy_study.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -231,15 +238,122 @@ def policy_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-COMMANDS = {"replay": replay_main, "scenario": scenario_main, "policy-study": policy_main}
+def _int_list(text: str) -> list[int]:
+    """'100000,3e6,1_000_000' -> positive ints. Raises InvalidRequest naming the bad value."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            value = float(part.replace("_", ""))
+        except ValueError:
+            raise InvalidRequest(f"{part!r} is not a number") from None
+        if not value.is_integer() or value <= 0:
+            raise InvalidRequest(f"{part!r} is not a positive whole number of tokens")
+        out.append(int(value))
+    if not out:
+        raise InvalidRequest("give at least one value")
+    return out
+
+
+def prefix_parser() -> argparse.ArgumentParser:
+    from .prefix_curve import CURVE_POLICIES, DEFAULT_CAPACITIES
+
+    p = argparse.ArgumentParser(prog="kvscope prefix", description=(
+        "Prefix-cache hit ratio vs cache capacity for each eviction policy and Bélády's MIN, "
+        "replaying a Mooncake-format trace (JSONL with hash_ids) in arrival order on the "
+        "allocator's prefix cache; writes prefix_report.json, .md and .png."))
+    p.add_argument("--trace", help="Mooncake JSONL trace (default: the bundled conversation trace)")
+    p.add_argument("--out", default="reports/prefix", help="output directory")
+    p.add_argument("--capacity-tokens", default=",".join(str(c) for c in DEFAULT_CAPACITIES),
+                   help="comma list of cache capacities in tokens (1e6 style accepted)")
+    p.add_argument("--policies", default=",".join(CURVE_POLICIES),
+                   help=f"comma list of {','.join(CURVE_POLICIES)} (belady = Bélády's MIN)")
+    p.add_argument("--tokens-per-block", type=int, default=512,
+                   help="pool block size in tokens, a divisor of 512 (default 512: the trace's blocks)")
+    p.add_argument("--limit", type=int, help="replay only the first N requests")
+    p.add_argument("--simulate", action="store_true", help=(
+        "also run the serving simulation with prefix caching on and off (16-token blocks)"))
+    p.add_argument("--sim-pool-tokens", type=int, default=1_000_000,
+                   help="KV pool of the serving simulation, in tokens (default 1,000,000)")
+    p.add_argument("--sim-prefill-tokens-per-s", type=float, default=20_000.0,
+                   help="prefill speed of the simulated accelerator (default 20,000 tokens/s)")
+    p.add_argument("--no-png", action="store_true", help="skip the chart")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def prefix_main(argv: list[str] | None = None) -> int:
+    from .mooncake import load_mooncake, sub_blocks
+    from .prefix_curve import capacity_curve, check_capacities, check_policies
+    from .prefix_report import markdown as prefix_markdown
+    from .prefix_report import write_prefix_report
+
+    args = prefix_parser().parse_args(argv)
+    try:
+        out = _out_dir(args.out)
+        sub_blocks(args.tokens_per_block)
+        try:
+            capacities = check_capacities(_int_list(args.capacity_tokens),
+                                          args.tokens_per_block)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"--capacity-tokens: {exc}") from None
+        try:
+            policies = check_policies([p.strip() for p in args.policies.split(",") if p.strip()])
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"--policies: {exc}") from None
+        sim_cfg = None
+        if args.simulate:
+            from .prefix_sim import sim_config
+
+            speed = args.sim_prefill_tokens_per_s
+            if not speed > 0 or speed == float("inf"):
+                raise InvalidRequest(f"--sim-prefill-tokens-per-s must be a positive number, got {speed}")
+            try:
+                sim_cfg = sim_config(pool_tokens=args.sim_pool_tokens, prefill_token_s=1 / speed)
+            except InvalidRequest as exc:
+                raise InvalidRequest(f"--sim-pool-tokens: {exc}") from None
+        trace = load_mooncake(args.trace, limit=args.limit)
+        t0 = time.perf_counter()
+        report = capacity_curve(trace, capacities, policies, args.tokens_per_block,
+                                progress=None if args.quiet else ProgressBar("prefix curve"))
+        wall = time.perf_counter() - t0
+        walls: dict = {}
+        if sim_cfg is not None:
+            from .prefix_sim import compare
+
+            report["serving"] = compare(
+                trace, sim_cfg,
+                progress=None if args.quiet else (lambda mode: ProgressBar(f"serving {mode}")),
+                wall=walls)
+        paths = write_prefix_report(report, out, png=not args.no_png)
+    except InvalidRequest as exc:
+        print(f"error: {_flag_message(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: cannot write the report to {args.out!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    print(prefix_markdown(report, png=not args.no_png))
+    print(f"curve computed in {wall:.1f} s"
+          + "".join(f"; serving {m} simulated in {s:.1f} s" for m, s in walls.items()))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+COMMANDS = {"replay": replay_main, "scenario": scenario_main, "policy-study": policy_main,
+            "prefix": prefix_main}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     usage = (f"usage: python -m workloads {{{','.join(COMMANDS)}}} [options]\n"
              "  replay        replay an LLM request trace through the serving simulator\n"
-             "  scenario      run a fragmentation / chat / burst scenario on a fresh pool\n"
+             "  scenario      run a fragmentation / chat / burst / prefix-chat scenario on a fresh pool\n"
              "  policy-study  hit rate of each cache eviction policy next to Belady's MIN\n"
+             "  prefix        prefix-cache hit ratio vs capacity per policy on a Mooncake trace\n"
              "(python -m workloads COMMAND -h for a command's options)")
     if argv and argv[0] in ("-h", "--help"):
         print(usage)

@@ -4,6 +4,7 @@ The contract the server calls (app/ never reaches further into workloads/):
 
     wl = build_live_workload(pool, {"kind": "scenario", "name": "chat", "seed": 0, "speed": 1.0})
     wl = build_live_workload(pool, {"kind": "trace", "limit": 500, "speed": 1.0})
+    wl = build_live_workload(prefix_pool, {"kind": "mooncake", "limit": 500, "speed": 1.0})
     while wl.advance(dt_s):      # run what `dt_s` wall seconds hold at `speed`; False once done
         ...
     wl.progress()                # {name, kind, state: running|finished|stopped, done, total}
@@ -202,4 +203,8 @@ def build_live_workload(pool: Pool, spec: dict | WorkloadSpec) -> LiveWorkload:
         spec = WorkloadSpec.parse(spec)
     if spec.kind == "scenario":
         return ScenarioWorkload(pool, spec.name, spec.seed, spec.speed)
+    if spec.kind == "mooncake":
+        from .live_prefix import MooncakeWorkload  # imports this module: resolved at call time
+
+        return MooncakeWorkload(pool, spec.limit, spec.speed)
     return TraceWorkload(pool, spec.limit, spec.speed)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from allocator import InvalidRequest, KVCache, NotFound, OutOfMemory, Pool, create_pool
+from allocator import InvalidRequest, KVCache, NotFound, OutOfMemory, Pool, PrefixPool, create_pool
 from allocator.vocab import SCENARIOS
 
 
@@ -43,6 +43,7 @@ class Op:
     nbytes: int = 0
     dt: float = 0.04
     probe: bool = False  # the op the scenario exists for: OpRunner records the pool around it
+    tokens: tuple = ()  # token ids of a sequence op (open / append)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +54,13 @@ class Geometry:
     block_bytes: int
     free_blocks: int
     cache_bytes: int = 0
+    tokens_per_block: int = 16
 
     @classmethod
     def of(cls, pool: Pool) -> Geometry:
         cache = pool.cache
         return cls(pool.block_bytes, pool.num_blocks - pool.used_blocks,
-                   cache.capacity_bytes if cache is not None else 0)
+                   cache.capacity_bytes if cache is not None else 0, pool.tokens_per_block or 16)
 
 
 ScenarioGen = Generator[Op, object, None]
@@ -155,7 +157,13 @@ def burst(seed: int, geo: Geometry, waves: int = 4) -> ScenarioGen:
         now = when
 
 
-FACTORIES = {"fragmentation": fragmentation, "chat": chat, "burst": burst}
+def _prefix_chat(seed: int, geo: Geometry) -> ScenarioGen:
+    from .prefix_chat import prefix_chat  # it builds on this module's Op and Geometry
+
+    return prefix_chat(seed, geo)
+
+
+FACTORIES = {"fragmentation": fragmentation, "chat": chat, "burst": burst, "prefix-chat": _prefix_chat}
 assert set(FACTORIES) == set(SCENARIOS), "allocator/vocab.py SCENARIO_INFO and FACTORIES disagree"
 
 
@@ -176,6 +184,8 @@ def estimate_ops(name: str, geo: Geometry) -> int:
         return int(2 * n / mean) + 4
     if name == "chat":
         return 1000
+    if name == "prefix-chat":
+        return 400 * 6
     return 4 * 60 * 2
 
 
@@ -198,6 +208,8 @@ class OpRunner:
     peak_utilization: float = 0.0
     peak_external_fragmentation: float = 0.0
     probes: list = field(default_factory=list)
+    prefix_queries: int = 0  # prompt tokens opened (sequence ops)
+    prefix_hits: int = 0  # of them, served from the prefix cache
 
     def apply(self, op: Op) -> object:
         """Run `op`; returns the id, hit flag or the OutOfMemory it raised."""
@@ -222,6 +234,8 @@ class OpRunner:
                 return None
             if kind in ("get", "put", "remove"):
                 return self._cache_op(op)
+            if kind in ("open", "append", "close"):
+                return self._sequence_op(op)
             return None
         except OutOfMemory as exc:
             self.ooms[exc.cause] += 1
@@ -285,6 +299,38 @@ class OpRunner:
             cache.remove(op.ref)
         return None
 
+    def _sequence_op(self, op: Op) -> object:
+        """A sequence op: on a prefix-caching pool a sequence (cached prefixes reused); on any
+        other pool a plain allocation of the same tokens (every prompt computed again)."""
+        pool = self.pool
+        prefix = isinstance(pool, PrefixPool)
+        if op.kind == "open":
+            self.prefix_queries += len(op.tokens)
+            if prefix:
+                seq = pool.open_sequence(tokens=list(op.tokens))
+                self.prefix_hits += seq.cached_tokens
+                self.held[op.ref] = seq.id
+            else:
+                self.held[op.ref] = pool.allocate(self._token_bytes(len(op.tokens)))
+            self._peak()
+            return self.held[op.ref]
+        ident = self.held.get(op.ref)
+        if ident is None:
+            return None
+        if op.kind == "append":
+            if prefix:
+                pool.append(ident, tokens=list(op.tokens))
+            else:
+                pool.extend(ident, self._token_bytes(len(op.tokens)))
+            return ident
+        del self.held[op.ref]
+        (pool.close_sequence if prefix else pool.free)(ident)
+        return None
+
+    def _token_bytes(self, n: int) -> int:
+        pool = self.pool
+        return max(1, n * pool.block_bytes // (pool.tokens_per_block or 16))
+
     def _peak(self) -> None:
         pool = self.pool
         util = pool.used_blocks / pool.num_blocks
@@ -297,10 +343,14 @@ class OpRunner:
     def release_all(self) -> int:
         """Free every allocation this runner still holds; returns how many."""
         n = 0
+        prefix = isinstance(self.pool, PrefixPool)
         for ref in list(self.held):
             aid = self.held.pop(ref)
             try:
-                self.pool.free(aid)
+                if prefix and aid in self.pool.sequence_ids():
+                    self.pool.close_sequence(aid)
+                else:
+                    self.pool.free(aid)
                 n += 1
             except NotFound:
                 self.lost += 1
@@ -321,6 +371,9 @@ class OpRunner:
             "held": len(self.held),
             "lost": self.lost,
             "probes": list(self.probes),
+            "prefix_queries": self.prefix_queries,
+            "prefix_hits": self.prefix_hits,
+            "prefix_hit_ratio": self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0,
         }
 
 
@@ -344,10 +397,13 @@ def drive(gen: ScenarioGen, runner: OpRunner, max_ops: int | None = None,
 
 
 def scenario_pool(strategy: str = "paged", num_blocks: int = 1024, tokens_per_block: int = 16,
-                  model: str = "tiny", cache_share: float = 1.0, policy: str = "lru") -> Pool:
-    """A small CPU pool for offline scenario runs, with a KVCache over `cache_share` of it."""
+                  model: str = "tiny", cache_share: float = 1.0, policy: str = "lru",
+                  prefix: bool = False) -> Pool:
+    """A small CPU pool for offline scenario runs, with a KVCache over `cache_share` of it (or,
+    with `prefix`, prefix caching under `policy` instead)."""
     pool = create_pool(strategy, num_blocks=num_blocks, tokens_per_block=tokens_per_block,
-                       model=model, device="cpu", name=f"{strategy}-scenario")
+                       model=model, device="cpu", name=f"{strategy}-scenario",
+                       prefix_caching={"policy": policy} if prefix else None)
     if cache_share > 0:
         KVCache(pool, max(pool.block_bytes, int(pool.capacity_bytes * cache_share)) // pool.block_bytes
                 * pool.block_bytes, policy=policy)
@@ -359,7 +415,7 @@ def run_scenario(name: str, strategy: str = "paged", seed: int = 0, num_blocks: 
     """Run scenario `name` to completion on a fresh pool (or `pool`); returns its report."""
     if pool is None:
         pool = scenario_pool(strategy, num_blocks, cache_share=1.0 if name == "chat" else 0.0,
-                             policy=policy)
+                             policy=policy, prefix=name == "prefix-chat" and strategy == "paged")
     gen = make_scenario(name, seed, Geometry.of(pool))
     runner = OpRunner(pool)
     drive(gen, runner)
@@ -369,11 +425,24 @@ def run_scenario(name: str, strategy: str = "paged", seed: int = 0, num_blocks: 
     if pool.cache is not None:
         out["cache"] = pool.cache.stats()
     out["pool_counters"] = dict(pool.counters)
+    if isinstance(pool, PrefixPool):
+        out["prefix"] = {k: v for k, v in pool.prefix_stats().items() if k != "histograms"}
     out["check"] = pool.check() + (pool.cache.check() if pool.cache is not None else [])
     return out
 
 
 COMPARE_STRATEGIES = ("contiguous", "paged")
+
+
+def compare_prefix_caching(seed: int = 0, num_blocks: int = 1024, policy: str = "lru") -> dict:
+    """The prefix-chat scenario on a paged pool with prefix caching and on one without, same
+    seed and geometry: hit ratio, blocks needed, OOMs side by side."""
+    on = run_scenario("prefix-chat", "paged", seed, num_blocks, policy)
+    off_pool = scenario_pool("paged", num_blocks, cache_share=0.0)
+    off = run_scenario("prefix-chat", "paged", seed, num_blocks, policy, pool=off_pool)
+    return {"scenario": "prefix-chat", "seed": seed, "num_blocks": num_blocks,
+            "block_bytes": on["block_bytes"], "strategies": {"prefix caching on": on,
+                                                              "prefix caching off": off}}
 
 
 def compare_scenario(name: str, seed: int = 0, num_blocks: int = 1024, policy: str = "lru",
@@ -405,6 +474,15 @@ def comparison_text(cmp: dict) -> str:
         ("peak utilization", [f"{r['peak_utilization']:.1%}" for r in runs.values()]),
         ("peak external fragmentation", [f"{r['peak_external_fragmentation']:.1%}" for r in runs.values()]),
     ]
+    if any(r.get("prefix_queries") for r in runs.values()):
+        rows += [
+            ("prompt tokens", [str(r["prefix_queries"]) for r in runs.values()]),
+            ("  served from the prefix cache", [f"{r['prefix_hits']} ({r['prefix_hit_ratio']:.1%})"
+                                                for r in runs.values()]),
+            ("  computed again", [str(r["prefix_queries"] - r["prefix_hits"]) for r in runs.values()]),
+            ("cached blocks evicted", [str(r["prefix"]["evicted"]) if "prefix" in r else "-"
+                                       for r in runs.values()]),
+        ]
     probes = {n: (r["probes"][0] if r["probes"] else None) for n, r in runs.items()}
     if any(probes.values()):
         def cell(n: str, fn) -> str:

@@ -125,7 +125,8 @@ class Request:
     """
 
     __slots__ = ("rid", "arrival", "prompt", "final", "context", "s0", "cap", "recorded", "aid",
-                 "epoch", "admitted_at", "finished_at", "preemptions", "finish_step")
+                 "epoch", "admitted_at", "finished_at", "preemptions", "finish_step", "cached",
+                 "computed", "first_cached")
 
     def __init__(self, rid: int, arrival: float, prompt: int, generated: int) -> None:
         self.rid = rid
@@ -142,6 +143,9 @@ class Request:
         self.finished_at: float | None = None
         self.preemptions = 0
         self.finish_step = 0
+        self.cached = 0  # context tokens found in a prefix cache at the latest admission
+        self.computed = 0  # prefill tokens computed, over every admission
+        self.first_cached: int | None = None  # cached tokens at the first admission
 
 
 # -- strategies: how a request's reservation is taken and grown on a real pool ----------------
@@ -206,6 +210,52 @@ class PagedStrategy(Strategy):
         self.pool.extend(r.aid, (length - r.recorded) * self.tb)
         r.recorded = length
         r.cap = -(-length // self.tpb) * self.tpb
+
+
+class PrefixStrategy(PagedStrategy):
+    """Paged blocks through a prefix-caching pool (`allocator.PrefixPool`): admission opens a
+    sequence named by the prompt's block hashes, so a cached prefix is shared, not allocated,
+    and its tokens are not prefilled again; decode appends; completion closes (the prompt's
+    blocks stay cached, evictable when idle).
+
+    `hashes(rid)` gives the hashes of request rid's full prompt blocks. Generated tokens carry
+    no hashes (the trace has none), so a preempted request re-admits its prompt from the cache
+    and recomputes what it had generated. At least one token is always computed (the next
+    token needs a forward pass, as vLLM recomputes a fully cached prompt's last token).
+    """
+
+    name = "prefix"
+
+    def __init__(self, pool: Pool, token_bytes: int, max_len: int, tokens_per_block: int,
+                 hashes) -> None:
+        super().__init__(pool, token_bytes, max_len, tokens_per_block)
+        self.hashes = hashes
+
+    def admit(self, r: Request) -> None:
+        pool = self.pool
+        self.calls += 1
+        info = pool.open_sequence(block_hashes=self.hashes(r.rid), num_tokens=r.prompt)
+        if r.context > r.prompt:
+            try:
+                self.calls += 1
+                pool.append(info.id, num_tokens=r.context - r.prompt)
+            except OutOfMemory:
+                pool.close_sequence(info.id)
+                raise
+        r.aid = info.id
+        r.cached = min(info.cached_tokens, r.context - 1)
+        r.recorded = r.context
+        r.cap = -(-r.context // self.tpb) * self.tpb
+
+    def grow(self, r: Request, length: int) -> None:
+        self.calls += 1
+        self.pool.append(r.aid, num_tokens=length - r.recorded)
+        r.recorded = length
+        r.cap = -(-length // self.tpb) * self.tpb
+
+    def release(self, r: Request) -> None:
+        self.calls += 1
+        self.pool.close_sequence(r.aid)
 
 
 class MaxStrategy(Strategy):
@@ -546,7 +596,11 @@ class Simulator:
             self._tokens += r.context
             self._alloc += r.cap
             self._minfill += min(r.cap, r.final)
-            prefill += r.context
+            computed = r.context - r.cached
+            r.computed += computed
+            if r.first_cached is None:
+                r.first_cached = r.cached
+            prefill += computed
             self._schedule(r)
         if not queue:
             self._blocked_frag = False

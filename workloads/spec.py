@@ -52,13 +52,13 @@ class WorkloadSpec:
             if not 0 <= seed <= MAX_SEED:
                 raise InvalidRequest(f"'seed' must be in [0, {MAX_SEED}], got {seed}")
             return cls("scenario", name, speed, seed=seed)
-        if kind == "trace":
-            if spec.get("name") not in (None, "trace"):
-                raise InvalidRequest("a trace workload takes no 'name'")
+        if kind in ("trace", "mooncake"):
+            if spec.get("name") not in (None, kind):
+                raise InvalidRequest(f"a {kind} workload takes no 'name'")
             limit = _number(spec, "limit", DEFAULT_TRACE_LIMIT, int)
             if not 0 < limit <= MAX_TRACE_LIMIT:
                 raise InvalidRequest(f"'limit' must be a positive integer of at most {MAX_TRACE_LIMIT}, got {limit}")
-            return cls("trace", "trace", speed, limit=limit)
+            return cls(kind, kind, speed, limit=limit)
         raise InvalidRequest(f"unknown workload kind {kind!r}; choose one of {list(WORKLOAD_KINDS)}")
 
     def to_dict(self) -> dict:

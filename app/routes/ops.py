@@ -37,7 +37,8 @@ def run_ops(pool, ops, stop_on_error: bool) -> list[dict]:
 
 
 @router.post("", response_model=BatchOut, description=(
-    "Run ops in order (allocate, extend, free, put, get, delete, evict, defragment). Each result is "
+    "Run ops in order (allocate, extend, free, put, get, delete, evict, defragment; open, append, "
+    "close on a prefix-caching pool). Each result is "
     "`{ok: true, ...}` or `{ok: false, error}`; with stop_on_error the run stops at the first "
     "failure and `results` is shorter than `ops`."))
 async def run_batch(body: BatchIn, handle: PoolDep, settings: SettingsDep) -> Response:

@@ -146,6 +146,8 @@ export function pool(name) {
     /** @param {Object} spec app/schemas.py WorkloadIn */
     startWorkload: (spec) => api("POST", `${base}/workload`, spec),
     stopWorkload: () => api("DELETE", `${base}/workload`),
+    /** A prefix-caching pool's block: refcount, hash, depth, hits (the tooltip). @param {number} b */
+    block: (b) => api("GET", `${base}/prefix-cache/blocks/${b}`),
     /** The kept history's range: {first_seq, last_seq, dropped_events, ...} */
     history: () => api("GET", `${base}/history`),
     /** @param {{after?: number, limit?: number, kinds?: string[]}} q */

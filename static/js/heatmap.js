@@ -64,13 +64,15 @@ export function ownerCss(owner) {
   return `rgb(${c & 255},${(c >> 8) & 255},${(c >> 16) & 255})`;
 }
 
+/** Sharing mode: reference counts at or past this take the hottest colour. */
+export const SHARE_SCALE_MAX = 8;
 /** Tooltip state of an allocation freed after its cell was painted (the map catches up next frame). */
 const FREED = Object.freeze({ freed: true });
 
 /**
  * @param {HTMLElement} root   the element to fill (toolbar + canvas + legend + tooltip)
  * @param {import("./model.js").PoolModel} model
- * @param {{fetchAllocation?: (id:number) => Promise<any>, compact?: boolean}} [opts]
+ * @param {{fetchAllocation?: (id:number) => Promise<any>, fetchBlock?: (block:number) => Promise<any>, compact?: boolean}} [opts]
  */
 export function createHeatmap(root, model, opts = {}) {
   root.classList.add("heatmap");
@@ -79,6 +81,7 @@ export function createHeatmap(root, model, opts = {}) {
       <div class="seg" role="group" aria-label="Colour mode">
         <button type="button" data-mode="owner" class="on" title="Colour by owning allocation">Owner</button>
         <button type="button" data-mode="heat" title="Eviction order: hot = next to be evicted">Heat</button>
+        <button type="button" data-mode="share" title="Prefix caching: reference count (how many sequences hold each block)">Sharing</button>
       </div>
       <label class="hm-zoom">Cell <select data-role="cell">
         <option value="auto">auto</option>${CELL_SIZES.map((s) => `<option value="${s}">${s}px</option>`).join("")}
@@ -147,16 +150,32 @@ export function createHeatmap(root, model, opts = {}) {
   let FREE = -1;
   let CACHED = -1;
   let PINNED = -1;
+  let SHARED = -1;
   function readCodes() {
     const c = model.codes;
     FREE = c.free ?? -1;
     CACHED = c.cached ?? -1;
     PINNED = c.pinned ?? -1;
+    SHARED = c.shared ?? -1;
   }
   function colorOf(i) {
     const st = model.state[i];
     if (st === FREE) return COLORS.free;
     const owner = model.owner[i];
+    if (mode === "share") {
+      // cached (idle) blocks dim, one holder cool, more holders hotter
+      if (st === CACHED) return COLORS.uncachedHeat;
+      const refs = model.refcountOf(i);
+      const t = Math.min(1, (refs - 1) / (SHARE_SCALE_MAX - 1));
+      return heatPalette[Math.round((HUES - 1) * t)];
+    }
+    if (mode === "heat" && /** @type {any} */ (model.config || {}).prefix_caching) {
+      // prefix pools rank cached blocks themselves, not allocations
+      if (st !== CACHED) return COLORS.uncachedHeat;
+      const rank = model.blockRank.get(i);
+      if (rank === undefined) return heatPalette[0];
+      return heatPalette[Math.round((HUES - 1) * (1 - rank / Math.max(1, model.orderLength - 1)))];
+    }
     if (mode === "heat") {
       if (st !== CACHED && st !== PINNED) return COLORS.uncachedHeat;
       if (owner !== lastOwner) {
@@ -174,6 +193,7 @@ export function createHeatmap(root, model, opts = {}) {
       return st === PINNED ? COLORS.pinned : lastRankColor;
     }
     if (st === PINNED) return px < MIN_DETAILED_CELL_PX ? COLORS.pinned : usedPalette[ownerHue(owner)];
+    if (st === SHARED) return heatPalette[HUES - 1];
     return st === CACHED ? cachedPalette[ownerHue(owner)] : usedPalette[ownerHue(owner)];
   }
 
@@ -235,7 +255,7 @@ export function createHeatmap(root, model, opts = {}) {
       layout();
       model.markAllDirty();
     }
-    if (mode === "heat" && heatVersion !== model.orderVersion) {
+    if (mode !== "owner" && heatVersion !== model.orderVersion) {
       heatVersion = model.orderVersion;
       model.markAllDirty();
     }
@@ -270,7 +290,11 @@ export function createHeatmap(root, model, opts = {}) {
 
   function renderLegend() {
     const sw = (css, label, cls = "") => `<span class="lg"><i class="sw ${cls}" data-color="${css}"></i>${label}</span>`;
-    if (mode === "heat") {
+    if (mode === "share") {
+      legend.innerHTML =
+        `<span class="lg"><i class="sw grad"></i>held by 1 → ${SHARE_SCALE_MAX}+ sequences</span>` +
+        sw("rgb(70,78,94)", "cached, idle (evictable)") + sw("rgb(28,34,45)", "free");
+    } else if (mode === "heat") {
       legend.innerHTML =
         `<span class="lg"><i class="sw grad"></i>next to evict → last</span>` +
         sw("rgb(70,78,94)", "not a cache entry") + sw("rgb(28,34,45)", "free") + sw("#fafafa", "pinned (never evicted)");
@@ -299,7 +323,28 @@ export function createHeatmap(root, model, opts = {}) {
     return i < model.blocks ? i : -1;
   }
 
+  /** Tooltip lines of a prefix-cache block (data from GET .../prefix-cache/blocks/{i}). */
+  function prefixTipHtml(i, info) {
+    const st = model.stateNames[model.state[i]] || "?";
+    const lines = [`<b>block ${i.toLocaleString()}</b> <span class="st st-${st}">${st}</span>`];
+    if (info === undefined) lines.push(`<span class="muted">loading…</span>`);
+    else if (info === null || info === FREED) lines.push(`<span class="muted">details unavailable</span>`);
+    else {
+      lines.push(`refcount <b>${info.refcount}</b> · held by ${info.refcount} sequence${info.refcount === 1 ? "" : "s"}`);
+      if (info.hash) lines.push(`hash <code>${escapeHtml(info.hash.slice(0, 8))}…</code> · depth ${info.depth} in its chain`);
+      else lines.push(`<span class="muted">not cached (partial or private block)</span>`);
+      lines.push(`hits ${info.hits}`);
+    }
+    const rank = model.blockRank.get(i);
+    if (rank !== undefined) lines.push(`eviction rank ${rank + 1} of ${model.orderLength}`);
+    return lines.join("<br>");
+  }
+
+  /** Whether tooltips describe prefix-cache blocks (the pool has prefix caching). */
+  const blockTips = () => Boolean(opts.fetchBlock && /** @type {any} */ (model.config || {}).prefix_caching);
+
   function tipHtml(i, alloc) {
+    if (blockTips()) return prefixTipHtml(i, alloc);
     const owner = model.owner[i];
     const st = model.stateNames[model.state[i]] || "?";
     const lines = [`<b>block ${i.toLocaleString()}</b> <span class="st st-${st}">${st}</span>`];
@@ -334,17 +379,49 @@ export function createHeatmap(root, model, opts = {}) {
     return cached.data === FREED || performance.now() - cached.t < HOVER_CACHE_MS ? cached.data : undefined;
   }
 
-  function showTip(ev, i) {
-    const owner = model.owner[i];
-    const known = owner >= 0 ? knownAlloc(owner) : null;
-    tip.innerHTML = tipHtml(i, known);
-    paintSwatches(tip);
+  function placeTip(ev) {
     tip.hidden = false;
     const box = root.getBoundingClientRect();
     let x = ev.clientX - box.left + 14;
     const y = ev.clientY - box.top + 14;
     if (x + 260 > box.width) x = Math.max(0, x - 290);
     tip.style.transform = `translate(${x}px, ${y}px)`;
+  }
+
+  /** @type {Map<number, {t:number, data:any}>} prefix pools: block -> its look-up */
+  const blockCache = new Map();
+
+  function showBlockTip(ev, i) {
+    const known = blockCache.get(i);
+    const fresh = known && performance.now() - known.t < HOVER_CACHE_MS / 4; // refcounts move fast
+    tip.innerHTML = prefixTipHtml(i, known ? known.data : undefined);
+    placeTip(ev);
+    window.clearTimeout(hoverTimer);
+    if (fresh) return;
+    hoverTimer = window.setTimeout(async () => {
+      if (hoverBlock !== i) return;
+      let data = null;
+      try {
+        data = await /** @type {(b:number) => Promise<any>} */ (opts.fetchBlock)(i);
+      } catch {
+        data = null;
+      }
+      blockCache.set(i, { t: performance.now(), data });
+      if (blockCache.size > 4096) blockCache.delete(/** @type {number} */ (blockCache.keys().next().value));
+      if (hoverBlock === i && !tip.hidden) tip.innerHTML = prefixTipHtml(i, data);
+    }, HOVER_FETCH_DEBOUNCE_MS);
+  }
+
+  function showTip(ev, i) {
+    if (blockTips()) {
+      showBlockTip(ev, i);
+      return;
+    }
+    const owner = model.owner[i];
+    const known = owner >= 0 ? knownAlloc(owner) : null;
+    tip.innerHTML = tipHtml(i, known);
+    paintSwatches(tip);
+    placeTip(ev);
     window.clearTimeout(hoverTimer);
     if (owner >= 0 && known === undefined && opts.fetchAllocation) {
       const want = owner;
@@ -392,9 +469,9 @@ export function createHeatmap(root, model, opts = {}) {
     schedule();
   });
 
-  /** @param {string} next "owner" | "heat" */
+  /** @param {string} next "owner" | "heat" | "share" */
   function setMode(next) {
-    mode = next === "heat" ? "heat" : "owner";
+    mode = next === "heat" || next === "share" ? next : "owner";
     root.querySelectorAll("[data-mode]").forEach((b) => b.classList.toggle("on", /** @type {HTMLElement} */ (b).dataset.mode === mode));
     heatVersion = -1;
     model.markAllDirty();
@@ -440,7 +517,13 @@ export function createHeatmap(root, model, opts = {}) {
           if (pixels[(r * px + mid) * width + c * px + mid] === COLORS.pinned) pinned++;
         }
       }
-      return { total: model.blocks, free, occupied, pinned, cols, rows, cellPx: px };
+      return { total: model.blocks, free, occupied, pinned, cols, rows, cellPx: px, cellCss };
+    },
+    /** The painted colour of block i (u32 RGBA), after pending changes: a debug hook for tests. */
+    blockColor(i) {
+      flush();
+      const width = cols * px;
+      return pixels[Math.floor(i / cols) * px * width + (i % cols) * px];
     },
     /** Paint cost of recent frames that painted something: count, p50 and p95 in ms. */
     paintStats() {

@@ -151,6 +151,8 @@ function onMessage(msg) {
 function describePool() {
   const c = model.config;
   if (!c) return;
+  // a mirror is read-only: app.css hides the controls that would only be refused
+  body.dataset.strategy = c.strategy;
   if (c.strategy === "mirror") {
     $("#pool-meta").textContent = describeMirror(c);
     return;
@@ -182,7 +184,10 @@ function connect(name) {
   if (name !== poolName) controls.clearChips();
   poolName = name;
   model = new PoolModel();
-  heatmap = createHeatmap($("#heatmap"), model, { fetchAllocation: (id) => poolApi(poolName).allocation(id) });
+  heatmap = createHeatmap($("#heatmap"), model, {
+    fetchAllocation: (id) => poolApi(poolName).allocation(id),
+    fetchBlock: (b) => poolApi(poolName).block(b),
+  });
   charts = createCharts($("#charts"), model);
   timeline = createTimeline($("#timeline"), {
     getPool: () => poolName,
@@ -308,6 +313,8 @@ Object.defineProperty(window, "kvscope", {
     },
     paintedCounts: () => (heatmap ? heatmap.paintedCounts() : null),
     paintStats: () => (heatmap ? heatmap.paintStats() : null),
+    blockColor: (i) => (heatmap ? heatmap.blockColor(i) : null),
+    setMode: (m) => heatmap && heatmap.setMode(m),
     modelCounts: () => model.countStates(),
     /** Distinct owner ids on the shown map (live or past), ascending (the browser tests compare them to REST). */
     owners: () => Array.from(new Set((pastModel || model).owner)).filter((o) => o >= 0).sort((a, b) => a - b),

@@ -75,6 +75,7 @@ export const DEFAULT_THRESHOLDS = Object.freeze({
 /** @typedef {{after:number, upto:number, limit:number, skipped:number}} EventGap  what to fetch: seq in (after, upto], `skipped` older ones given up */
 /** @typedef {{type:"stats", stats:PoolStats}} StatsMessage */
 /** @typedef {{type:"order", ids:number[], keys:string[], truncated:boolean}} OrderMessage */
+/** @typedef {{type:"prefix", order:number[], truncated:boolean, shared:{blocks:number[], refcounts:number[]}}} PrefixMessage */
 /** @typedef {{name:string, state:string, done:number, total:number, error?:string}} WorkloadProgress  state: running|finished|stopped|failed (`error` says why) */
 /** @typedef {{type:"progress", workload:WorkloadProgress}} ProgressMessage */
 /** @typedef {{type:"closed", reason:string}} ClosedMessage */
@@ -88,9 +89,14 @@ export function counterTotal(value) {
   return 0;
 }
 
-/** Hit rate from cache stats (a mirror pool: the engine's own prefix hit ratio from its
- * /metrics), or null when the pool has no cache or no lookups yet. */
+/**
+ * Hit rate from cache stats (a mirror pool: the engine's own prefix hit ratio from its /metrics;
+ * a prefix-caching pool: the token-weighted prefix hit ratio, prompt tokens served from the cache
+ * over prompt tokens), or null when there is nothing to rate yet.
+ */
 export function hitRateOf(stats) {
+  const p = stats && /** @type {any} */ (stats).prefix;
+  if (p) return p.queries > 0 ? p.hits / p.queries : null;
   const c = stats && stats.cache;
   if (!c) {
     const eng = stats && stats.mirror && stats.mirror.source && stats.mirror.source.engine;
@@ -271,6 +277,10 @@ export class PoolModel {
     this.orderRank = new Map();
     this.orderLength = 0;
     this.orderVersion = 0;
+    /** @type {Map<number, number>} prefix pools: idle cached block -> rank in eviction order */
+    this.blockRank = new Map();
+    /** @type {Map<number, number>} prefix pools: block held by 2+ sequences -> reference count */
+    this.refcount = new Map();
     /** @type {Map<number, number>} allocation id -> creation time (unix s), from allocate/put events */
     this.createdAt = new Map();
     /** @type {Map<number, string>} allocation id -> cache key, learnt from put events and order */
@@ -447,8 +457,10 @@ export class PoolModel {
     }
     this.lastFragOomCounter = frag;
     let evictionsPerSec = NaN;
-    // a mirror pool: blocks the engine removed stand for its evictions
-    const evictTotal = stats.cache ? counterTotal(stats.cache.evictions) || this.evictionCount
+    // a mirror pool: blocks the engine removed stand for its evictions; a prefix pool: its own
+    const prefix = /** @type {any} */ (stats).prefix;
+    const evictTotal = prefix ? Number(prefix.evicted) || 0
+      : stats.cache ? counterTotal(stats.cache.evictions) || this.evictionCount
       : stats.mirror ? Number(stats.mirror.removed_blocks) || 0 : this.evictionCount;
     if (this.lastSample) {
       const dt = now - this.lastSample.t;
@@ -547,6 +559,28 @@ export class PoolModel {
     this.createdAt.set(id, ts);
   }
 
+  /**
+   * A prefix-caching pool's eviction order (by block) and reference counts of shared blocks.
+   * @param {PrefixMessage} msg
+   */
+  applyPrefix(msg) {
+    this.blockRank = new Map();
+    (msg.order || []).forEach((b, i) => this.blockRank.set(b, i));
+    this.orderLength = (msg.order || []).length;
+    this.refcount = new Map();
+    const shared = msg.shared || { blocks: [], refcounts: [] };
+    shared.blocks.forEach((b, i) => this.refcount.set(b, shared.refcounts[i]));
+    this.orderVersion++;
+  }
+
+  /** Reference count of block i as the page knows it (prefix pools): from the state and the last prefix message. @param {number} i */
+  refcountOf(i) {
+    const st = this.state[i];
+    const c = this.codes;
+    if (st === c.shared) return this.refcount.get(i) || 2;
+    return st === c.used || st === c.pinned ? 1 : 0;
+  }
+
   /** @param {OrderMessage} order */
   applyOrder(order) {
     this.orderRank = new Map();
@@ -585,6 +619,9 @@ export class PoolModel {
         return null;
       case "order":
         this.applyOrder(/** @type {OrderMessage} */ (msg));
+        return null;
+      case "prefix":
+        this.applyPrefix(/** @type {PrefixMessage} */ (msg));
         return null;
       case "progress":
         this.applyProgress(msg.workload);

@@ -36,9 +36,16 @@ export function numbersHtml(s, evictionsPerSec, forest = null) {
     ext,
     cell("largest free", formatBytes(s.largest_free_bytes), `of ${formatBytes(s.free_bytes ?? (s.free_blocks || 0) * (s.block_bytes || 0))} free`),
     cell("OOMs", `${ooms.capacity + ooms.fragmentation}`, `capacity ${ooms.capacity} · fragmentation ${ooms.fragmentation}`, ooms.fragmentation > 0 ? "hot" : ""),
-    cell("hit rate", hr == null ? "—" : pct(hr), c ? `${c.hits ?? 0} hits · ${c.misses ?? 0} misses` : "no cache on this pool"),
+    cell("hit rate", hr == null ? "—" : pct(hr), prefixSub(s) || (c ? `${c.hits ?? 0} hits · ${c.misses ?? 0} misses` : "no cache on this pool")),
     cell("evictions/s", Number.isFinite(evictionsPerSec) ? evictionsPerSec.toFixed(1) : "—", c ? `${c.entries ?? c.count ?? "?"} entries · ${formatBytes(c.used_bytes)} / ${formatBytes(c.capacity_bytes)}` : ""),
   ].join("");
+}
+
+/** The hit-rate cell's line on a prefix-caching pool: prompt tokens served from the cache. */
+function prefixSub(s) {
+  const p = /** @type {any} */ (s).prefix;
+  if (!p) return "";
+  return `${Number(p.hits).toLocaleString()} of ${Number(p.queries).toLocaleString()} prompt tokens cached · ${p.blocks.shared} shared blocks`;
 }
 
 /** @param {import("./model.js").PoolEvent} e @returns {[string, string, string]} what, size, why */
@@ -68,6 +75,15 @@ export function describeEvent(e) {
       return [`#${e.id}`, formatBytes(/** @type {any} */ (e).allocated_bytes), /** @type {any} */ (e).moved ? "moved" : "in place"];
     case "free":
       return [`#${e.id}`, `${e.blocks ?? ""} blocks`, ""];
+    case "open": {
+      const p = /** @type {any} */ (e);
+      const hit = p.num_tokens ? p.cached_tokens / p.num_tokens : 0;
+      return [`seq #${p.seq_id}`, `${p.num_tokens} tok`, `${p.cached_tokens} cached (${pct(hit)})`];
+    }
+    case "append":
+      return [`seq #${/** @type {any} */ (e).seq_id}`, `${/** @type {any} */ (e).num_tokens} tok`, `+${(/** @type {any} */ (e).blocks || []).length} blocks`];
+    case "close":
+      return [`seq #${/** @type {any} */ (e).seq_id}`, `${(/** @type {any} */ (e).blocks || []).length} blocks`, "released"];
     default:
       return describePrefixEvent(e) || [e.key ?? (e.id != null ? `#${e.id}` : ""), e.bytes != null ? formatBytes(e.bytes) : "", ""];
   }

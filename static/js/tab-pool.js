@@ -43,6 +43,10 @@ export function createPoolTab(ctx, alloc) {
       const takes = (f.strategy.selectedOptions[0]?.dataset.options || "").split(" ");
       if (takes.includes("fit")) body.fit = f.fit.value;
       if (f.cache.value.trim()) body.cache = { capacity_bytes: /** @type {any} */ (sizeOf(f.cache.value)).bytes };
+      if (f.prefix && f.prefix.value) {
+        body.prefix_caching = { policy: f.prefix.value };
+        body.tokens_per_block = Number(f.tokens_per_block.value) || 16;
+      }
       await pools.create(body);
       env.onPoolCreated(body.name);
       return `created pool ${body.name}`;

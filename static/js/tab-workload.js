@@ -1,4 +1,4 @@
-// Controls, Workload tab: start a scenario or a trace replay, stop it, show its progress.
+// Controls, Workload tab: start a scenario, a trace replay or a Mooncake replay, stop it, show its progress.
 
 import { describeWorkload } from "./model.js";
 
@@ -8,7 +8,7 @@ export function createWorkloadTab(ctx) {
   const wf = $("#f-workload");
   const syncWorkloadForm = () => {
     const kind = wf.kind.value;
-    wf.querySelectorAll("[data-for]").forEach((el) => (el.hidden = el.dataset.for !== kind));
+    wf.querySelectorAll("[data-for]").forEach((el) => (el.hidden = !el.dataset.for.split(" ").includes(kind)));
     wf.speedOut.value = `${wf.speed.value}×`;
   };
   wf.addEventListener("input", syncWorkloadForm);
@@ -22,7 +22,8 @@ export function createWorkloadTab(ctx) {
         : { kind, speed: Number(wf.speed.value), limit: Number(wf.limit.value) };
     act("workload", async () => {
       await client().startWorkload(body);
-      return `started ${kind === "trace" ? `trace replay of ${body.limit} requests` : body.name} at ${body.speed}×`;
+      const what = { trace: "trace replay", mooncake: "Mooncake replay" }[kind];
+      return `started ${what ? `${what} of ${body.limit} requests` : body.name} at ${body.speed}×`;
     });
   });
   $("#b-stop").addEventListener("click", () =>

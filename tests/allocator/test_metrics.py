@@ -31,7 +31,7 @@ def test_paged_metrics_on_a_hand_built_layout() -> None:
     assert s["external_fragmentation"] == 1 - 4 / 5  # 0.2
     assert s["largest_free_bytes"] == 400
     assert s["internal_fragmentation"] == 1 - 151 / 300
-    assert s["blocks_by_state"] == {"free": 5, "used": 3, "cached": 0, "pinned": 0}
+    assert s["blocks_by_state"] == {"free": 5, "used": 3, "cached": 0, "pinned": 0, "shared": 0}
 
 
 def test_contiguous_histogram_and_largest_free() -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from allocator import InvalidRequest, Pool, PoolSpec, create_pool, positive_int, vocab
+from allocator import InvalidRequest, KVCache, Pool, PoolSpec, create_pool, positive_int, vocab
 from allocator.blockmap import BlockMap
 from allocator.events import EventLog
 from allocator.policies import POLICIES as POLICY_CLASSES
@@ -75,3 +77,73 @@ def test_positive_int_refuses_everything_but_a_positive_int(value):
     with pytest.raises(InvalidRequest):
         positive_int(value, "x")
     assert positive_int(7, "x") == 7
+
+
+@given(
+    strategy=st.sampled_from(vocab.STRATEGIES),
+    num_blocks=st.one_of(st.none(), st.integers(-2, 1 << 20), st.booleans()),
+    capacity=st.one_of(st.none(), st.integers(-2, 1 << 26)),
+    block_bytes=st.one_of(st.none(), st.integers(-2, 1 << 16)),
+    tokens_per_block=st.one_of(st.none(), st.integers(-2, 64)),
+    model=st.sampled_from([None, "tiny", "llama-3-8b"]),
+)
+@settings(max_examples=300, deadline=None)
+def test_pool_spec_either_refuses_or_holds_its_invariants(strategy, num_blocks, capacity, block_bytes,
+                                                         tokens_per_block, model):
+    try:
+        spec = PoolSpec.parse(strategy, num_blocks=num_blocks, capacity_bytes=capacity,
+                              block_bytes=block_bytes, tokens_per_block=tokens_per_block, model=model)
+    except InvalidRequest:
+        return
+    assert type(spec.num_blocks) is int and spec.num_blocks > 0
+    assert type(spec.block_bytes) is int and spec.block_bytes > 0
+    assert (num_blocks is None) != (capacity is None)
+    if capacity is not None:
+        assert spec.capacity_bytes <= capacity < spec.capacity_bytes + spec.block_bytes
+    else:
+        assert spec.num_blocks == num_blocks
+    if block_bytes is None:
+        per_block = tokens_per_block or vocab.DEFAULT_TOKENS_PER_BLOCK
+        assert spec.block_bytes == per_block * spec.model.bytes_per_token
+    elif spec.model is not None and tokens_per_block is not None:
+        assert spec.block_bytes == tokens_per_block * spec.model.bytes_per_token
+    assert spec.tokens_per_block is None or spec.tokens_per_block > 0
+    assert (spec.fit is not None) == ("fit" in vocab.STRATEGY_INFO[strategy].options)
+
+
+class Recorder:
+    """A pool extension that records what the pool tells it."""
+
+    def __init__(self) -> None:
+        self.resets = 0
+
+    def on_pool_reset(self) -> None:
+        self.resets += 1
+
+    def stats(self) -> dict:
+        return {"resets": self.resets}
+
+
+def test_a_pool_tells_its_extensions_of_resets_and_shows_their_stats_and_nothing_else():
+    pool = create_pool("paged", num_blocks=8, block_bytes=16, device="cpu")
+    rec = Recorder()
+    pool.attach("recorder", rec)
+    assert pool.cache is None and pool.stats()["recorder"] == {"resets": 0}
+    pool.allocate(16)
+    assert pool.reset() == 1
+    assert rec.resets == 1 and pool.stats()["recorder"] == {"resets": 1}
+    cache = KVCache(pool)
+    cache.put("a", 16)
+    pool.reset()
+    assert pool.cache is cache and len(cache) == 0 and cache.check() == [] and rec.resets == 2
+
+
+def test_the_old_way_of_attaching_a_cache_still_attaches_it():
+    pool = create_pool("paged", num_blocks=8, block_bytes=16, device="cpu")
+    rec = Recorder()
+    pool.cache = rec
+    assert pool.extensions == {"cache": rec} and pool.stats()["cache"] == {"resets": 0}
+    pool.reset()
+    assert rec.resets == 1
+    pool.cache = None
+    assert pool.cache is None and "cache" not in pool.stats()

@@ -149,13 +149,15 @@ def test_cli_dispatches_to_the_workloads_cli(monkeypatch):
     fake = types.ModuleType("workloads.cli")
     fake.replay_main = lambda argv: calls.append(("replay", argv)) or 0
     fake.scenario_main = lambda argv: calls.append(("scenario", argv)) or 0
+    fake.prefix_main = lambda argv: calls.append(("prefix", argv)) or 0
     monkeypatch.setitem(sys.modules, "workloads.cli", fake)
     import workloads
 
     monkeypatch.setattr(workloads, "cli", fake, raising=False)
     assert cli.main(["replay", "--limit", "5"]) == 0
     assert cli.main(["scenario", "chat"]) == 0
-    assert calls == [("replay", ["--limit", "5"]), ("scenario", ["chat"])]
+    assert cli.main(["prefix", "--quiet"]) == 0
+    assert calls == [("replay", ["--limit", "5"]), ("scenario", ["chat"]), ("prefix", ["--quiet"])]
     assert cli.main(["bogus"]) == 2
     assert cli.main(["--help"]) == 0
 
@@ -170,6 +172,10 @@ def test_cli_dispatches_to_the_workloads_cli(monkeypatch):
     ("KVSCOPE_DEFAULT_BLOCK_BYTES", str(1 << 30),
      f"the default pool's 4096 x {1 << 30} bytes exceed KVSCOPE_MAX_POOL_BYTES={2 << 30} "
      "(set KVSCOPE_DEFAULT_BLOCKS or KVSCOPE_DEFAULT_BLOCK_BYTES)"),
+    ("KVSCOPE_MAX_TOTAL_BYTES", "1000",
+     "the default pool's 4096 x 4096 bytes exceed the server's total of 1000 bytes (KVSCOPE_MAX_TOTAL_BYTES)"),
+    ("KVSCOPE_MAX_STREAM_CLIENTS", "0", "KVSCOPE_MAX_STREAM_CLIENTS must be at least 1, got 0"),
+    ("KVSCOPE_STREAM_STALL_MS", "5", "KVSCOPE_STREAM_STALL_MS must be at least 100, got 5"),
 ])
 def test_serve_with_a_bad_env_value_says_which_and_exits_2(monkeypatch, capsys, name, value, says):
     import uvicorn

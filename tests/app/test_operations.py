@@ -65,3 +65,14 @@ def test_rest_and_batch_extend_report_the_same_allocation(client):
     via_batch = batch(client, {"op": "extend", "id": b, "bytes": 5000})
     assert via_rest["moved"] is via_batch["moved"] is False  # paged: never moves
     assert via_rest["allocated_bytes"] == via_batch["allocated_bytes"] == 3 * 4096
+
+
+def test_every_batch_op_the_schema_accepts_has_one_operation():
+    from typing import get_args
+
+    from app.operations import BATCH_OPS
+    from app.schemas import Op
+
+    union = get_args(Op)[0]
+    names = {get_args(m.model_fields["op"].annotation)[0] for m in get_args(union)}
+    assert names == set(BATCH_OPS)

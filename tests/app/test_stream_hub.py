@@ -177,3 +177,29 @@ def test_queued_bytes_are_capped_not_only_the_message_count():
         assert slow.queue.qsize() < QUEUE_LIMIT and slow.resyncs >= 1
 
     asyncio.run(go())
+
+
+def test_prefix_pool_stream_sends_eviction_order_shared_refcounts_and_shared_state():
+    async def go():
+        pool = create_pool("paged", num_blocks=64, block_bytes=64, tokens_per_block=4,
+                           prefix_caching={"policy": "lru"})
+        stream = PoolStream(PoolHandle("px", pool), 0.05)
+        client = stream.join()
+        drain(client)
+        a = pool.open_sequence(tokens=list(range(8)))
+        b = pool.open_sequence(tokens=list(range(8)) + [1])
+        c = pool.open_sequence(tokens=list(range(100, 112)))
+        pool.close_sequence(c.id)
+        stream.tick(10.0)
+        out = drain(client)
+        (frame,) = [decode_frame(m) for m in out if isinstance(m, bytes)]
+        states = frame["runs"][0][3]
+        assert [states[x] for x in a.blocks] == [4, 4] and states[b.blocks[2]] == 1
+        assert [states[x] for x in c.blocks] == [2, 2, 2]
+        messages = [json.loads(m) for m in out if isinstance(m, str)]
+        (prefix,) = [m for m in messages if m["type"] == "prefix"]
+        assert prefix["order"] == c.blocks[::-1] and prefix["truncated"] is False
+        assert prefix["shared"] == {"blocks": sorted(a.blocks), "refcounts": [2, 2]}
+        stats = [m for m in messages if m["type"] == "stats"]
+        assert stats[0]["stats"]["prefix"]["hits"] == 8
+    asyncio.run(go())

@@ -89,6 +89,9 @@ def test_mirror_command_records_and_the_recording_plays_back(ipc, vllm_kv, tmp_p
 def test_cli_refusals_are_one_line_exit_2(tmp_path):
     r = run("mirror", "tcp://127.0.0.1:5557")
     assert r.returncode == 2 and "--num-blocks" in r.stderr
+    r = run("mirror", "tcp://127.0.0.1:5557", "--metrics-url", "http://127.0.0.1:9/metrics")
+    assert r.returncode == 2 and "could not read http://127.0.0.1:9/metrics" in r.stderr
+    assert "Traceback" not in r.stderr
     r = run("mirror", "http://nope", "--num-blocks", "8")
     assert r.returncode == 2 and "endpoint" in r.stderr and "Traceback" not in r.stderr
     bad = tmp_path / "x.kvrec"
@@ -119,3 +122,59 @@ def test_serve_publish_default_pool(tmp_path):
         assert "Traceback" not in cli.stop()
     r = run("serve", "--publish", "http://x")
     assert r.returncode == 2 and "--publish" in r.stderr
+
+
+def test_prefix_publish_is_a_live_engine(tmp_path):
+    """`kvscope prefix --trace F --publish E --speed X`: a router-side mirror ends with the set
+    the same trace leaves on the same prefix-caching pool."""
+    import inspect
+    import random
+
+    from allocator import PoolSpec, create_pool
+
+    pytest = __import__("pytest")
+    mooncake = pytest.importorskip("workloads.mooncake", reason="issue 12's trace reader is not in this tree")
+    if "prefix_caching" not in inspect.signature(PoolSpec.parse).parameters:
+        pytest.skip("the allocator's prefix caching (issue 11) is not in this tree")
+    from allocator.mirror import MirrorPool
+    from kvevents.follow import follow
+
+    rng = random.Random(5)
+    lines = []
+    for i in range(14):
+        n = rng.randint(1, 3) * 512
+        stem = rng.choice([[1, 2], [1, 3], [7, 8]])
+        ids = (stem + [rng.randrange(100, 10_000) for _ in range(4)])[: n // 512]
+        lines.append(json.dumps({"timestamp": i * 150, "input_length": n, "output_length": 10,
+                                 "hash_ids": ids}))
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    port, replay = free_port(), free_port()
+    mirror = MirrorPool(4096, name="router", device="cpu")
+    sub = follow(mirror, f"tcp://127.0.0.1:{port}", topic="kv",
+                 replay_endpoint=f"tcp://127.0.0.1:{replay}")
+    try:
+        r = run("prefix", "--trace", str(trace), "--publish", f"tcp://*:{port}",
+                "--publish-replay-endpoint", f"tcp://*:{replay}", "--publish-topic", "kv",
+                "--speed", "1", "--capacity-tokens", "2048", "--tokens-per-block", "64")
+        assert r.returncode == 0, r.stderr
+        counts = json.loads(r.stdout.strip().splitlines()[-1])
+        assert counts["requests"] == 14 and counts["events"] > 0
+        # The same trace on the same pool, here.
+        pool = create_pool("paged", num_blocks=32, block_bytes=64, tokens_per_block=64, device="cpu",
+                           prefix_caching={"policy": "lru"}, event_capacity=100_000)
+        t = mooncake.load_mooncake(trace)
+        for i in range(len(t)):
+            hashes = t.block_hashes(i, 64)
+            info = pool.open_sequence(block_hashes=hashes, num_tokens=len(hashes) * 64)
+            pool.close_sequence(info.id)
+        want: set[int] = set()
+        for e in pool.events.after(0, 1_000_000):
+            if e["type"] == "stored":
+                want.update(e["block_hashes"])
+            elif e["type"] == "removed":
+                want.difference_update(e["block_hashes"])
+        wait_for(lambda: mirror.cached_hashes() == want, what="the router-side mirror")
+        assert sub.status()["lost_batches"] == 0
+    finally:
+        sub.stop()

@@ -121,7 +121,8 @@ def test_dropped_range_is_recovered_through_replay(engine):
             publish_and_wait(engine, sub, events)
             assert pool.cached_hashes() == engine.source.cached
         st = sub.status()
-        assert st["gaps"] == 1 and st["replays"] >= 1, st
+        # One gap for the dropped range (plus one if the SUB socket joined after batch 0).
+        assert 1 <= st["gaps"] <= 2 and st["replays"] >= 1, st
         assert st["replayed_batches"] >= 5 and st["lost_batches"] == 0, st
     finally:
         sub.stop()

@@ -1,0 +1,919 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""PrefixCore: the compiled bookkeeping of a prefix-caching paged pool (vLLM's BlockPool semantics).
+
+Per block, in fixed numpy arrays (no Python object per block): a reference count, a 64-bit
+chained hash and whether it is indexed, its depth in its prefix chain, intrusive prev/next links
+for the evictable lists, heap slots and keys for the ordered policies, and timestamps for the
+lifetime / idle / reuse-gap histograms. A Python dict maps hash -> block (one entry per cached
+hash; hashes are Python ints in [0, 2**64)).
+
+Invariants (checked by `PrefixPool.check` from the outside):
+- a block is in exactly one of: the free stack (refcount 0, unhashed), the evictable structure
+  (refcount 0, hashed: "cached"), or held (refcount >= 1 = the holders: sequences holding it,
+  or 1 for a plain allocation);
+- `index[h] == b` iff block b is hashed with h;
+- the evictable structure holds exactly the idle hashed blocks, `n_evictable` of them.
+
+Policies order the evictable (idle, hashed) blocks:
+- lru: one intrusive doubly-linked list (O(1) append, O(1) removal from the middle on a hit),
+  blocks appended when they become idle, so a sequence closed tail-first loses its tail first;
+- fifo / lfu / belady: an indexed binary heap (O(log n) insert, removal from the middle and
+  victim) keyed by (store tick) / (hits, idle tick) / (-next_use, idle tick);
+- s3fifo: two intrusive lists (small, main) over the same links plus a bounded ghost of hashes.
+"""
+
+cimport cython
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.math cimport INFINITY
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from collections import OrderedDict
+
+import numpy as np
+from array import array
+
+cdef enum:
+    FREE = 0
+    USED = 1
+    CACHED = 2
+    PINNED = 3
+    SHARED = 4
+    CHUNK_SHIFT = 6
+    NIL = -1
+    # where a block lives
+    W_FREE = 0
+    W_HELD = 1
+    W_EVICT = 2
+    # policies
+    P_LRU = 0
+    P_FIFO = 1
+    P_LFU = 2
+    P_S3FIFO = 3
+    P_BELADY = 4
+    # s3fifo queues
+    Q_SMALL = 0
+    Q_MAIN = 1
+    S3_MAX_FREQ = 3
+    NBUCKETS = 20
+
+POLICY_CODES = {"lru": P_LRU, "fifo": P_FIFO, "lfu": P_LFU, "s3fifo": P_S3FIFO, "belady": P_BELADY}
+HIST_BOUNDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+               20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, float("inf"))
+HIST_NAMES = ("lifetime", "idle_before_evict", "reuse_gap")
+cdef double[20] _BOUNDS
+for _i in range(NBUCKETS):
+    _BOUNDS[_i] = HIST_BOUNDS[_i]
+
+cdef uint64_t ROOT_SEED = 0x6B7673636F706531ULL  # "kvscope1"
+cdef uint64_t M1 = 0xBF58476D1CE4E5B9ULL
+cdef uint64_t M2 = 0x94D049BB133111EBULL
+cdef uint64_t GOLD = 0x9E3779B97F4A7C15ULL
+
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void *op)
+    ctypedef struct PyObject
+    # returns a borrowed reference: compared by address only
+    PyObject *PyDict_SetDefault(object d, object key, object default) except NULL
+
+
+cdef inline list _frozen(list ints):
+    """`ints` (a list of ints, going into the event ring) taken off the cyclic GC's books: it
+    holds no container, so it can never be part of a cycle. 10,000 tracked lists in the ring
+    would otherwise reach the oldest generation and trigger full collections of the process.
+    NOTE: readers get these lists from `EventLog.after()`; they must not put containers in them."""
+    PyObject_GC_UnTrack(<void *>ints)
+    return ints
+
+
+cdef inline uint64_t mix64(uint64_t z) nogil:
+    z = (z ^ (z >> 30)) * M1
+    z = (z ^ (z >> 27)) * M2
+    return z ^ (z >> 31)
+
+
+cdef inline double mono() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+def root_hash(salt=None):
+    """The chain's seed: a constant, or derived from `salt` (str or bytes) so salted prompts never
+    share blocks with unsalted ones."""
+    if salt is None:
+        return ROOT_SEED
+    data = salt.encode() if isinstance(salt, str) else bytes(salt)
+    cdef uint64_t h = 0xCBF29CE484222325ULL  # FNV-1a 64 over the salt, then mixed
+    cdef unsigned char c
+    for c in data:
+        h = (h ^ c) * 0x100000001B3ULL
+    return mix64(h ^ ROOT_SEED)
+
+
+cdef inline uint64_t chain_hash(uint64_t parent, int64_t[:] toks, Py_ssize_t start, Py_ssize_t n) noexcept nogil:
+    cdef uint64_t h = mix64(parent ^ GOLD)
+    cdef Py_ssize_t i
+    for i in range(start, start + n):
+        h = mix64(h ^ (<uint64_t>toks[i] + GOLD))
+    return mix64(h + <uint64_t>n)
+
+
+def _next_use(values, Py_ssize_t nblocks):
+    if type(values) is not list and type(values) is not tuple:
+        raise ValueError("'next_use' must be a list of numbers")
+    if len(values) != nblocks:
+        raise ValueError(f"'next_use' needs one number per block ({nblocks}), got {len(values)}")
+    out = []
+    for i, v in enumerate(values):
+        if type(v) is not int and type(v) is not float or v != v:
+            raise ValueError(f"next_use[{i}] must be a number (inf = never), got {v!r}")
+        out.append(float(v))
+    return out
+
+
+def block_hash(parent, tokens):
+    """Hash of one full block: chains `parent` (a block hash, or `root_hash(salt)` for the first
+    block) with its token ids. Deterministic across processes, 64-bit."""
+    arr = np.asarray(tokens, dtype=np.int64)
+    return chain_hash(<uint64_t>parent, arr, 0, arr.shape[0])
+
+
+@cython.no_gc
+cdef class Seq:
+    """One open sequence: its blocks in data order and how to hash its next full block.
+
+    `mode` 0: no hashing (nothing it fills is cached), 1: token ids (pending = the partial last
+    block's tokens), 2: caller-supplied hashes. `nhashed` leading blocks have a chain hash;
+    `last_hash` is the hash of block nhashed-1 (or the root seed when nhashed == 0).
+    """
+    cdef public int64_t id, num_tokens, cached_tokens, nhashed
+    cdef public int mode
+    cdef public uint64_t last_hash
+    cdef public object blocks  # array('i')
+    cdef public list pending
+    cdef public double opened_at
+
+
+cdef class PrefixCore:
+    cdef readonly int num_blocks, block_size, policy
+    cdef public object refcnt_np, hash_np, hashed_np, depth_np
+    cdef int32_t[:] refcnt
+    cdef uint64_t[:] bhash
+    cdef uint8_t[:] hashed
+    cdef int32_t[:] depth
+    cdef uint8_t[:] where
+    cdef int32_t[:] prev
+    cdef int32_t[:] nxt
+    cdef int32_t[:] heap
+    cdef int32_t[:] hpos
+    cdef double[:] key1
+    cdef int64_t[:] key2
+    cdef int32_t[:] hits
+    cdef uint8_t[:] queue
+    cdef uint8_t[:] freq
+    cdef double[:] next_use
+    cdef int64_t[:] stored_tick
+    cdef double[:] born
+    cdef double[:] last_access
+    cdef double[:] released
+    cdef int32_t[:] free_stack
+    cdef int32_t[:] mark
+    cdef public int free_top
+    cdef public int n_evictable
+    cdef int heap_size
+    cdef int head[2]
+    cdef int tail[2]
+    cdef int qlen[2]
+    cdef int32_t op
+    cdef int64_t tick
+    cdef public dict index
+    # hkey[b]: the very int object that keys block b in `index` (the caller's, or made once), so
+    # eviction and its event reuse it instead of building a new int from bhash[b]
+    cdef list hkey
+    cdef public object ghost
+    # block map views
+    cdef object bm
+    cdef int32_t[:] owner
+    cdef uint8_t[:] state
+    cdef uint32_t[:] cv
+    cdef object ev_record
+    cdef int64_t[:, :] hist
+    cdef double[3] hist_sum
+    cdef public int64_t queries, hit_tokens, query_blocks, hit_blocks, stored, evicted
+    cdef public int64_t slack_tokens, opens, appends, closes
+
+    def __init__(self, int num_blocks, int block_size, str policy, blockmap, events):
+        if policy not in POLICY_CODES:
+            raise ValueError(policy)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.policy = POLICY_CODES[policy]
+        n = num_blocks
+        self.refcnt_np = np.zeros(n, np.int32)
+        self.hash_np = np.zeros(n, np.uint64)
+        self.hashed_np = np.zeros(n, np.uint8)
+        self.depth_np = np.zeros(n, np.int32)
+        self.refcnt, self.bhash, self.hashed, self.depth = self.refcnt_np, self.hash_np, self.hashed_np, self.depth_np
+        self.where = np.zeros(n, np.uint8)
+        self.prev = np.full(n, NIL, np.int32)
+        self.nxt = np.full(n, NIL, np.int32)
+        self.heap = np.zeros(n, np.int32)
+        self.hpos = np.full(n, NIL, np.int32)
+        self.key1 = np.zeros(n, np.float64)
+        self.key2 = np.zeros(n, np.int64)
+        self.hits = np.zeros(n, np.int32)
+        self.queue = np.zeros(n, np.uint8)
+        self.freq = np.zeros(n, np.uint8)
+        self.next_use = np.full(n, INFINITY, np.float64)
+        self.stored_tick = np.zeros(n, np.int64)
+        self.born = np.zeros(n, np.float64)
+        self.last_access = np.zeros(n, np.float64)
+        self.released = np.zeros(n, np.float64)
+        self.free_stack = np.arange(n - 1, -1, -1, dtype=np.int32)
+        self.hkey = [None] * n
+        self.mark = np.zeros(n, np.int32)
+        self.free_top = n
+        self.hist = np.zeros((3, NBUCKETS), np.int64)
+        self.bm = blockmap
+        self.owner = blockmap.owner
+        self.state = blockmap.state
+        self.cv = blockmap.chunk_version
+        self.ev_record = events.record
+        self._clear_structures()
+
+    cdef _clear_structures(self):
+        self.index = {}
+        self.ghost = OrderedDict()
+        self.n_evictable = 0
+        self.heap_size = 0
+        self.head[0] = self.head[1] = NIL
+        self.tail[0] = self.tail[1] = NIL
+        self.qlen[0] = self.qlen[1] = 0
+
+    def reset_all(self):
+        """Everything free and unhashed (the pool's reset clears the block map itself)."""
+        self.slack_tokens = 0
+        n = self.num_blocks
+        self.refcnt_np[:] = 0
+        self.hashed_np[:] = 0
+        np.asarray(self.where)[:] = W_FREE
+        np.asarray(self.prev)[:] = NIL
+        np.asarray(self.nxt)[:] = NIL
+        np.asarray(self.hpos)[:] = NIL
+        np.asarray(self.next_use)[:] = INFINITY
+        np.asarray(self.free_stack)[:] = np.arange(n - 1, -1, -1, dtype=np.int32)
+        self.free_top = n
+        self.hkey = [None] * n
+        self._clear_structures()
+
+    @property
+    def policy_name(self):
+        return [k for k, v in POLICY_CODES.items() if v == self.policy][0]
+
+    # -- the evictable structure ---------------------------------------------------------
+    cdef inline void _list_push(self, int q, int b) noexcept:
+        self.prev[b] = self.tail[q]
+        self.nxt[b] = NIL
+        if self.tail[q] != NIL:
+            self.nxt[self.tail[q]] = b
+        else:
+            self.head[q] = b
+        self.tail[q] = b
+        self.qlen[q] += 1
+
+    cdef inline void _list_unlink(self, int q, int b) noexcept:
+        cdef int p = self.prev[b], x = self.nxt[b]
+        if p != NIL:
+            self.nxt[p] = x
+        else:
+            self.head[q] = x
+        if x != NIL:
+            self.prev[x] = p
+        else:
+            self.tail[q] = p
+        self.prev[b] = NIL
+        self.nxt[b] = NIL
+        self.qlen[q] -= 1
+
+    cdef inline bint _less(self, int a, int b) noexcept:
+        if self.key1[a] != self.key1[b]:
+            return self.key1[a] < self.key1[b]
+        return self.key2[a] < self.key2[b]
+
+    cdef void _sift_up(self, int i) noexcept:
+        cdef int b = self.heap[i], p
+        while i > 0:
+            p = (i - 1) >> 1
+            if not self._less(b, self.heap[p]):
+                break
+            self.heap[i] = self.heap[p]
+            self.hpos[self.heap[i]] = i
+            i = p
+        self.heap[i] = b
+        self.hpos[b] = i
+
+    cdef void _sift_down(self, int i) noexcept:
+        cdef int b = self.heap[i], c, n = self.heap_size
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            if c + 1 < n and self._less(self.heap[c + 1], self.heap[c]):
+                c += 1
+            if not self._less(self.heap[c], b):
+                break
+            self.heap[i] = self.heap[c]
+            self.hpos[self.heap[i]] = i
+            i = c
+        self.heap[i] = b
+        self.hpos[b] = i
+
+    cdef void _heap_push(self, int b) noexcept:
+        cdef int i = self.heap_size
+        self.heap_size += 1
+        self.heap[i] = b
+        self.hpos[b] = i
+        self._sift_up(i)
+
+    cdef void _heap_remove(self, int b) noexcept:
+        cdef int i = self.hpos[b], last
+        self.heap_size -= 1
+        last = self.heap[self.heap_size]
+        self.hpos[b] = NIL
+        if i != self.heap_size:
+            self.heap[i] = last
+            self.hpos[last] = i
+            self._sift_down(i)
+            self._sift_up(self.hpos[last])
+
+    cdef void _ev_insert(self, int b) noexcept:
+        """Block b just became idle (refcount 0) and is hashed: make it evictable."""
+        cdef int p = self.policy
+        self.tick += 1
+        self.where[b] = W_EVICT
+        self.n_evictable += 1
+        if p == P_LRU:
+            self._list_push(0, b)
+        elif p == P_S3FIFO:
+            self._list_push(self.queue[b], b)
+        else:
+            if p == P_FIFO:
+                self.key1[b] = self.stored_tick[b]
+                self.key2[b] = 0
+            elif p == P_LFU:
+                self.key1[b] = self.hits[b]
+                self.key2[b] = self.tick
+            else:
+                self.key1[b] = -self.next_use[b]
+                self.key2[b] = self.tick
+            self._heap_push(b)
+
+    cdef void _ev_remove(self, int b) noexcept:
+        """Take an idle block out of the evictable structure (a hit, or its eviction)."""
+        cdef int p = self.policy
+        self.where[b] = W_HELD
+        self.n_evictable -= 1
+        if p == P_LRU:
+            self._list_unlink(0, b)
+        elif p == P_S3FIFO:
+            self._list_unlink(self.queue[b], b)
+        else:
+            self._heap_remove(b)
+
+    cdef int _ev_victim(self):
+        """The next block to evict (policy order), without removing it. -1 when none."""
+        cdef int p = self.policy, b
+        if self.n_evictable == 0:
+            return NIL
+        if p == P_LRU:
+            return self.head[0]
+        if p != P_S3FIFO:
+            return self.heap[0]
+        while True:
+            if self.qlen[Q_SMALL] > 0 and (self.qlen[Q_SMALL] * 10 >= self.n_evictable
+                                           or self.qlen[Q_MAIN] == 0):
+                b = self.head[Q_SMALL]
+                if self.freq[b] > 0:  # hit while on probation: promote to main
+                    self._list_unlink(Q_SMALL, b)
+                    self.freq[b] = 0
+                    self.queue[b] = Q_MAIN
+                    self._list_push(Q_MAIN, b)
+                    continue
+                return b
+            b = self.head[Q_MAIN]
+            if self.freq[b] > 0:  # second chance
+                self.freq[b] -= 1
+                self._list_unlink(Q_MAIN, b)
+                self._list_push(Q_MAIN, b)
+                continue
+            return b
+
+    cdef inline void _observe(self, int which, double v) noexcept:
+        cdef int i = 0
+        while i < NBUCKETS - 1 and v > _BOUNDS[i]:
+            i += 1
+        self.hist[which, i] += 1
+        self.hist_sum[which] += v
+
+    # -- taking and returning blocks -------------------------------------------------------
+    cdef inline void _stamp(self, int b, int32_t owner, uint8_t st, uint32_t v) noexcept:
+        self.owner[b] = owner
+        self.state[b] = st
+        self.cv[b >> CHUNK_SHIFT] = v
+
+    def available(self):
+        """Blocks a new allocation could get: free plus idle cached (evictable)."""
+        return self.free_top + self.n_evictable
+
+    cdef object _take_into(self, int32_t[:] o, Py_ssize_t at, int n, int32_t owner, uint8_t st,
+                           uint32_t v, double now):
+        """Take n blocks into o[at:at+n]: the free stack first, then evictions in policy order.
+        Returns ([evicted blocks], [their hashes]) or None. Caller checked n <= available()."""
+        cdef int i, b
+        cdef list ev_blocks = None, ev_hashes = None
+        index = self.index
+        for i in range(n):
+            if self.free_top > 0:
+                self.free_top -= 1
+                b = self.free_stack[self.free_top]
+            else:
+                b = self._ev_victim()
+                self._ev_remove(b)
+                ho = self.hkey[b]
+                self.hkey[b] = None
+                if ev_blocks is None:
+                    ev_blocks, ev_hashes = [], []
+                ev_blocks.append(b)
+                ev_hashes.append(ho)
+                if self.policy == P_S3FIFO and self.queue[b] == Q_SMALL:
+                    self.ghost[ho] = None
+                    while len(self.ghost) > max(self.qlen[Q_MAIN], 1):
+                        self.ghost.popitem(last=False)
+                del index[ho]
+                self.hashed[b] = 0
+                self.evicted += 1
+                self._observe(0, now - self.born[b])
+                self._observe(1, now - self.released[b])
+            self.where[b] = W_HELD
+            self.refcnt[b] = 1
+            self.next_use[b] = INFINITY
+            self.hits[b] = 0
+            self.freq[b] = 0
+            self.born[b] = now
+            self.last_access[b] = now
+            self._stamp(b, owner, st, v)
+            o[at + i] = b
+        return None if ev_blocks is None else (ev_blocks, ev_hashes)
+
+    def take(self, int n, int32_t owner, int st):
+        """n blocks for a plain allocation (refcount 1 each), evicting idle cached blocks when
+        the free stack runs out; returns array('i'). Caller checks n <= available()."""
+        out = array("i", bytes(4 * n))
+        removed = self._take_into(out, 0, n, owner, <uint8_t>st, self.bm.version, mono())
+        if removed is not None:
+            self.ev_record("removed", _frozen(removed[0]), _frozen(removed[1]), "evicted")
+        return out
+
+    def give_back(self, blocks):
+        """Return the blocks of a plain allocation (refcount 1, never hashed) to the free stack."""
+        cdef int32_t[:] bl = blocks
+        cdef Py_ssize_t i
+        cdef int b
+        cdef uint32_t v = self.bm.version
+        for i in range(bl.shape[0] - 1, -1, -1):
+            b = bl[i]
+            self.refcnt[b] = 0
+            self.where[b] = W_FREE
+            self.free_stack[self.free_top] = b
+            self.free_top += 1
+            self._stamp(b, NIL, FREE, v)
+
+    cdef void _release(self, int b, uint32_t v, double now) noexcept:
+        cdef int r = self.refcnt[b] - 1
+        self.refcnt[b] = r
+        if r >= 2:
+            return
+        if r == 1:
+            self.state[b] = USED
+            self.cv[b >> CHUNK_SHIFT] = v
+            return
+        self.released[b] = now
+        if self.hashed[b]:
+            self._ev_insert(b)
+            self.state[b] = CACHED
+            self.cv[b >> CHUNK_SHIFT] = v
+        else:
+            self.where[b] = W_FREE
+            self.free_stack[self.free_top] = b
+            self.free_top += 1
+            self._stamp(b, NIL, FREE, v)
+
+    # -- sequences -------------------------------------------------------------------------
+    cdef _hash_tokens(self, object tokens, Py_ssize_t nfull, uint64_t parent):
+        """Validated int64 token array and the chain hashes of its first nfull blocks."""
+        cdef Py_ssize_t i, n = len(tokens), bs = self.block_size
+        toks = np.empty(n, np.int64)
+        cdef int64_t[:] t = toks
+        for i in range(n):
+            x = tokens[i]
+            if type(x) is not int:
+                raise ValueError(f"tokens[{i}] must be an integer token id in [0, 2**63), got {x!r}")
+            try:
+                t[i] = x
+            except OverflowError:
+                t[i] = -1
+            if t[i] < 0:
+                raise ValueError(f"tokens[{i}] must be an integer token id in [0, 2**63), got {x!r}")
+        cdef list hashes = [None] * nfull
+        cdef uint64_t h = parent
+        for i in range(nfull):
+            h = chain_hash(h, t, i * bs, bs)
+            hashes[i] = h
+        return toks, hashes
+
+    cdef list _check_hashes(self, object values, Py_ssize_t n):
+        """The first n caller-supplied hashes as a list, each an int in [0, 2**64)."""
+        cdef list out = list(values[:n]) if type(values) is not list or len(values) != n else values
+        cdef Py_ssize_t i
+        for i in range(n):
+            x = out[i]
+            if type(x) is not int:
+                raise ValueError(f"block_hashes[{i}] must be an integer in [0, 2**64), got {x!r}")
+            try:
+                <uint64_t>x
+            except OverflowError:
+                raise ValueError(f"block_hashes[{i}] must be an integer in [0, 2**64), got {x!r}") from None
+        return out
+
+    cdef int64_t _shape(self, tokens, block_hashes, num_tokens) except -1:
+        """Validate what a sequence is opened with; returns its number of tokens."""
+        cdef Py_ssize_t bs = self.block_size, nh = 0
+        if tokens is not None:
+            if block_hashes is not None:
+                raise ValueError("give 'tokens' or 'block_hashes' (with 'num_tokens'), not both")
+            if type(tokens) is not list and type(tokens) is not tuple:
+                raise ValueError("'tokens' must be a list of integers")
+            if len(tokens) == 0:
+                raise ValueError("'tokens' is empty; a sequence holds at least one token")
+            if num_tokens is not None and num_tokens != len(tokens):
+                raise ValueError(f"'num_tokens' ({num_tokens!r}) disagrees with len(tokens) ({len(tokens)}); give one")
+            return len(tokens)
+        if block_hashes is not None:
+            if type(block_hashes) is not list and type(block_hashes) is not tuple:
+                raise ValueError("'block_hashes' must be a list of integers")
+            nh = len(block_hashes)
+            if num_tokens is None:
+                num_tokens = nh * bs
+        elif num_tokens is None:
+            raise ValueError("give 'tokens', or 'block_hashes' and/or 'num_tokens'")
+        if type(num_tokens) is not int or num_tokens <= 0 or num_tokens >= (1 << 62):
+            raise ValueError(f"'num_tokens' must be a positive integer, got {num_tokens!r}")
+        if block_hashes is not None and not (num_tokens // bs <= nh <= (num_tokens + bs - 1) // bs):
+            raise ValueError(
+                f"{num_tokens} tokens fill {num_tokens // bs} blocks of {bs}: give one hash per full "
+                f"block ({num_tokens // bs}, or {(num_tokens + bs - 1) // bs} with the partial last "
+                f"one), got {nh}")
+        return num_tokens
+
+    def open(self, int64_t seq_id, tokens, block_hashes, num_tokens_in, salt, next_use):
+        """Open sequence `seq_id` of `tokens`, or `num_tokens_in` tokens named by `block_hashes`
+        (one per full block), or of `num_tokens_in` alone. Returns its Seq. Raises ValueError
+        (bad input) or MemoryError(needed, available) when the blocks it needs exceed free +
+        evictable; nothing changes on either."""
+        cdef Py_ssize_t bs = self.block_size, i, nfull, nblocks, matched = 0, nhash
+        cdef int b, need, idle_matched = 0
+        cdef int64_t num_tokens = self._shape(tokens, block_hashes, num_tokens_in)
+        cdef uint64_t root = ROOT_SEED
+        cdef list hashes
+        if salt is not None:
+            if type(salt) is not str or len(salt) > 256:
+                raise ValueError("'salt' must be a string of at most 256 characters")
+            root = root_hash(salt)
+        toks = None
+        nfull = num_tokens // bs
+        nblocks = (num_tokens + bs - 1) // bs
+        if next_use is not None:
+            next_use = _next_use(next_use, nblocks)
+        mode = 0
+        if tokens is not None:
+            toks, hashes = self._hash_tokens(tokens, nfull, root)
+            mode = 1
+        elif block_hashes is not None:
+            hashes = self._check_hashes(block_hashes, nfull)
+            mode = 2
+        else:
+            hashes = []
+        nhash = len(hashes)
+        blocks = array("i", bytes(4 * nblocks))
+        cdef int32_t[:] bl = blocks
+        # Match the longest cached prefix (a block already matched in this sequence ends it).
+        self.op += 1
+        index = self.index
+        for i in range(nhash):
+            got = index.get(hashes[i])
+            if got is None:
+                break
+            b = got
+            if self.mark[b] == self.op:
+                break
+            self.mark[b] = self.op
+            if self.refcnt[b] == 0:
+                idle_matched += 1
+            bl[i] = b
+            matched += 1
+        need = nblocks - matched
+        if need > self.free_top + self.n_evictable - idle_matched:
+            raise MemoryError(need, self.free_top + self.n_evictable - idle_matched)
+        cdef double now = mono()
+        cdef uint32_t v = self.bm.version
+        cdef int32_t owner
+        cdef uint8_t st
+        for i in range(matched):
+            b = bl[i]
+            if self.refcnt[b] == 0:
+                self._ev_remove(b)
+                owner, st = <int32_t>seq_id, USED
+            else:
+                owner, st = self.owner[b], SHARED
+            self.refcnt[b] += 1
+            self.hits[b] += 1
+            if self.freq[b] < S3_MAX_FREQ:
+                self.freq[b] += 1
+            self._observe(2, now - self.last_access[b])
+            self.last_access[b] = now
+            self.depth[b] = i
+            self._stamp(b, owner, st, v)
+        removed = None
+        if need:
+            removed = self._take_into(bl, matched, need, <int32_t>seq_id, USED, v, now)
+        if next_use is not None:
+            for i in range(nblocks):
+                self.next_use[bl[i]] = next_use[i]
+        seq = Seq()
+        seq.id = seq_id
+        seq.num_tokens = num_tokens
+        seq.cached_tokens = matched * bs
+        seq.blocks = blocks
+        seq.mode = mode
+        seq.opened_at = now
+        seq.nhashed = matched
+        seq.last_hash = hashes[matched - 1] if matched else root
+        self.queries += num_tokens
+        self.hit_tokens += matched * bs
+        self.query_blocks += nblocks
+        self.hit_blocks += matched
+        self.slack_tokens += nblocks * bs - num_tokens
+        self.opens += 1
+        if removed is not None:
+            self.ev_record("removed", _frozen(removed[0]), _frozen(removed[1]), "evicted")
+        self.ev_record("open", seq_id, num_tokens, matched * bs, _frozen(blocks.tolist()))
+        if mode == 1:
+            seq.pending = toks[nfull * bs:].tolist()
+        if nhash > matched:
+            self._register(seq, hashes, 0, matched, nhash, toks, 0)
+        elif matched:
+            seq.nhashed = matched
+        return seq
+
+    cdef _register(self, Seq seq, list hashes, Py_ssize_t first, Py_ssize_t start, Py_ssize_t stop,
+                   toks, Py_ssize_t tok_base):
+        """Index blocks first+start .. first+stop-1 of `seq`, hashes[k] naming block first+k.
+
+        A hash already indexed (another sequence filled the same prefix meanwhile) leaves the
+        block private and unhashed, so each hash names one block; the stored events are split
+        into runs that each chain from their parent, as vLLM's BlockStored expects."""
+        cdef Py_ssize_t i, bs = self.block_size, run_start = 0
+        cdef int b
+        cdef list run_blocks = [], run_hashes = []
+        cdef object parent, run_parent = None
+        index = self.index
+        if start > 0:
+            parent = hashes[start - 1]
+        elif first > 0:
+            parent = seq.last_hash
+        else:
+            parent = None
+        cdef int32_t[:] blocks = seq.blocks
+        cdef list hkey = self.hkey
+        cdef object bo
+        for i in range(start, stop):
+            b = blocks[first + i]
+            h = hashes[i]
+            bo = b  # one int object for the index and the event
+            self.depth[b] = first + i
+            if PyDict_SetDefault(index, h, bo) == <PyObject *>bo:  # one lookup: inserted, was not indexed
+                self.bhash[b] = h
+                hkey[b] = h
+                self.hashed[b] = 1
+                self.tick += 1
+                self.stored_tick[b] = self.tick
+                self.stored += 1
+                if self.policy == P_S3FIFO:
+                    if h in self.ghost:
+                        del self.ghost[h]
+                        self.queue[b] = Q_MAIN
+                    else:
+                        self.queue[b] = Q_SMALL
+                if not run_blocks:
+                    run_parent = parent
+                    run_start = first + i
+                run_blocks.append(bo)
+                run_hashes.append(h)
+            elif run_blocks:
+                self._stored_event(seq, run_blocks, run_hashes, run_parent, run_start, toks, tok_base)
+                run_blocks, run_hashes = [], []
+            parent = h
+        if run_blocks:
+            self._stored_event(seq, run_blocks, run_hashes, run_parent, run_start, toks, tok_base)
+        if stop > 0:
+            seq.nhashed = first + stop
+            seq.last_hash = hashes[stop - 1]
+
+    cdef _stored_event(self, Seq seq, list blocks, list hashes, parent, Py_ssize_t first_block,
+                       toks, Py_ssize_t tok_base):
+        cdef Py_ssize_t bs = self.block_size, a
+        token_ids = None
+        if toks is not None:
+            a = (first_block - tok_base) * bs
+            token_ids = _frozen(toks[a:a + len(blocks) * bs].tolist())
+        self.ev_record("stored", _frozen(blocks), _frozen(hashes), parent, token_ids, bs, seq.id)
+
+    def append(self, Seq seq, tokens, int64_t num_new, block_hashes):
+        """Grow `seq` by num_new tokens (given as `tokens` in token mode); newly full blocks are
+        hashed and indexed. Raises MemoryError(needed, available) with nothing changed, or
+        ValueError for bad token ids / hashes."""
+        cdef Py_ssize_t bs = self.block_size, i
+        cdef int64_t old = seq.num_tokens, total = old + num_new
+        cdef Py_ssize_t old_full = old // bs, new_full = total // bs
+        cdef Py_ssize_t have = len(seq.blocks), nblocks = (total + bs - 1) // bs
+        cdef int need = nblocks - have
+        cdef list hashes = []
+        toks = None
+        if seq.mode == 1:
+            toks, hashes = self._hash_tokens(seq.pending + list(tokens), new_full - old_full,
+                                             seq.last_hash)
+        elif seq.mode == 2 and block_hashes is not None:
+            hashes = self._check_hashes(block_hashes, len(block_hashes))
+        if need > self.free_top + self.n_evictable:
+            raise MemoryError(need, self.free_top + self.n_evictable)
+        cdef double now = mono()
+        cdef uint32_t v = self.bm.version
+        new = None
+        removed = None
+        if need > 0:
+            new = array("i", bytes(4 * need))
+            removed = self._take_into(new, 0, need, <int32_t>seq.id, USED, v, now)
+            seq.blocks.extend(new)
+        seq.num_tokens = total
+        self.slack_tokens += need * bs - num_new
+        self.appends += 1
+        if removed is not None:
+            self.ev_record("removed", _frozen(removed[0]), _frozen(removed[1]), "evicted")
+        self.ev_record("append", seq.id, total, _frozen(new.tolist() if new is not None else []))
+        if seq.mode == 1:
+            seq.pending = toks[(new_full - old_full) * bs:].tolist()
+            self._register(seq, hashes, old_full, 0, new_full - old_full, toks, old_full)
+        elif seq.mode == 2:
+            if block_hashes is None and new_full > old_full:
+                seq.mode = 0  # the chain breaks: nothing after this is cached
+            else:
+                self._register(seq, hashes, old_full, 0, len(hashes), None, old_full)
+        return new
+
+    def close(self, Seq seq):
+        """Drop the sequence's references, tail first: idle hashed blocks become evictable (so
+        with equal recency a prefix's tail goes before its head), the rest return free."""
+        blocks = seq.blocks
+        cdef int32_t[:] bl = blocks
+        cdef Py_ssize_t i
+        cdef double now = mono()
+        cdef uint32_t v = self.bm.version
+        for i in range(bl.shape[0] - 1, -1, -1):
+            self._release(bl[i], v, now)
+        self.slack_tokens -= bl.shape[0] * self.block_size - seq.num_tokens
+        self.closes += 1
+        self.ev_record("close", seq.id, _frozen(blocks.tolist()))
+
+    def reset_prefix(self):
+        """Forget every hash: idle cached blocks go free, held ones stay held but unhashed.
+        Returns (blocks, hashes) forgotten."""
+        cdef int b
+        cdef uint32_t v = self.bm.version
+        blocks, hashes = [], []
+        for h, bo in self.index.items():
+            b = bo
+            blocks.append(b)
+            hashes.append(h)
+            self.hashed[b] = 0
+            self.hkey[b] = None
+            if self.where[b] == W_EVICT:
+                self._ev_remove(b)
+                self.where[b] = W_FREE
+                self.free_stack[self.free_top] = b
+                self.free_top += 1
+                self._stamp(b, NIL, FREE, v)
+        self.index = {}
+        self.ghost = OrderedDict()
+        self.ev_record("cleared", _frozen(blocks), _frozen(hashes))
+        return blocks, hashes
+
+    def set_next_use(self, blocks, next_use):
+        """Update the Bélády keys of held blocks (caller-supplied next-use times)."""
+        for i in range(len(blocks)):
+            self.next_use[blocks[i]] = next_use[i]
+
+    # -- reading ---------------------------------------------------------------------------
+    def eviction_order(self, limit=None):
+        """Idle cached blocks, next victim first (at most `limit`). O(n log n) for heaps."""
+        cdef int b, q
+        n = self.n_evictable if limit is None else min(limit, self.n_evictable)
+        out = []
+        if n <= 0:
+            return out
+        if self.policy == P_LRU:
+            b = self.head[0]
+            while b != NIL and len(out) < n:
+                out.append(b)
+                b = self.nxt[b]
+            return out
+        if self.policy != P_S3FIFO:
+            items = [(self.key1[self.heap[i]], self.key2[self.heap[i]], self.heap[i])
+                     for i in range(self.heap_size)]
+            items.sort()
+            return [x[2] for x in items[:n]]
+        # s3fifo: run the policy on copies of the two queues and the hit counts
+        small, main = [], []
+        for q, dest in ((Q_SMALL, small), (Q_MAIN, main)):
+            b = self.head[q]
+            while b != NIL:
+                dest.append(b)
+                b = self.nxt[b]
+        freq = {x: self.freq[x] for x in small + main}
+        si = mi = 0
+        total = len(small) + len(main)
+        while len(out) < n:
+            left_small = len(small) - si
+            left_main = len(main) - mi
+            if left_small > 0 and (left_small * 10 >= total or left_main == 0):
+                b = small[si]
+                si += 1
+                if freq[b] > 0:
+                    freq[b] = 0
+                    main.append(b)
+                    continue
+            else:
+                b = main[mi]
+                mi += 1
+                if freq[b] > 0:
+                    freq[b] -= 1
+                    main.append(b)
+                    continue
+            out.append(b)
+            total -= 1
+        return out
+
+    def evictable_blocks(self):
+        """Every idle cached block, in no particular order (for check)."""
+        cdef int b
+        out = []
+        if self.policy == P_LRU or self.policy == P_S3FIFO:
+            for q in (0, 1):
+                b = self.head[q]
+                while b != NIL:
+                    out.append(b)
+                    b = self.nxt[b]
+        else:
+            out = [self.heap[i] for i in range(self.heap_size)]
+        return out
+
+    def free_blocks(self):
+        return np.asarray(self.free_stack)[:self.free_top].copy()
+
+    def where_np(self):
+        return np.asarray(self.where)
+
+    def heap_ok(self):
+        """Whether the heap property and positions hold (fifo/lfu/belady)."""
+        cdef int i
+        for i in range(self.heap_size):
+            if self.hpos[self.heap[i]] != i:
+                return False
+            if i > 0 and self._less(self.heap[i], self.heap[(i - 1) >> 1]):
+                return False
+        return True
+
+    def block_hits(self, int b):
+        return self.hits[b]
+
+    def next_use_of(self, int b):
+        return self.next_use[b]
+
+    def histograms(self):
+        """{name: {"bounds", "counts", "sum", "count"}} for lifetime, idle_before_evict and
+        reuse_gap: seconds; counts per bucket, not cumulative; `counts[k]` is for values up to
+        `bounds[k]`, and the one extra last count for values past the last bound (no infinity
+        in the output, so it stays valid JSON)."""
+        h = np.asarray(self.hist)
+        return {name: {"bounds": list(HIST_BOUNDS[:-1]), "counts": h[i].tolist(),
+                       "sum": self.hist_sum[i], "count": int(h[i].sum())}
+                for i, name in enumerate(HIST_NAMES)}

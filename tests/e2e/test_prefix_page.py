@@ -1,0 +1,71 @@
+"""Prefix caching in a real browser: the Sharing mode colours blocks by reference count, the
+tooltip names a block's refcount, hash, depth and holders, the log shows stored blocks, and the
+prefix-chat scenario runs live with its hit ratio on the page."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import make_pool, open_pool
+
+pytestmark = pytest.mark.e2e
+
+SPEC = dict(strategy="paged", num_blocks=256, block_bytes=1024, tokens_per_block=16,
+            prefix_caching={"policy": "lru"})
+
+
+def test_sharing_mode_and_block_tooltip_follow_reference_counts(page, api):
+    make_pool(api, "e2e-px", **SPEC)
+    base = "/api/pools/e2e-px/sequences"
+    system = list(range(32))  # two full blocks shared by every sequence
+    seqs = [api.post(base, json={"tokens": system + [100 + i] * 20}).json() for i in range(3)]
+    shared, private = seqs[0]["blocks"][0], seqs[0]["blocks"][2]
+    lone = api.post(base, json={"tokens": list(range(500, 516))}).json()
+    api.delete(f"{base}/{lone['id']}")  # one idle cached block
+    open_pool(page, "e2e-px")
+    page.click("#heatmap [data-mode=share]")
+    try:
+        page.wait_for_function("window.kvscope.stats() && window.kvscope.stats().prefix.blocks.shared === 2",
+                               timeout=5_000)
+    except Exception:
+        raise AssertionError(page.evaluate("JSON.stringify(window.kvscope.stats())")) from None
+    page.wait_for_function(
+        f"window.kvscope.blockColor({shared}) !== window.kvscope.blockColor({private})", timeout=5_000)
+    colors = page.evaluate(f"[{shared}, {private}, {lone['blocks'][0]}].map(window.kvscope.blockColor)")
+    assert len(set(colors)) == 3  # held by 3, held by 1, idle cached: three colours
+    # hover the shared block: the tooltip comes from GET .../prefix-cache/blocks/{b}
+    box = page.locator("#heatmap canvas").bounding_box()
+    grid = page.evaluate("window.kvscope.paintedCounts()")
+    col, row = shared % grid["cols"], shared // grid["cols"]
+    page.mouse.move(box["x"] + (col + 0.5) * grid["cellCss"], box["y"] + (row + 0.5) * grid["cellCss"])
+    tip = page.locator("#heatmap .hm-tip")
+    tip.filter(has_text="refcount").wait_for(timeout=5_000)
+    text = tip.inner_text()
+    assert "refcount 3" in text and "held by 3 sequences" in text and "depth 0" in text
+    assert "shared" in text.lower()
+    # the log shows blocks stored from now on (its filter is on by default)
+    api.post(base, json={"tokens": list(range(900, 948))})
+    page.wait_for_selector("#log tr.ev-stored", timeout=5_000)
+    assert "3 blocks" in page.locator("#log tr.ev-stored").first.inner_text()
+    assert page.console_log.errors == []
+
+
+def test_prefix_chat_runs_live_and_the_page_shows_its_hit_ratio(page, api):
+    make_pool(api, "e2e-pxchat", **SPEC)
+    open_pool(page, "e2e-pxchat")
+    page.click(".controls-panel [data-tab=workload]")
+    page.select_option("#f-workload [name=kind]", "scenario")
+    page.select_option("#f-workload [name=name]", "prefix-chat")
+    page.fill("#f-workload [name=speed]", "50")
+    page.click("#f-workload button[type=submit]")
+    page.wait_for_function(
+        "(() => { const s = window.kvscope.stats(); return s && s.prefix && s.prefix.queries > 2000 && s.prefix.hits > 0; })()",
+        timeout=30_000)
+    hit = page.evaluate("window.kvscope.stats().prefix.hit_ratio")
+    assert hit > 0.3
+    page.wait_for_function(
+        "/hit rate\\s+\\d+\\.\\d%[\\s\\S]*prompt tokens cached/i.test(document.querySelector('#numbers').innerText)",
+        timeout=5_000)
+    api.delete("/api/pools/e2e-pxchat/workload")
+    assert api.get("/api/pools/e2e-pxchat/check").json()["ok"]
+    assert page.console_log.errors == []
