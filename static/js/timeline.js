@@ -98,10 +98,11 @@ export function createTimeline(root, opts) {
     if (!name) return;
     try {
       const h = await poolApi(name).history();
+      const page = await poolApi(name).historyEvents({ after: h.first_seq, limit: MARKER_LIMIT, kinds: MARKER_KINDS });
+      // range and markers change together, so a reader never sees one without the other
       state.first = h.first_seq;
       state.last = h.last_seq;
       state.dropped = h.dropped_events || 0;
-      const page = await poolApi(name).historyEvents({ after: h.first_seq, limit: MARKER_LIMIT, kinds: MARKER_KINDS });
       state.markers = page.events;
       renderMarkers();
     } catch (err) {

@@ -48,7 +48,7 @@ def test_scrub_step_and_back_to_live(page, api):
     assert last == 13
     open_pool(page, name)
     page.wait_for_function(f"window.kvscope.timeline() && window.kvscope.timeline().last === {last}", timeout=10_000)
-    assert shown(page)["markers"] == 1  # the OOM
+    page.wait_for_function("window.kvscope.timeline().markers === 1", timeout=5_000)  # the OOM
     assert page.locator(".tl-mark.tl-oom").count() == 1
     # drag to event 5: five allocations were live then
     page.evaluate("(() => { const r = document.querySelector('#tl-range'); r.value = '5'; r.dispatchEvent(new Event('input')); })()")
