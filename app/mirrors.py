@@ -181,14 +181,21 @@ def attach(handle, spec: dict, record: str | None = None) -> None:
         if spec.get("publish"):
             links.append(PublishLink(pool, spec["publish"]))
         if spec.get("strategy") == "mirror" and spec.get("mirror"):
+            import zmq
+
             from kvevents.link import MirrorLink
 
             m = spec["mirror"]
             applier = LoopApplier(asyncio.get_running_loop(), handle.lock)
-            links.append(MirrorLinkHandle(MirrorLink(
-                pool, m["endpoint"], topic=m.get("topic") or "",
-                replay_endpoint=m.get("replay_endpoint"), metrics_url=m.get("metrics_url"),
-                record=record, apply=applier)))
+            try:
+                links.append(MirrorLinkHandle(MirrorLink(
+                    pool, m["endpoint"], topic=m.get("topic") or "",
+                    replay_endpoint=m.get("replay_endpoint"), metrics_url=m.get("metrics_url"),
+                    record=record, apply=applier)))
+            except zmq.ZMQError as exc:
+                raise InvalidRequest(f"cannot connect to {m['endpoint']}: {exc}") from None
+            except OSError as exc:  # the recording file
+                raise InvalidRequest(f"cannot record to {record!r}: {exc}") from None
     except Exception:
         for link in links:
             if isinstance(link, PublishLink):

@@ -87,13 +87,20 @@ class PrefixCachingSpec(Strict):
 
 
 ZMQ_ENDPOINT = r"^(tcp://[^\s/]+:\d{1,5}|ipc://[^\s]+|inproc://[^\s]+)$"
+def _tcp_port(endpoint: str) -> str:
+    """A tcp:// endpoint's port must be a real one (the pattern allows five digits)."""
+    if endpoint.startswith("tcp://") and not 0 < int(endpoint.rsplit(":", 1)[1]) <= 65535:
+        raise ValueError(f"port of {endpoint!r} is not in 1..65535")
+    return endpoint
+
+
 Endpoint = Annotated[str, Field(max_length=256, pattern=ZMQ_ENDPOINT,
-                                examples=["tcp://127.0.0.1:5557"])]
+                                examples=["tcp://127.0.0.1:5557"]), AfterValidator(_tcp_port)]
 Topic = Annotated[str, Field(max_length=256)]
 # A publisher binds: over the API only TCP, so that a request cannot make the server create a
 # socket file at a path of its choosing (ipc://).
 BindEndpoint = Annotated[str, Field(max_length=256, pattern=r"^tcp://[^\s/]+:\d{1,5}$",
-                                    examples=["tcp://*:5557"])]
+                                    examples=["tcp://*:5557"]), AfterValidator(_tcp_port)]
 
 
 class MirrorSpec(Strict):

@@ -114,7 +114,7 @@ def blockmap_runs_array(bm: BlockMap) -> np.ndarray:
     return np.stack([starts, counts, owners[starts].astype(np.int64), states[starts].astype(np.int64)], axis=1)
 
 
-RUNS_PER_CHUNK = 16_384
+RUNS_PER_CHUNK = 4_096  # one json.dumps holds the GIL: keep each short for the loop
 
 
 def json_runs_chunks(head: dict, runs: np.ndarray):

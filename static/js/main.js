@@ -145,6 +145,8 @@ function onMessage(msg) {
 function describePool() {
   const c = model.config;
   if (!c) return;
+  // a mirror is read-only: app.css hides the controls that would only be refused
+  body.dataset.strategy = c.strategy;
   if (c.strategy === "mirror") {
     $("#pool-meta").textContent = describeMirror(c);
     return;

@@ -18,6 +18,11 @@ H = {"Authorization": "Bearer s3cret"}
 PUBLIC = {("GET", "/"), ("GET", "/docs"), ("GET", "/openapi.json"), ("GET", "/healthz"),
           ("GET", "/metrics"), ("GET", "/static")}
 SAMPLE = {"pool": "default", "key": "a", "id": "1", "block": "0"}
+# Routes that only a prefix-caching pool serves are tried on one (PREFIX_POOL), so they answer
+# for real rather than with "this pool has no prefix caching".
+PREFIX_ROUTES = ("/sequences", "/prefix-cache")
+PREFIX_POOL = {"name": "pfx", "num_blocks": 64, "block_bytes": 16, "tokens_per_block": 4,
+               "device": "cpu", "prefix_caching": {"policy": "lru"}}
 
 
 def every_route(app) -> list[tuple[str, str]]:
@@ -34,7 +39,8 @@ def every_route(app) -> list[tuple[str, str]]:
 
 
 def concrete(template: str) -> str:
-    return re.sub(r"\{(\w+)\}", lambda m: SAMPLE[m.group(1)], template)
+    sample = dict(SAMPLE, pool="pfx") if any(p in template for p in PREFIX_ROUTES) else SAMPLE
+    return re.sub(r"\{(\w+)\}", lambda m: sample[m.group(1)], template)
 
 
 def test_every_route_but_the_public_ones_needs_the_token(authed):

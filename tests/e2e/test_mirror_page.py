@@ -41,6 +41,10 @@ def test_mirror_page_shows_logical_slots_losses_and_errors(page, api, artifacts)
         open_pool(page, "e2e-mirror")
         page.wait_for_function(f"window.kvscope.paintedCounts().occupied === {len(src.cached)}", timeout=8_000)
         assert "logical slots" in page.locator("#pool-meta").inner_text()
+        # read-only: the allocator's controls are gone, the Pool tab stays
+        assert not page.locator(".controls-panel [data-tab=alloc]").is_visible()
+        assert not page.locator("#f-allocate").is_visible()
+        assert page.locator("#b-check").is_visible() and not page.locator("#b-defrag").is_visible()
         page.wait_for_selector("#numbers .num", timeout=3_000)
         numbers = page.locator("#numbers").inner_text().lower()
         assert "cached blocks" in numbers and "logical slots" in numbers

@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prefix_model import REF_POLICIES, ref_pool
+from prefix_curve_model import REF_POLICIES, ref_pool
 
 from allocator import InvalidRequest
 from workloads.mooncake import parse_mooncake

@@ -1,6 +1,6 @@
 """A small, obviously-correct prefix cache: the reference the capacity curve is checked against.
 
-Imported by name (`from prefix_model import RefPrefixPool`). It answers the same calls the curve
+Imported by name (`from prefix_curve_model import RefPrefixPool`). It answers the same calls the curve
 makes on the allocator's pool (`open_sequence(block_hashes, num_tokens, next_use)`,
 `close_sequence`, `prefix_stats`) with plain dictionaries and linear scans, no cleverness:
 
