@@ -129,3 +129,16 @@ def test_recording_routes_refuse_clearly_and_record_in_order(tmp_path):
         assert_error(client.post("/api/pools/rec-one/reset", json={}), 409, "conflict")
         assert_error(client.post("/api/recordings/nope/open", json={}), 404, "not_found")
         assert client.get("/api/pools/rec-one/export", params={"format": "csv"}).text.count("\n") == 2
+
+
+def test_past_points_of_a_prefix_caching_pool_are_refused_not_guessed(client):
+    spec = {"name": "pfx", "num_blocks": 64, "block_bytes": 16, "tokens_per_block": 4,
+            "device": "cpu", "prefix_caching": {"policy": "lru"}}
+    assert client.post("/api/pools", json=spec).status_code == 201
+    assert client.post("/api/pools/pfx/sequences", json={"tokens": list(range(9))}).status_code == 201
+    seq = client.get("/api/pools/pfx/history").json()["last_seq"]
+    live = client.get("/api/pools/pfx/blockmap?format=json").json()
+    for path in (f"/api/pools/pfx/blockmap?format=json&at_seq={seq}", f"/api/pools/pfx/stats?at_seq={seq}"):
+        err = assert_error(client.get(path), 409, "conflict")
+        assert "caches prefixes" in err["message"]
+    assert client.get("/api/pools/pfx/blockmap?format=json").json() == live
