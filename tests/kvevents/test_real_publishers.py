@@ -11,8 +11,13 @@ from allocator.mirror import MirrorPool
 from kvevents.follow import follow
 from kvevents.subscriber import Subscriber
 
+# Generous deadlines: a loaded machine may take seconds to run the engine's publisher thread.
+# The replay socket must answer within REPLAY_TIMEOUT or the subscriber counts the gap lost.
+REPLAY_TIMEOUT = 30.0
+DEADLINE = 60.0
 
-def wait_for(cond, timeout: float = 10.0, what: str = "condition") -> None:
+
+def wait_for(cond, timeout: float = DEADLINE, what: str = "condition") -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if cond():
@@ -47,7 +52,7 @@ def publish_and_wait(engine: Engine, sub: Subscriber, events, restarts: int = 0)
     next one then shows the gap and the replay socket fills it, so an empty batch is sent when
     nothing arrives for a while."""
     seq = engine.send(events)
-    end = time.monotonic() + 10
+    end = time.monotonic() + DEADLINE
     nudge = time.monotonic() + 0.5
     while sub.restarts != restarts or sub.last_seq is None or sub.last_seq < seq:
         if time.monotonic() > end:
@@ -68,6 +73,7 @@ def engine(request, ipc, vllm_kv, sglang_kv):
 
 def mirror_of(eng: Engine, num_blocks: int = 64, **kw):
     pool = MirrorPool(num_blocks, name="m", device="cpu")
+    kw.setdefault("replay_timeout", REPLAY_TIMEOUT)
     sub = follow(pool, eng.pub._endpoint, topic="kv", replay_endpoint=eng.pub._replay_endpoint, **kw)
     return pool, sub
 
@@ -102,6 +108,7 @@ class Dropping(Subscriber):
 
 def follow_dropping(eng, drop, pool):
     sub = Dropping(eng.pub._endpoint, topic="kv", replay_endpoint=eng.pub._replay_endpoint,
+                   replay_timeout=REPLAY_TIMEOUT,
                    on_batch=lambda s, b: pool.apply(b.events),
                    on_restart=lambda: None)
     sub.drop = drop
