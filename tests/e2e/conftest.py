@@ -160,5 +160,5 @@ def open_pool(page, name: str) -> None:
     page.goto(f"/?pool={name}")
     page.wait_for_function(
         f"window.kvscope && window.kvscope.pool === {name!r} && window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0",
-        timeout=10_000,
+        timeout=30_000,
     )
