@@ -69,7 +69,9 @@ def test_mirror_pool_follows_vllm(ipc, vllm_kv, metrics_url):
             wait_for(lambda: (stats(client)["mirror"]["source"]["last_seq"] or 0) >= 29 or
                      pub.publish(vllm_kv.KVEventBatch(ts=time.time(), events=[])) or False,
                      what="the mirror to catch up")
-            time.sleep(0.3)
+            # the last batch seen is applied on the server's loop just after: wait for it there
+            wait_for(lambda: stats(client)["mirror"]["cached_blocks"] == len(src.cached),
+                     what="the last batch to be applied")
             s = stats(client)
             m = s["mirror"]
             assert m["cached_blocks"] == len(src.cached) == s["used_blocks"]
