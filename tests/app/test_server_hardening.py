@@ -148,7 +148,7 @@ def close_code(url: str) -> int | None:
     """The close code a websocket at `url` ends with before sending anything; None if it sends."""
     with connect(url, open_timeout=10) as ws:
         try:
-            ws.recv(timeout=5)
+            ws.recv(timeout=30)
         except ConnectionClosed as exc:
             return exc.rcvd.code if exc.rcvd else None
     return None
