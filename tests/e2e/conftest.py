@@ -29,7 +29,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SERVER_START_TIMEOUT_S = 40.0
+SERVER_START_TIMEOUT_S = 60.0
 
 
 def _no_browser(reason: str) -> None:

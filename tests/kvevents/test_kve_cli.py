@@ -25,7 +25,7 @@ class Cli:
         self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", *args, "--port", str(self.port)],
                                      cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        end = time.monotonic() + 30
+        end = time.monotonic() + 60  # importing torch on a loaded machine takes a while
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 raise RuntimeError(self.proc.stdout.read().decode())
