@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import http.server
-import threading
 import time
 
 import pytest
+from kve_metrics_http import metrics_server
 from kve_source import RefPrefixCache, to_engine
 from test_real_publishers import wait_for
 
@@ -28,23 +27,8 @@ vllm:prefix_cache_hits_total{engine="0",model_name="m"} 400.0
 
 @pytest.fixture
 def metrics_url():
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = METRICS.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
-    srv.shutdown()
+    with metrics_server(lambda: (200, METRICS)) as url:
+        yield url
 
 
 def stats(client, name="engine"):
