@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     usage = ("usage: kvscope {serve,replay,scenario,prefix,mirror,recording} [options]\n"
              "  serve      run the server: dashboard, REST API, stream, metrics (kvscope serve -h)\n"
              "  replay     replay an LLM request trace through the serving simulator (kvscope replay -h)\n"
-             "  scenario   run a fragmentation / chat / burst scenario (kvscope scenario -h)\n"
+             "  scenario   run a fragmentation / chat / burst / prefix-chat scenario (kvscope scenario -h)\n"
              "  prefix     prefix-cache hit ratio vs capacity per policy on a Mooncake trace (kvscope prefix -h);\n"
              "             with --publish ENDPOINT, the trace as a live KV-event source (kvscope prefix --publish E -h)\n"
              "  mirror     the dashboard on a live vLLM/SGLang engine's prefix cache (kvscope mirror -h)\n"
