@@ -2,6 +2,8 @@
 
 from array import array as _array
 
+from libc.string cimport memset
+
 cdef enum:
     CHUNK_SHIFT_C = 6
 
@@ -25,7 +27,7 @@ cdef class BlockMap:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
-        self.owner = _array("i", np.full(num_blocks, -1, dtype=np.int32).tobytes())
+        self.owner = _array("i", (-1,)) * num_blocks  # one allocation, filled by repetition
         self.state = bytearray(num_blocks)
         self.chunk_version = _array("I", bytes(4 * ((num_blocks + 63) >> CHUNK_SHIFT_C)))
         self.version = 1
@@ -40,7 +42,7 @@ cdef class BlockMap:
         cdef Py_ssize_t b
         for b in range(self.num_blocks):
             self.own[b] = -1
-            self.st[b] = 0
+        memset(self.st, 0, self.num_blocks)
         self.touch_all()
 
     # -- mutation ------------------------------------------------------------------------

@@ -196,7 +196,8 @@ cdef class PagedCore:
     cdef uint32_t *cv
     cdef readonly object next_arr        # numpy int32 per block: the chain links
     cdef int32_t *nxt
-    cdef readonly int32_t free_head
+    cdef readonly int32_t free_head      # freed blocks, chained (NIL: none)
+    cdef readonly int32_t fresh          # blocks fresh .. num_blocks-1 were never handed out
     cdef readonly Py_ssize_t free_count
     cdef readonly Py_ssize_t live        # live allocations
     cdef Py_ssize_t rcap

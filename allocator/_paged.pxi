@@ -22,10 +22,12 @@ cdef class PagedCore:
     block map stamps (through its BlockMap), the per-allocation records and the event ring.
 
     Blocks form singly linked chains through `next_arr`: each live allocation's blocks in data
-    order (record: head, tail, count, requested bytes), and the free blocks as one more chain
-    from `free_head`. Taking n blocks walks n links from the free head; freeing splices the
-    allocation's chain back in front, so the next request gets the same blocks in the same
-    order, exactly what a LIFO stack of block ids gives, and a fresh pool fills from block 0.
+    order (record: head, tail, count, requested bytes), and the freed blocks as one more chain
+    from `free_head`; blocks never handed out are `fresh` .. num_blocks-1 (a bump pointer, so
+    creating a pool writes no link). Taking n blocks walks the free chain, then bumps `fresh`;
+    freeing splices the allocation's chain back in front, so the next request gets the same
+    blocks in the same order, exactly what a LIFO stack of block ids gives, and a new pool
+    fills from block 0.
 
     NOTE: a chain, not a fixed-capacity stack plus a per-allocation id list: the one int32 link
     per block serves both the free set and the allocations' block lists, so a 1M-block pool
@@ -58,12 +60,10 @@ cdef class PagedCore:
         self.reset()
 
     def reset(self) -> None:
-        """Every block free (chain 0, 1, 2, ...), no records; counters other than ids kept."""
-        cdef Py_ssize_t b
-        for b in range(self.num_blocks - 1):
-            self.nxt[b] = <int32_t>(b + 1)
-        self.nxt[self.num_blocks - 1] = NIL
-        self.free_head = 0
+        """Every block free and fresh (handed out 0, 1, 2, ...), no records; counters other
+        than ids kept."""
+        self.free_head = NIL
+        self.fresh = 0
         self.free_count = self.num_blocks
         self.live = 0
         self.requested_total = 0
@@ -177,9 +177,10 @@ cdef class PagedCore:
     # -- blocks --------------------------------------------------------------------------
     cdef int32_t take(self, Py_ssize_t n, int64_t aid, uint8_t state, int32_t *ids,
                       int32_t *last) noexcept:
-        """Unlink n (<= free_count, > 0) blocks from the free head and stamp them; returns the
-        first, sets *last (its link is NIL); writes the ids to `ids` unless NULL."""
-        cdef int32_t b = self.free_head, first = b, prev = b
+        """Take n (<= free_count, > 0) blocks, the free chain's first, then fresh ones, link
+        them as one chain and stamp them; returns the first, sets *last (its link is NIL);
+        writes the ids to `ids` unless NULL."""
+        cdef int32_t b, first = NIL, prev = NIL, head = self.free_head
         cdef uint32_t v = self.bm.version
         cdef Py_ssize_t i
         cdef int32_t *own = self.own
@@ -187,14 +188,23 @@ cdef class PagedCore:
         cdef uint32_t *cv = self.cv
         cdef int32_t *nxt = self.nxt
         for i in range(n):
+            if head != NIL:
+                b = head
+                head = nxt[b]
+            else:
+                b = self.fresh
+                self.fresh += 1
+            if prev == NIL:
+                first = b
+            else:
+                nxt[prev] = b
             own[b] = <int32_t>aid
             st[b] = state
             cv[b >> CHUNK_SHIFT_C] = v
             if ids != NULL:
                 ids[i] = b
             prev = b
-            b = nxt[b]
-        self.free_head = b
+        self.free_head = head
         nxt[prev] = NIL
         self.free_count -= n
         last[0] = prev
@@ -398,19 +408,23 @@ cdef class PagedCore:
         return tuple(a[live] for a in self._rec)
 
     def free_blocks(self) -> object:
-        """The free chain's block ids, head first (numpy int32), or None when it is longer
-        than the pool (a cycle)."""
+        """The free blocks in the order they would be handed out (numpy int32): the free
+        chain, then the fresh ones; None when the chain does not hold free_count minus the
+        fresh blocks (a cycle, a lost block)."""
         out = np.empty(self.free_count, dtype=np.int32)
         cdef int32_t[::1] o = out
         cdef int32_t b = self.free_head
-        cdef Py_ssize_t i = 0
+        cdef Py_ssize_t i = 0, chained = self.free_count - (self.num_blocks - self.fresh)
         while b != NIL:
-            if i >= self.free_count or b < 0 or b >= self.num_blocks:
+            if i >= chained or b < 0 or b >= self.num_blocks:
                 return None
             o[i] = b
             i += 1
             b = self.nxt[b]
-        return out if i == self.free_count else None
+        if i != chained:
+            return None
+        out[i:] = np.arange(self.fresh, self.num_blocks, dtype=np.int32)
+        return out
 
     def check(self) -> list:
         """Problems with the records, chains and table (empty = ok); names the first culprit."""
@@ -438,7 +452,8 @@ cdef class PagedCore:
         if total != self.requested_total:
             problems.append(f"requested_total is {self.requested_total}, records add up to {total}")
         if self.free_blocks() is None:
-            problems.append(f"the free chain from block {self.free_head} does not hold exactly {self.free_count} blocks")
+            problems.append(f"the free chain from block {self.free_head} does not hold the "
+                            f"{self.free_count - (self.num_blocks - self.fresh)} freed blocks")
         return problems
 
     def compact_chains(self, src, dst) -> None:
@@ -458,10 +473,5 @@ cdef class PagedCore:
         for k in (2, 3):
             col = self._rec[k]
             col[live] = remap[col[live]]
-        used = self.num_blocks - self.free_count
-        if used < self.num_blocks:
-            nx[used:self.num_blocks - 1] = np.arange(used + 1, self.num_blocks, dtype=np.int32)
-            nx[self.num_blocks - 1] = NIL
-            self.free_head = <int32_t>used
-        else:
-            self.free_head = NIL
+        self.free_head = NIL  # every free block is now above the used line, in order: fresh
+        self.fresh = self.num_blocks - self.free_count

@@ -24,6 +24,17 @@ Policies order the evictable (idle, hashed) blocks:
 
 cimport cython
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+
+from allocator._core cimport (
+    DETACHED,
+    NIL,
+    DList,
+    Stack,
+    dlist_push_back,
+    dlist_remove,
+    stack_pop,
+    stack_push,
+)
 from libc.math cimport INFINITY
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from collections import OrderedDict
@@ -38,7 +49,6 @@ cdef enum:
     PINNED = 3
     SHARED = 4
     CHUNK_SHIFT = 6
-    NIL = -1
     # where a block lives
     W_FREE = 0
     W_HELD = 1
@@ -178,12 +188,10 @@ cdef class PrefixCore:
     cdef double[:] released
     cdef int32_t[:] free_stack
     cdef int32_t[:] mark
-    cdef public int free_top
+    cdef Stack fs  # the free stack (allocator/_core.pxd), over `free_stack`
     cdef public int n_evictable
     cdef int heap_size
-    cdef int head[2]
-    cdef int tail[2]
-    cdef int qlen[2]
+    cdef DList lst[2]  # lru: lst[0]; s3fifo: small, main (allocator/_core.pxd), over prev/nxt
     cdef int32_t op
     cdef int64_t tick
     cdef public dict index
@@ -215,8 +223,8 @@ cdef class PrefixCore:
         self.depth_np = np.zeros(n, np.int32)
         self.refcnt, self.bhash, self.hashed, self.depth = self.refcnt_np, self.hash_np, self.hashed_np, self.depth_np
         self.where = np.zeros(n, np.uint8)
-        self.prev = np.full(n, NIL, np.int32)
-        self.nxt = np.full(n, NIL, np.int32)
+        self.prev = np.full(n, DETACHED, np.int32)
+        self.nxt = np.full(n, DETACHED, np.int32)
         self.heap = np.zeros(n, np.int32)
         self.hpos = np.full(n, NIL, np.int32)
         self.key1 = np.zeros(n, np.float64)
@@ -232,7 +240,9 @@ cdef class PrefixCore:
         self.free_stack = np.arange(n - 1, -1, -1, dtype=np.int32)
         self.hkey = [None] * n
         self.mark = np.zeros(n, np.int32)
-        self.free_top = n
+        self.fs.items = &self.free_stack[0]
+        self.fs.capacity = n
+        self.fs.top = n
         self.hist = np.zeros((3, NBUCKETS), np.int64)
         self.bm = blockmap
         self.owner = blockmap.owner
@@ -246,9 +256,13 @@ cdef class PrefixCore:
         self.ghost = OrderedDict()
         self.n_evictable = 0
         self.heap_size = 0
-        self.head[0] = self.head[1] = NIL
-        self.tail[0] = self.tail[1] = NIL
-        self.qlen[0] = self.qlen[1] = 0
+        cdef int q
+        for q in range(2):
+            self.lst[q].prev = &self.prev[0]
+            self.lst[q].next = &self.nxt[0]
+            self.lst[q].head = NIL
+            self.lst[q].tail = NIL
+            self.lst[q].size = 0
 
     def reset_all(self):
         """Everything free and unhashed (the pool's reset clears the block map itself)."""
@@ -257,12 +271,12 @@ cdef class PrefixCore:
         self.refcnt_np[:] = 0
         self.hashed_np[:] = 0
         np.asarray(self.where)[:] = W_FREE
-        np.asarray(self.prev)[:] = NIL
-        np.asarray(self.nxt)[:] = NIL
+        np.asarray(self.prev)[:] = DETACHED
+        np.asarray(self.nxt)[:] = DETACHED
         np.asarray(self.hpos)[:] = NIL
         np.asarray(self.next_use)[:] = INFINITY
         np.asarray(self.free_stack)[:] = np.arange(n - 1, -1, -1, dtype=np.int32)
-        self.free_top = n
+        self.fs.top = n
         self.hkey = [None] * n
         self._clear_structures()
 
@@ -271,29 +285,10 @@ cdef class PrefixCore:
         return [k for k, v in POLICY_CODES.items() if v == self.policy][0]
 
     # -- the evictable structure ---------------------------------------------------------
-    cdef inline void _list_push(self, int q, int b) noexcept:
-        self.prev[b] = self.tail[q]
-        self.nxt[b] = NIL
-        if self.tail[q] != NIL:
-            self.nxt[self.tail[q]] = b
-        else:
-            self.head[q] = b
-        self.tail[q] = b
-        self.qlen[q] += 1
-
-    cdef inline void _list_unlink(self, int q, int b) noexcept:
-        cdef int p = self.prev[b], x = self.nxt[b]
-        if p != NIL:
-            self.nxt[p] = x
-        else:
-            self.head[q] = x
-        if x != NIL:
-            self.prev[x] = p
-        else:
-            self.tail[q] = p
-        self.prev[b] = NIL
-        self.nxt[b] = NIL
-        self.qlen[q] -= 1
+    @property
+    def free_top(self):
+        """Blocks on the free stack."""
+        return self.fs.top
 
     cdef inline bint _less(self, int a, int b) noexcept:
         if self.key1[a] != self.key1[b]:
@@ -353,9 +348,9 @@ cdef class PrefixCore:
         self.where[b] = W_EVICT
         self.n_evictable += 1
         if p == P_LRU:
-            self._list_push(0, b)
+            dlist_push_back(&self.lst[0], b)
         elif p == P_S3FIFO:
-            self._list_push(self.queue[b], b)
+            dlist_push_back(&self.lst[self.queue[b]], b)
         else:
             if p == P_FIFO:
                 self.key1[b] = self.stored_tick[b]
@@ -374,9 +369,9 @@ cdef class PrefixCore:
         self.where[b] = W_HELD
         self.n_evictable -= 1
         if p == P_LRU:
-            self._list_unlink(0, b)
+            dlist_remove(&self.lst[0], b)
         elif p == P_S3FIFO:
-            self._list_unlink(self.queue[b], b)
+            dlist_remove(&self.lst[self.queue[b]], b)
         else:
             self._heap_remove(b)
 
@@ -386,25 +381,25 @@ cdef class PrefixCore:
         if self.n_evictable == 0:
             return NIL
         if p == P_LRU:
-            return self.head[0]
+            return self.lst[0].head
         if p != P_S3FIFO:
             return self.heap[0]
         while True:
-            if self.qlen[Q_SMALL] > 0 and (self.qlen[Q_SMALL] * 10 >= self.n_evictable
-                                           or self.qlen[Q_MAIN] == 0):
-                b = self.head[Q_SMALL]
+            if self.lst[Q_SMALL].size > 0 and (self.lst[Q_SMALL].size * 10 >= self.n_evictable
+                                               or self.lst[Q_MAIN].size == 0):
+                b = self.lst[Q_SMALL].head
                 if self.freq[b] > 0:  # hit while on probation: promote to main
-                    self._list_unlink(Q_SMALL, b)
+                    dlist_remove(&self.lst[Q_SMALL], b)
                     self.freq[b] = 0
                     self.queue[b] = Q_MAIN
-                    self._list_push(Q_MAIN, b)
+                    dlist_push_back(&self.lst[Q_MAIN], b)
                     continue
                 return b
-            b = self.head[Q_MAIN]
+            b = self.lst[Q_MAIN].head
             if self.freq[b] > 0:  # second chance
                 self.freq[b] -= 1
-                self._list_unlink(Q_MAIN, b)
-                self._list_push(Q_MAIN, b)
+                dlist_remove(&self.lst[Q_MAIN], b)
+                dlist_push_back(&self.lst[Q_MAIN], b)
                 continue
             return b
 
@@ -423,7 +418,7 @@ cdef class PrefixCore:
 
     def available(self):
         """Blocks a new allocation could get: free plus idle cached (evictable)."""
-        return self.free_top + self.n_evictable
+        return self.fs.top + self.n_evictable
 
     cdef object _take_into(self, int32_t[:] o, Py_ssize_t at, int n, int32_t owner, uint8_t st,
                            uint32_t v, double now):
@@ -433,9 +428,8 @@ cdef class PrefixCore:
         cdef list ev_blocks = None, ev_hashes = None
         index = self.index
         for i in range(n):
-            if self.free_top > 0:
-                self.free_top -= 1
-                b = self.free_stack[self.free_top]
+            if self.fs.top > 0:
+                b = stack_pop(&self.fs)
             else:
                 b = self._ev_victim()
                 self._ev_remove(b)
@@ -447,7 +441,7 @@ cdef class PrefixCore:
                 ev_hashes.append(ho)
                 if self.policy == P_S3FIFO and self.queue[b] == Q_SMALL:
                     self.ghost[ho] = None
-                    while len(self.ghost) > max(self.qlen[Q_MAIN], 1):
+                    while len(self.ghost) > max(self.lst[Q_MAIN].size, 1):
                         self.ghost.popitem(last=False)
                 del index[ho]
                 self.hashed[b] = 0
@@ -484,8 +478,7 @@ cdef class PrefixCore:
             b = bl[i]
             self.refcnt[b] = 0
             self.where[b] = W_FREE
-            self.free_stack[self.free_top] = b
-            self.free_top += 1
+            stack_push(&self.fs, b)
             self._stamp(b, NIL, FREE, v)
 
     cdef void _release(self, int b, uint32_t v, double now) noexcept:
@@ -504,8 +497,7 @@ cdef class PrefixCore:
             self.cv[b >> CHUNK_SHIFT] = v
         else:
             self.where[b] = W_FREE
-            self.free_stack[self.free_top] = b
-            self.free_top += 1
+            stack_push(&self.fs, b)
             self._stamp(b, NIL, FREE, v)
 
     # -- sequences -------------------------------------------------------------------------
@@ -622,8 +614,8 @@ cdef class PrefixCore:
             bl[i] = b
             matched += 1
         need = nblocks - matched
-        if need > self.free_top + self.n_evictable - idle_matched:
-            raise MemoryError(need, self.free_top + self.n_evictable - idle_matched)
+        if need > self.fs.top + self.n_evictable - idle_matched:
+            raise MemoryError(need, self.fs.top + self.n_evictable - idle_matched)
         cdef double now = mono()
         cdef uint32_t v = self.bm.version
         cdef int32_t owner
@@ -754,8 +746,8 @@ cdef class PrefixCore:
                                              seq.last_hash)
         elif seq.mode == 2 and block_hashes is not None:
             hashes = self._check_hashes(block_hashes, len(block_hashes))
-        if need > self.free_top + self.n_evictable:
-            raise MemoryError(need, self.free_top + self.n_evictable)
+        if need > self.fs.top + self.n_evictable:
+            raise MemoryError(need, self.fs.top + self.n_evictable)
         cdef double now = mono()
         cdef uint32_t v = self.bm.version
         new = None
@@ -809,8 +801,7 @@ cdef class PrefixCore:
             if self.where[b] == W_EVICT:
                 self._ev_remove(b)
                 self.where[b] = W_FREE
-                self.free_stack[self.free_top] = b
-                self.free_top += 1
+                stack_push(&self.fs, b)
                 self._stamp(b, NIL, FREE, v)
         self.index = {}
         self.ghost = OrderedDict()
@@ -831,7 +822,7 @@ cdef class PrefixCore:
         if n <= 0:
             return out
         if self.policy == P_LRU:
-            b = self.head[0]
+            b = self.lst[0].head
             while b != NIL and len(out) < n:
                 out.append(b)
                 b = self.nxt[b]
@@ -844,7 +835,7 @@ cdef class PrefixCore:
         # s3fifo: run the policy on copies of the two queues and the hit counts
         small, main = [], []
         for q, dest in ((Q_SMALL, small), (Q_MAIN, main)):
-            b = self.head[q]
+            b = self.lst[q].head
             while b != NIL:
                 dest.append(b)
                 b = self.nxt[b]
@@ -878,7 +869,7 @@ cdef class PrefixCore:
         out = []
         if self.policy == P_LRU or self.policy == P_S3FIFO:
             for q in (0, 1):
-                b = self.head[q]
+                b = self.lst[q].head
                 while b != NIL:
                     out.append(b)
                     b = self.nxt[b]
@@ -887,7 +878,7 @@ cdef class PrefixCore:
         return out
 
     def free_blocks(self):
-        return np.asarray(self.free_stack)[:self.free_top].copy()
+        return np.asarray(self.free_stack)[:self.fs.top].copy()
 
     def where_np(self):
         return np.asarray(self.where)
@@ -914,6 +905,6 @@ cdef class PrefixCore:
         `bounds[k]`, and the one extra last count for values past the last bound (no infinity
         in the output, so it stays valid JSON)."""
         h = np.asarray(self.hist)
-        return {name: {"bounds": list(HIST_BOUNDS[:-1]), "counts": h[i].tolist(),
+        return {name: {"bounds": list(HIST_BOUNDS[:NBUCKETS - 1]), "counts": h[i].tolist(),
                        "sum": self.hist_sum[i], "count": int(h[i].sum())}
                 for i, name in enumerate(HIST_NAMES)}

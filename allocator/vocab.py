@@ -68,11 +68,14 @@ class EventKind:
 
 @dataclass(frozen=True, slots=True)
 class ScenarioInfo:
-    """A scripted workload (workloads/scenarios.py). `uses_cache`: its pool wants a KV cache."""
+    """A scripted workload (workloads/scenarios.py). `uses_cache`: its pool wants a KV cache.
+    `uses_prefix`: it opens sequences, so its pool wants prefix caching (the Compare view runs it
+    with prefix caching on and off side by side)."""
 
     name: str
     description: str
     uses_cache: bool = False
+    uses_prefix: bool = False
 
 
 def _by_name(*items):
@@ -178,7 +181,8 @@ SCENARIO_INFO: dict[str, ScenarioInfo] = _by_name(
     ScenarioInfo("chat", "multi-turn conversations with Zipf-skewed popularity on the KV cache", uses_cache=True),
     ScenarioInfo("burst", "waves of arrivals that overfill the pool, with quiet gaps between"),
     ScenarioInfo("prefix-chat", "multi-turn conversations over shared system prompts on a "
-                 "prefix-caching pool: each prompt is the previous one plus reply plus message"),
+                 "prefix-caching pool: each prompt is the previous one plus reply plus message",
+                 uses_prefix=True),
 )
 SCENARIOS: tuple[str, ...] = tuple(SCENARIO_INFO)
 

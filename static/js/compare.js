@@ -8,7 +8,7 @@ import { createHeatmap } from "./heatmap.js";
 import { escapeHtml } from "./dom.js";
 import { PoolModel, formatBytes, parseSize, pct } from "./model.js";
 import { PANEL_REFRESH_MS, renderAlerts } from "./panels.js";
-import { scatterFails, usesCache } from "./vocab.js";
+import { scatterFails, usesCache, usesPrefix } from "./vocab.js";
 
 const SPARK_HEIGHT = 90;
 
@@ -40,13 +40,18 @@ function sparkline(box) {
 
 /** @param {string} strategy */
 const poolNameFor = (strategy) => `cmp-${strategy}`;
+/** A scenario that opens sequences compares prefix caching on and off on two paged pools. */
+const PREFIX_PANES = [
+  { name: "cmp-prefix-on", strategy: "paged", prefix: true },
+  { name: "cmp-prefix-off", strategy: "paged", prefix: false },
+];
 
 /**
  * @param {HTMLElement} grid
  * @param {{status: (msg: string, kind?: string) => void}} env
  */
 export function createCompare(grid, env) {
-  /** @type {{name:string, strategy:string, model:PoolModel, socket:any, heatmap:any, spark:any, peakExt:number, numbers:HTMLElement, alerts:HTMLElement, verdict:HTMLElement, conn:HTMLElement}[]} */
+  /** @type {{name:string, strategy:string, model:PoolModel, socket:any, heatmap:any, spark:any, peakExt:number, prefix?:boolean, numbers:HTMLElement, alerts:HTMLElement, verdict:HTMLElement, conn:HTMLElement}[]} */
   let panes = [];
   let timer = 0;
   const form = /** @type {HTMLFormElement} */ (document.getElementById("f-compare"));
@@ -81,6 +86,7 @@ export function createCompare(grid, env) {
            <span><label>OOM cap / frag</label><b class="${o.fragmentation ? "hot" : ""}">${o.capacity} / ${o.fragmentation}</b></span>
            <span><label>int frag</label><b>${pct(s.internal_fragmentation)}</b></span>
            <span><label>free extents</label><b>${s.free_extent_count ?? "—"}</b></span>
+           ${p.prefix === undefined ? "" : `<span><label>prefix hit</label><b class="prefix-hit">${s.prefix ? pct(s.prefix.hit_ratio) : "off: every prompt computed"}</b></span>`}
            <span><label>workload</label>${w && w.state === "failed"
              ? `<b class="small hot" title="${escapeHtml(w.error || "")}">failed ${w.done}/${w.total}: ${escapeHtml(w.error || "unknown error")}</b>`
              : `<b class="small">${w ? `${w.state} ${w.done}/${w.total}` : "—"}</b>`}</span>`
@@ -103,9 +109,9 @@ export function createCompare(grid, env) {
     if (!timer) timer = window.setTimeout(render, PANEL_REFRESH_MS);
   }
 
-  /** @param {string} strategy */
-  function openPane(strategy) {
-    const name = poolNameFor(strategy);
+  /** @param {string} strategy @param {string} [poolName] @param {boolean} [prefix] */
+  function openPane(strategy, poolName, prefix) {
+    const name = poolName || poolNameFor(strategy);
     const box = document.createElement("section");
     box.className = "panel compare-pane";
     box.dataset.pool = name;
@@ -141,6 +147,7 @@ export function createCompare(grid, env) {
       heatmap,
       spark,
       peakExt: 0,
+      prefix,
       numbers: /** @type {HTMLElement} */ (box.querySelector(".cmp-numbers")),
       alerts: /** @type {HTMLElement} */ (box.querySelector(".cmp-alerts")),
       verdict: /** @type {HTMLElement} */ (box.querySelector(".cmp-verdict")),
@@ -163,6 +170,17 @@ export function createCompare(grid, env) {
     const seed = Number(f.seed.value);
     if (!Number.isInteger(seed)) throw new Error(`not a seed: ${f.seed.value}`);
     const workload = { kind: "scenario", name: f.name.value, speed, seed };
+    if (usesPrefix(workload.name)) {
+      const pools = PREFIX_PANES.map((p) => ({
+        name: p.name,
+        strategy: p.strategy,
+        num_blocks: numBlocks,
+        block_bytes: size.bytes,
+        tokens_per_block: 16,
+        ...(p.prefix ? { prefix_caching: { policy: "lru" } } : {}),
+      }));
+      return { pools, workload };
+    }
     /** @type {string[]} */
     const strategies = Array.from(form.querySelectorAll("input[name=strategy]:checked"), (el) => /** @type {HTMLInputElement} */ (el).value);
     if (!strategies.length) throw new Error("tick at least one strategy");
@@ -184,7 +202,7 @@ export function createCompare(grid, env) {
     for (const body of pools) {
       if (existing.has(body.name)) await poolApi(body.name).delete(); // a fresh pool per run
       await poolsApi.create(body);
-      openPane(body.strategy);
+      openPane(body.strategy, body.name, usesPrefix(workload.name) ? Boolean(body.prefix_caching) : undefined);
     }
     await Promise.all(pools.map((p) => poolApi(p.name).startWorkload(workload)));
     return `running ${workload.name} (seed ${workload.seed}) on ${pools.map((p) => p.name).join(", ")}`;

@@ -10,7 +10,7 @@
  * @property {Object<string, {name:string, code:number, description:string}>} block_states
  * @property {Object<string, {fields:string[], group:string}>} events
  * @property {Object<string, {label:string, default:boolean}>} event_groups
- * @property {Object<string, {name:string, description:string, uses_cache:boolean}>} scenarios
+ * @property {Object<string, {name:string, description:string, uses_cache:boolean, uses_prefix?:boolean}>} scenarios
  * @property {string[]} workload_kinds
  */
 
@@ -59,6 +59,12 @@ export function scatterFails(strategy, meta = vocab()) {
 export function usesCache(name, meta = vocab()) {
   const s = meta.scenarios[name];
   return Boolean(s && s.uses_cache);
+}
+
+/** Whether a scenario opens sequences (its pool wants prefix caching). @param {string} name */
+export function usesPrefix(name, meta = vocab()) {
+  const s = meta.scenarios[name];
+  return Boolean(s && /** @type {any} */ (s).uses_prefix);
 }
 
 /** Strategies the Compare view runs by default, in vocabulary order. */

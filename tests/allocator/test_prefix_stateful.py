@@ -1,4 +1,4 @@
-"""Stateful property tests of PrefixPool against the reference model in prefix_model.py.
+"""Stateful property tests of PrefixPool against the reference model in prefix_cache_model.py.
 
 Random open / append / close / reset-prefix / plain allocate and free, on a pool small enough
 that evictions and out-of-memory refusals are frequent. After every step: `pool.check() == []`;
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from prefix_model import ModelOOM, PrefixModel
+from prefix_cache_model import ModelOOM, PrefixModel
 
 from allocator import NotFound, PrefixOutOfMemory, create_pool
 

@@ -69,3 +69,26 @@ def test_prefix_chat_runs_live_and_the_page_shows_its_hit_ratio(page, api):
     api.delete("/api/pools/e2e-pxchat/workload")
     assert api.get("/api/pools/e2e-pxchat/check").json()["ok"]
     assert page.console_log.errors == []
+
+
+def test_compare_view_runs_prefix_chat_with_prefix_caching_on_and_off(page, api):
+    page.goto("/#compare")
+    page.select_option("#f-compare [name=name]", "prefix-chat")
+    page.fill("#f-compare [name=num_blocks]", "256")
+    page.fill("#f-compare [name=block_bytes]", "1 KiB")
+    page.fill("#f-compare [name=speed]", "50")
+    page.click("#f-compare button[type=submit]")
+    page.wait_for_selector("#compare-status[data-kind=ok]", timeout=10_000)
+    page.wait_for_function(
+        "(() => { const s = window.kvscope.compare(); return s.length === 2 && s.every(p => p.stats)"
+        " && s[0].stats.prefix && s[0].stats.prefix.hits > 0; })()", timeout=30_000)
+    summary = {p["pool"]: p for p in page.evaluate("window.kvscope.compare()")}
+    assert list(summary) == ["cmp-prefix-on", "cmp-prefix-off"]
+    assert summary["cmp-prefix-on"]["stats"]["prefix"]["hit_ratio"] > 0
+    assert "prefix" not in summary["cmp-prefix-off"]["stats"]
+    page.wait_for_function(
+        "document.querySelectorAll('.compare-pane .prefix-hit').length === 2", timeout=5_000)
+    texts = page.locator(".compare-pane .prefix-hit").all_inner_texts()
+    assert texts[0].endswith("%") and "off" in texts[1]
+    page.click("#b-compare-stop")
+    assert page.console_log.errors == []
