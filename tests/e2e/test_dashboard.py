@@ -134,7 +134,11 @@ def test_compare_view_runs_the_same_scenario_on_each_pool(page, api, artifacts):
         "window.kvscope.compare().every(p => p.stats && p.workload && p.workload.state !== 'running')",
         timeout=30_000,
     )
-    page.wait_for_timeout(600)  # the last stats message
+    # the stats message after the failed request may come a tick after the workload's end
+    page.wait_for_function(
+        "window.kvscope.compare().some(p => p.pool === 'cmp-contiguous' && p.stats.ooms.fragmentation >= 1)",
+        timeout=30_000,
+    )
     summary = {p["pool"]: p for p in page.evaluate("window.kvscope.compare()")}
     assert list(summary) == ["cmp-paged", "cmp-contiguous"]
     for p in summary.values():
