@@ -27,14 +27,14 @@ def test_mirror_page_shows_logical_slots_losses_and_errors(page, api, artifacts)
         make_pool(api, "e2e-mirror", strategy="mirror", num_blocks=64,
                   mirror={"endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"})
         stats = lambda: api.get("/api/pools/e2e-mirror/stats").json()["mirror"]  # noqa: E731
-        end = time.monotonic() + 15
+        end = time.monotonic() + 30
         while stats()["source"]["last_seq"] is None and time.monotonic() < end:
             pub.publish([])  # until the SUB socket is connected (no replay socket here)
             time.sleep(0.1)
         lost_before = stats()["source"]["lost_batches"]
         for _ in range(20):
             pub.publish(src.step())
-        end = time.monotonic() + 10
+        end = time.monotonic() + 30
         while stats()["cached_blocks"] != len(src.cached) and time.monotonic() < end:
             time.sleep(0.05)
         assert stats()["cached_blocks"] == len(src.cached)
