@@ -141,7 +141,7 @@ def test_mirror_republishes_and_a_second_mirror_agrees(ipc):
                 src_pub.publish(src.step())
                 time.sleep(0.01)
             wait_for(lambda: downstream.cached_hashes() == src.cached or
-                     src_pub.publish([]) < 0, timeout=15, what="the downstream mirror to agree")
+                     src_pub.publish([]) < 0, timeout=60, what="the downstream mirror to agree")
             assert stats(client)["mirror"]["cached_blocks"] == len(src.cached)
         finally:
             sub.stop()

@@ -61,7 +61,7 @@ def test_mirror_command_records_and_the_recording_plays_back(ipc, vllm_kv, tmp_p
             pub.publish(vllm_kv.KVEventBatch(ts=time.time(), events=to_engine(vllm_kv, src.step())))
         pub.publish(vllm_kv.KVEventBatch(ts=time.time(), events=[]))
         wait_for(lambda: (cli.stats("engine")["mirror"]["source"]["last_seq"] or 0) >= 40 or
-                 pub.publish(vllm_kv.KVEventBatch(ts=time.time(), events=[])), timeout=20,
+                 pub.publish(vllm_kv.KVEventBatch(ts=time.time(), events=[])), timeout=60,
                  what="the mirror to catch up")
         m = cli.stats("engine")["mirror"]
         assert m["cached_blocks"] == len(src.cached) and m["source"]["lost_batches"] == 0
