@@ -135,7 +135,7 @@ def test_mirror_republishes_and_a_second_mirror_agrees(ipc):
         assert "in use" in err["message"]
         assert "again" not in [p["name"] for p in client.get("/api/pools").json()["pools"]]
         sub = follow(downstream, f"tcp://127.0.0.1:{port}", topic="b",
-                     replay_endpoint=f"tcp://127.0.0.1:{replay_port}")
+                     replay_endpoint=f"tcp://127.0.0.1:{replay_port}", replay_timeout=30)
         try:
             for _ in range(25):
                 src_pub.publish(src.step())

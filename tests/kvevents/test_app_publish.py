@@ -51,7 +51,7 @@ def test_rest_prefix_pool_publishes_to_a_router_mirror():
                         "topic": "kv"}})
         assert r.status_code == 201, r.text
         sub = follow(mirror, f"tcp://127.0.0.1:{port}", topic="kv",
-                     replay_endpoint=f"tcp://127.0.0.1:{replay}")
+                     replay_endpoint=f"tcp://127.0.0.1:{replay}", replay_timeout=30)
         try:
             for _ in range(60):
                 tokens = rng.choice(stems) + [rng.randrange(1000) for _ in range(rng.randrange(0, 9))]

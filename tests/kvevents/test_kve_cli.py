@@ -152,7 +152,7 @@ def test_prefix_publish_is_a_live_engine(tmp_path):
     port, replay = free_port(), free_port()
     mirror = MirrorPool(4096, name="router", device="cpu")
     sub = follow(mirror, f"tcp://127.0.0.1:{port}", topic="kv",
-                 replay_endpoint=f"tcp://127.0.0.1:{replay}")
+                 replay_endpoint=f"tcp://127.0.0.1:{replay}", replay_timeout=30)
     try:
         r = run("prefix", "--trace", str(trace), "--publish", f"tcp://*:{port}",
                 "--publish-replay-endpoint", f"tcp://*:{replay}", "--publish-topic", "kv",

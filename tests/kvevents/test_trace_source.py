@@ -64,7 +64,7 @@ def test_published_trace_is_mirrored_exactly(name, make, ipc, vllm_kv):
     pool = make()
     pub = PoolPublisher(pool, ipc("pub"), replay_endpoint=ipc("replay"), topic="kv")
     mirror = MirrorPool(64, name="router-view", device="cpu")
-    sub = follow(mirror, ipc("pub"), topic="kv", replay_endpoint=ipc("replay"))
+    sub = follow(mirror, ipc("pub"), topic="kv", replay_endpoint=ipc("replay"), replay_timeout=30)
     raw = zmq.Context.instance().socket(zmq.SUB)
     raw.setsockopt(zmq.SUBSCRIBE, b"kv")
     try:
