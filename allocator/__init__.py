@@ -29,6 +29,7 @@ from .errors import (
 )
 from .events import EventLog
 from .geometry import MODEL_PRESETS, ModelGeometry, get_model
+from .history import History, HistoryView, OutsideHistory
 from .mirror import MirrorPool
 from .paged import PagedPool
 from .pool import Allocation, DefragReport, Pool
@@ -59,7 +60,7 @@ def create_pool(strategy: str = "paged", **options) -> Pool:
 
 __all__ = [
     "Allocation", "BlockMap", "BlockStorage", "CACHED", "CacheSpec", "Conflict", "ContiguousPool",
-    "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "ExceedsCapacity", "FITS", "FREE",
+    "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "ExceedsCapacity", "FITS", "FREE", "History", "HistoryView", "OutsideHistory",
     "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "MirrorPool", "ModelGeometry", "NotFound",
     "OutOfMemory", "PINNED", "POLICIES", "PREFIX_POLICIES", "PagedPool", "Pool", "PoolSpec",
     "PrefixOutOfMemory", "PrefixPool", "PutResult", "SCENARIOS", "SHARED", "STATE_NAMES",

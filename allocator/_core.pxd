@@ -149,8 +149,12 @@ cdef class EventRing:
     cdef int64_t *boff             # first position of the event's block ids in the id ring, or -1
     cdef int32_t *bn               # number of block ids (0: none recorded)
     cdef int32_t *bring            # ring of block ids, `bcap` long
-    cdef Py_ssize_t bcap
-    cdef int64_t bpos              # block ids written so far (next write at bpos % bcap)
+    cdef readonly Py_ssize_t bcap
+    cdef readonly int64_t bpos     # block ids written so far (next write at bpos % bcap)
+    cdef uint8_t *aux              # per slot: a numeric event's state code (allocate)
+    cdef public object sink        # the pool's History: drains the ring before it drops events
+    cdef public int64_t spill_at   # call sink.spill() once last_seq reaches this ...
+    cdef public int64_t spill_bpos # ... or bpos reaches this (the id ring would wrap)
     cdef list _objs
     cdef list _layouts
     cdef list _strings
@@ -167,6 +171,9 @@ cdef class EventRing:
     cdef int32_t *_reserve_blocks(self, Py_ssize_t slot, Py_ssize_t n) noexcept
     cdef inline Py_ssize_t _slot(self, int64_t seq) noexcept
     cdef inline void _open_slot(self, Py_ssize_t slot) noexcept
+    cdef int maybe_spill(self) except -1
+    cdef tuple _decoded(self, Py_ssize_t slot, uint8_t k)
+    cdef inline void set_aux(self, uint8_t x) noexcept
 
 
 cdef double wall_time() noexcept nogil

@@ -56,7 +56,13 @@ cdef class EventRing:
         boff = np.zeros(capacity, dtype=np.int64)
         bn = np.zeros(capacity, dtype=np.int32)
         bring = np.zeros(self.bcap, dtype=np.int32)
-        self._arrays = (ts, kind, vals, boff, bn, bring)
+        aux = np.zeros(capacity, dtype=np.uint8)
+        self._arrays = (ts, kind, vals, boff, bn, bring, aux)
+        cdef uint8_t[::1] aux_mv = aux
+        self.aux = &aux_mv[0]
+        self.sink = None
+        self.spill_at = 1 << 62
+        self.spill_bpos = 1 << 62
         cdef double[::1] ts_mv = ts
         cdef uint8_t[::1] kind_mv = kind
         cdef int64_t[::1] vals_mv = vals
@@ -75,12 +81,132 @@ cdef class EventRing:
             self._names.append(name)
             self._fields.append(tuple(names))
             layout = COMPILED_LAYOUTS.get(name)
-            if layout is not None and len(layout) != len(names):
+            # the history's fields (allocator/history.py) follow the compiled ones: block ids
+            # from the id ring, the state code (aux), the free's requested bytes (v[2])
+            if layout is not None and len(layout) > len(names):
                 raise ValueError(f"event kind {name!r} has fields {names}; its compiled layout "
                                  f"{layout!r} in allocator/_events.pxi must name each of them")
             self._layouts.append(layout)
         if len(self._names) > CODE_MASK:
             raise ValueError("too many event kinds")
+
+    cdef int maybe_spill(self) except -1:
+        """Hand the ring to the history when it is about to drop events it has not consumed.
+        Called where the pool is consistent: after an event and everything it changed."""
+        if (self.last_seq >= self.spill_at or self.bpos >= self.spill_bpos) and self.sink is not None:
+            self.sink.spill()
+        return 0
+
+    cdef inline void set_aux(self, uint8_t x) noexcept:
+        """The newest event's extra code (a numeric allocate's state)."""
+        self.aux[self._slot(self.last_seq)] = x
+
+    def raw_after(self, int64_t seq) -> list:
+        """Events with seq > `seq` as flat tuples (seq, ts, type, *fields) in the layout of
+        allocator/vocab.py EVENT_KINDS, block ids as an int (one) or native int32 bytes; the
+        history packs these. Numeric events: allocate (id, requested, allocated, blocks,
+        block_ids, state), free (id, blocks, block_ids, requested_bytes)."""
+        cdef list out = []
+        cdef int64_t s = max(seq + 1, self.last_seq - self.count + 1)
+        cdef Py_ssize_t slot, n, pos
+        cdef uint8_t k
+        cdef int64_t *v
+        cdef object ids
+        while s <= self.last_seq:
+            slot = self._slot(s)
+            k = self.kind[slot]
+            name = self._names[k & CODE_MASK]
+            if k & FLAG_OBJ:
+                out.append((s, self.ts[slot], name) + self._objs[slot])
+            else:
+                v = &self.vals[slot * NVALS]
+                n = self.bn[slot]
+                if n == 1:
+                    ids = self.bring[<Py_ssize_t>(self.boff[slot] % self.bcap)]
+                elif n > 1:
+                    pos = <Py_ssize_t>(self.boff[slot] % self.bcap)
+                    ids = (<char *>&self.bring[pos])[:n * sizeof(int32_t)]
+                else:
+                    ids = None
+                if name == "free":
+                    out.append((s, self.ts[slot], name, v[0], v[1], ids, v[2]))
+                elif name == "allocate":
+                    out.append((s, self.ts[slot], name, v[0], v[1], v[2], v[3], ids, self.aux[slot]))
+                else:
+                    out.append((s, self.ts[slot], name) + self._decoded(slot, k))
+            s += 1
+        return out
+
+    cdef tuple _decoded(self, Py_ssize_t slot, uint8_t k):
+        """A compiled event's values per its layout (as `after()` reads them)."""
+        cdef int64_t *v = &self.vals[slot * NVALS]
+        cdef str layout = self._layouts[k & CODE_MASK]
+        cdef list vals = []
+        cdef Py_ssize_t j, pos = 0
+        for j in range(len(layout)):
+            ch = layout[j]
+            if ch == "o":
+                vals.append(self._objs[slot])
+                continue
+            if ch == "i":
+                vals.append(v[pos])
+            elif ch == "f":
+                vals.append(i2f(v[pos]))
+            else:
+                vals.append(self._strings[v[pos]])
+            pos += 1
+        return tuple(vals)
+
+    def export(self, int64_t seq):
+        """Events with seq > `seq` in columns, for the history to pack without a Python object
+        per event: (first_seq, last_seq, ts, kind, vals, aux, nids, ids) as bytes of float64,
+        uint8 (code | FLAG_OBJ), int64 (NVALS per event), uint8, int32 (-1: ids not kept) and
+        int32 (every numeric event's ids, in order), then the value tuples of the Python-recorded
+        events in order, and the kind names by code. None when there is nothing after `seq`."""
+        cdef int64_t first = max(seq + 1, self.last_seq - self.count + 1)
+        cdef Py_ssize_t n = <Py_ssize_t>(self.last_seq - first + 1), i, j, slot, m, total = 0, pos
+        if n <= 0:
+            return None
+        ts = np.empty(n, dtype=np.float64)
+        kd = np.empty(n, dtype=np.uint8)
+        vs = np.empty(n * NVALS, dtype=np.int64)
+        ax = np.empty(n, dtype=np.uint8)
+        nb = np.empty(n, dtype=np.int32)
+        cdef double[::1] ts_v = ts
+        cdef uint8_t[::1] kd_v = kd
+        cdef int64_t[::1] vs_v = vs
+        cdef uint8_t[::1] ax_v = ax
+        cdef int32_t[::1] nb_v = nb
+        cdef list objs = []
+        for i in range(n):
+            slot = self._slot(first + i)
+            ts_v[i] = self.ts[slot]
+            kd_v[i] = self.kind[slot]
+            ax_v[i] = self.aux[slot]
+            for j in range(NVALS):
+                vs_v[i * NVALS + j] = self.vals[slot * NVALS + j]
+            if self.kind[slot] & FLAG_OBJ:
+                objs.append(self._objs[slot])
+                nb_v[i] = 0
+            elif self._names[self.kind[slot] & CODE_MASK] not in ("allocate", "free"):
+                objs.append(self._decoded(slot, self.kind[slot]))  # put / evict: as values
+                kd_v[i] = self.kind[slot] | FLAG_OBJ
+                nb_v[i] = 0
+            else:
+                nb_v[i] = self.bn[slot]
+                if self.bn[slot] > 0:
+                    total += self.bn[slot]
+        ids = np.empty(total, dtype=np.int32)
+        cdef int32_t[::1] ids_v = ids
+        pos = 0
+        for i in range(n):
+            m = nb_v[i]
+            if m > 0:
+                slot = self._slot(first + i)
+                memcpy(&ids_v[pos], &self.bring[<Py_ssize_t>(self.boff[slot] % self.bcap)], m * sizeof(int32_t))
+                pos += m
+        return (first, self.last_seq, ts.tobytes(), kd.tobytes(), vs.tobytes(), ax.tobytes(),
+                nb.tobytes(), ids.tobytes(), objs, list(self._names))
 
     def code(self, str kind) -> int:
         """The numeric code of `kind` (KeyError for an unknown kind)."""
@@ -169,6 +295,7 @@ cdef class EventRing:
         self.kind[slot] = code | FLAG_OBJ
         self._objs[slot] = values
         self.bn[slot] = 0
+        self.maybe_spill()
         return seq
 
     def record(self, str kind, *values, block_ids=None) -> int:
@@ -191,6 +318,7 @@ cdef class EventRing:
             dst = self._reserve_blocks(slot, ids.shape[0])
             if dst != NULL:
                 memcpy(dst, &ids[0], ids.shape[0] * sizeof(int32_t))
+        self.maybe_spill()
         return seq
 
     def truncate(self, int64_t seq) -> None:
@@ -206,6 +334,8 @@ cdef class EventRing:
             self.count -= 1
             self.last_seq -= 1
         self.last_seq = seq
+        if self.sink is not None:
+            self.sink.rollback(seq)
 
     def after(self, int64_t seq=0, Py_ssize_t limit=1000, kinds=None, bint block_ids=False) -> list:
         """Events with seq > `seq`, oldest first, at most `limit`, as dicts

@@ -239,23 +239,26 @@ cdef class PagedCore:
         cdef int32_t last
         cdef int32_t *ids = self.ev.record_num(self.code_alloc, aid, nbytes, n * self.block_bytes,
                                                n, n, now)
+        self.ev.set_aux(state)
         self.last_id = aid
         self.r_head[s] = self.take(n, aid, state, ids, &last)
         self.r_tail[s] = last
         self.r_n[s] = <int32_t>n
         self.r_req[s] = nbytes
         self.requested_total += nbytes
+        self.ev.maybe_spill()
         return aid
 
     cdef int free_slot(self, Py_ssize_t pos, double now) except -1:
         cdef Py_ssize_t s = self.htab[pos]
         cdef int64_t aid = self.r_aid[s]
         cdef int32_t n = self.r_n[s]
-        cdef int32_t *ids = self.ev.record_num(self.code_free, aid, n, 0, 0, n, now)
+        cdef int32_t *ids = self.ev.record_num(self.code_free, aid, n, self.r_req[s], 0, n, now)
         self.give_back(self.r_head[s], self.r_tail[s], ids)
         self.requested_total -= self.r_req[s]
         self.frees += 1
         self.drop_record(pos)
+        self.ev.maybe_spill()
         return 0
 
     # -- operations (the pool binds these as its methods) --------------------------------

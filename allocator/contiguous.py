@@ -119,7 +119,7 @@ class ContiguousPool(Pool):
         self.blockmap.assign_range(start, units, aid, state)
         self._allocs[aid] = [nbytes, start, units]
         self.requested_total += nbytes
-        self.events.record("allocate", aid, nbytes, units * bb, units)
+        self.events.record("allocate", aid, nbytes, units * bb, units, range(start, start + units), state)
 
     def _extend(self, aid: int, nbytes: int) -> bool:
         rec = self._allocs[aid]
@@ -128,26 +128,29 @@ class ContiguousPool(Pool):
         new_units = -(-(requested + nbytes) // bb)
         extra = new_units - units
         moved = False
+        state = self.blockmap.state[start]
+        taken = freed = None
         if extra > 0:
             end = start + units
             following = self._len_at.get(end, 0)
-            state = self.blockmap.state[start]
             if following >= extra:  # grow in place
                 self._take_from(end, extra)
                 self.blockmap.assign_range(end, extra, aid, state)
                 rec[2] = new_units
+                taken = range(end, end + extra)
             else:
                 new_start = self._find_for_move(start, units, new_units)
                 if new_start is None:
                     raise self._fail(extra * bb, extra)
                 self._move_extent(aid, rec, new_start, new_units, state)
                 moved = True
+                taken, freed = range(new_start, new_start + new_units), range(start, start + units)
                 self.counters["moves"] += 1
                 self.counters["moved_blocks"] += units
         rec[0] += nbytes
         self.requested_total += nbytes
         self.counters["extends"] += 1
-        self.events.record("extend", aid, rec[0], rec[2] * bb, moved)
+        self.events.record("extend", aid, rec[0], rec[2] * bb, moved, taken, freed, nbytes, state)
         return moved
 
     def _find_for_move(self, start: int, units: int, new_units: int) -> int | None:
@@ -193,16 +196,19 @@ class ContiguousPool(Pool):
     def _restore_cursor(self, cursor: int) -> None:
         self._rover = cursor
 
-    def _truncate(self, aid: int, nbytes: int) -> None:
+    def _truncate(self, aid: int, nbytes: int):
         rec = self._allocs[aid]
         requested, start, units = rec
         keep = -(-nbytes // self.block_bytes)
+        freed = None
         if keep < units:
             self._add_free(start + keep, units - keep)
             self.blockmap.assign_range(start + keep, units - keep, NO_OWNER, FREE)
             rec[2] = keep
+            freed = range(start + keep, start + units)
         rec[0] = nbytes
         self.requested_total += nbytes - requested
+        return freed
 
     def _release(self, aid: int) -> None:
         requested, start, units = self._allocs.pop(aid)
@@ -210,7 +216,7 @@ class ContiguousPool(Pool):
         self.blockmap.assign_range(start, units, NO_OWNER, FREE)
         self.requested_total -= requested
         self._frees += 1
-        self.events.record("free", aid, units)
+        self.events.record("free", aid, units, range(start, start + units), requested)
 
     def _block_ids(self, aid: int):
         _, start, units = self._allocs[aid]

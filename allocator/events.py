@@ -2,8 +2,65 @@
 
 from __future__ import annotations
 
+from array import array
+
+import numpy as np
+
 from ._core import EventRing
 from .vocab import EVENT_FIELDS  # field names of each kind, after the common (seq, ts, type)
+
+# Fields holding block ids. Stored in the cheapest form that packs fast (allocator/history.py
+# pickles events; arrays and ranges pickle ~30x slower than bytes): an int for one block, bytes
+# of native int32 ids, a list of ints, a range, or (start, stop) for a range once packed.
+# `after()` hands out plain lists.
+BLOCK_FIELDS = frozenset(("block_ids", "freed_ids"))
+NEVER = 1 << 62
+
+
+def stored_ids(value):
+    """Block ids as an event stores them: an array('i') or a numpy array becomes native int32
+    bytes (ints, lists, ranges and None stay)."""
+    if value.__class__ is array:
+        return value.tobytes()
+    if isinstance(value, np.ndarray):
+        return value.astype(np.int32, copy=False).tobytes()
+    return value
+
+
+def block_list(value) -> list[int]:
+    """A stored block-id field as a plain list of ints (None -> [])."""
+    cls = value.__class__
+    if value is None:
+        return []
+    if cls is int:
+        return [value]
+    if cls is bytes:
+        return array("i", value).tolist()
+    if cls is tuple:
+        return list(range(*value))
+    return [int(b) for b in value]
+
+
+def _plain(kind: str, values: tuple) -> list:
+    out = []
+    for name, v in zip(EVENT_FIELDS[kind], values):
+        if name in BLOCK_FIELDS:
+            v = block_list(v)
+        elif name == "moves" and v is not None:
+            v = [list(m) for m in v]
+        out.append(v)
+    return out
+
+
+_PLAIN_KINDS = frozenset(k for k, f in EVENT_FIELDS.items() if BLOCK_FIELDS.intersection(f) or "moves" in f)
+
+
+def event_dict(row: tuple) -> dict:
+    """One stored tuple `(seq, ts, type, *values)` as the dict readers get."""
+    kind = row[2]
+    event = {"seq": row[0], "ts": row[1], "type": kind}
+    event.update(zip(EVENT_FIELDS[kind], _plain(kind, row[3:]) if kind in _PLAIN_KINDS else row[3:]))
+    return event
 
 
 class EventLog(EventRing):
@@ -11,8 +68,9 @@ class EventLog(EventRing):
     `allocator/_events.pxi` for the layout and invariants).
 
     Invariant: `seq` of the newest event == `last_seq`; events older than the ring's capacity are
-    dropped (readers see a gap in seq, never a reordering). `record(kind, *values)` takes the
-    kind's EVENT_FIELDS in order; `after()` turns events into dicts only when someone reads them.
+    dropped (readers see a gap in seq, never a reordering) unless a history (`sink`,
+    allocator/history.py) drained them first. `record(kind, *values)` takes the kind's
+    EVENT_FIELDS in order; `after()` turns events into dicts only when someone reads them.
     The compiled pool records its numeric events (allocate, free) without any Python object.
     """
 
@@ -23,3 +81,16 @@ class EventLog(EventRing):
 
     def __new__(cls, capacity: int = 10_000):
         return EventRing.__new__(cls, capacity, EVENT_FIELDS)
+
+    def after(self, seq: int = 0, limit: int = 1000, kinds=None, block_ids: bool = True) -> list[dict]:
+        """Events with seq > `seq`, oldest first, at most `limit`, as dicts {"seq", "ts",
+        "type", *fields}; kinds that change the map carry their `block_ids` (a list) whatever
+        `block_ids` says (kept for callers that ask for them)."""
+        out = []
+        for row in self.raw_after(seq):
+            if kinds is not None and row[2] not in kinds:
+                continue
+            out.append(event_dict(row))
+            if len(out) >= limit:
+                break
+        return out

@@ -183,7 +183,8 @@ class MirrorPool(Pool):
             bm.assign((s,), tree, CACHED)
             slots.append(s)
             prev = h
-        self.events.record("stored", slots, list(hashes), parent, token_ids, block_size, seq_id)
+        self.events.record("stored", slots, list(hashes), parent, token_ids, block_size, seq_id,
+                           [int(own[x]) if x >= 0 else -1 for x in slots], CACHED)
         return slots
 
     def remove(self, hashes: list[int], reason: str = "engine") -> list[int]:

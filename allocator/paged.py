@@ -7,6 +7,7 @@ import numpy as np
 from ._core import PagedCore
 from .blockmap import FREE, NO_OWNER, USED
 from .errors import NotFound
+from .events import stored_ids
 from .pool import Pool, free_mismatch, pair_runs
 
 
@@ -106,6 +107,7 @@ class PagedPool(Pool):
     def set_state(self, aid: int, state: int) -> None:
         """Mark the blocks of `aid` USED, CACHED or PINNED (the cache does this)."""
         self._core.set_state(aid, state)
+        self.events.record("state", aid, state, stored_ids(self._core.block_ids(aid)))
 
     def _reset_free_structure(self) -> None:
         if self._core is not None:
@@ -115,7 +117,7 @@ class PagedPool(Pool):
         new = self._core.extend(aid, nbytes)
         self.counters["extends"] += 1
         self.events.record("extend", aid, self._core.requested(aid), self.held_bytes(aid), False,
-                           block_ids=new)
+                           stored_ids(new), None, nbytes, self.state_of(aid))
         return False
 
     def _truncate(self, aid: int, nbytes: int) -> list[int]:

@@ -11,8 +11,9 @@ import numpy as np
 
 from .blockmap import CACHED, FREE, NO_OWNER, PINNED, STATE_NAMES, USED, BlockMap
 from .errors import ExceedsCapacity, InvalidRequest, NotFound, OutOfMemory, positive_int
-from .events import EventLog
+from .events import EventLog, stored_ids
 from .geometry import ModelGeometry, size_in_bytes
+from .history import DEFAULT_HISTORY_BYTES, History
 from .metrics import fragmentation_stats
 from .storage import BlockStorage
 from .vocab import STRATEGY_INFO
@@ -125,6 +126,7 @@ class Pool(ABC):
         model: ModelGeometry | None = None,
         tokens_per_block: int | None = None,
         event_capacity: int = 10_000,
+        history_bytes: int | None = DEFAULT_HISTORY_BYTES,
     ) -> None:
         positive_int(num_blocks, "num_blocks")
         positive_int(block_bytes, "block_bytes")
@@ -155,6 +157,9 @@ class Pool(ABC):
             "ooms_capacity": 0,
             "ooms_fragmentation": 0,
         }
+        # Every event since creation, packed with keyframes (allocator/history.py); None or 0
+        # bytes turns it off (simulators that only want numbers).
+        self.history = History(self, history_bytes) if history_bytes else None
 
     # -- sizes -------------------------------------------------------------------------
     @property
@@ -217,9 +222,10 @@ class Pool(ABC):
             raise InvalidRequest(
                 f"truncate to {nbytes} bytes would grow allocation {aid} of {rec[0]} bytes; use extend"
             )
-        freed = self._truncate(aid, nbytes)
+        removed = rec[0] - nbytes
+        freed = self._truncate(aid, nbytes)  # the rows it released
         self.counters["truncates"] += 1
-        self.events.record("truncate", aid, nbytes, self.held_bytes(aid), block_ids=freed)
+        self.events.record("truncate", aid, nbytes, self.held_bytes(aid), freed, removed)
 
     def victim_filter(self, nbytes: int, grow: int | None = None):
         """Which allocations, freed, could let a request of `nbytes` (or the growth of `grow` by
@@ -328,7 +334,9 @@ class Pool(ABC):
     def set_state(self, aid: int, state: int) -> None:
         """Mark the blocks of `aid` USED, CACHED or PINNED (the cache does this)."""
         self._record(aid)
-        self.blockmap.set_state(self._block_ids(aid), state)
+        blocks = self._block_ids(aid)
+        self.blockmap.set_state(blocks, state)
+        self.events.record("state", aid, state, stored_ids(blocks))
 
     def state_of(self, aid: int) -> int:
         blocks = self._block_ids(aid)
@@ -338,6 +346,7 @@ class Pool(ABC):
         """Compact live blocks to the low end with batched tensor copies, keeping every byte."""
         t0 = time.perf_counter()
         before = self._frag_summary()
+        moves_before = self.counters["moves"]
         runs, disjoint = self._compact()
         t_copy = time.perf_counter()
         self.storage.move_runs(runs, disjoint)
@@ -350,7 +359,8 @@ class Pool(ABC):
         self.counters["defragmentations"] += 1
         self.counters["moved_blocks"] += moved
         report = DefragReport(moved, moved * self.block_bytes, seconds, before, after, copy_seconds)
-        self.events.record("defragment", moved, moved * self.block_bytes, seconds, before, after)
+        self.events.record("defragment", moved, moved * self.block_bytes, seconds, before, after,
+                           runs, self.counters["moves"] - moves_before)
         return report
 
     def reset(self) -> int:

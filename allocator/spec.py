@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .errors import InvalidRequest, TooLarge, positive_int
 from .geometry import ModelGeometry, get_model
+from .history import DEFAULT_HISTORY_BYTES
 from .vocab import (
     DEFAULT_TOKENS_PER_BLOCK,
     FITS,
@@ -49,6 +50,7 @@ class PoolSpec:
     event_capacity: int = 10_000
     cache: CacheSpec | None = None
     prefix_policy: str | None = None  # set: a prefix-caching paged pool (allocator/prefix.py)
+    history_bytes: int | None = DEFAULT_HISTORY_BYTES  # 0 or None: no history (allocator/history.py)
 
     @property
     def capacity_bytes(self) -> int:
@@ -71,6 +73,7 @@ class PoolSpec:
         event_capacity: int = 10_000,
         cache: dict | CacheSpec | None = None,
         prefix_caching: dict | None = None,
+        history_bytes: int | None = DEFAULT_HISTORY_BYTES,
     ) -> PoolSpec:
         """Size by `num_blocks` or `capacity_bytes`; block size by `block_bytes` or by
         `tokens_per_block` (default 16) with a `model` geometry. Raises InvalidRequest."""
@@ -109,7 +112,7 @@ class PoolSpec:
         return cls(strategy, num_blocks, block_bytes, name=name, device="auto" if device is None else device, model=geometry,
                    tokens_per_block=tokens_per_block, fit=fit,
                    tiers=tuple(tiers) if isinstance(tiers, (list, tuple)) else tiers, event_capacity=event_capacity,
-                   cache=_cache_spec(cache), prefix_policy=prefix_policy)
+                   cache=_cache_spec(cache), prefix_policy=prefix_policy, history_bytes=history_bytes)
 
     def check_caps(self, max_blocks: int, max_bytes: int) -> None:
         """Raises TooLarge when the pool would pass a server's caps (before any memory is taken)."""
@@ -139,7 +142,8 @@ class PoolSpec:
             options["policy"] = self.prefix_policy
         pool = self.pool_class()(
             self.num_blocks, self.block_bytes, name=self.name, device=self.device, model=self.model,
-            tokens_per_block=self.tokens_per_block, event_capacity=self.event_capacity, **options)
+            tokens_per_block=self.tokens_per_block, event_capacity=self.event_capacity,
+            history_bytes=self.history_bytes, **options)
         if self.cache is not None:
             from .cache import KVCache
 

@@ -126,12 +126,13 @@ class TieredPool(Pool):
                 break
         else:
             raise self._tier_oom(nbytes)
-        self.blockmap.assign(tier.unit_rows(blocks), aid, state)
+        rows = tier.unit_rows(blocks)
+        self.blockmap.assign(rows, aid, state)
         self._allocs[aid] = [nbytes, i, blocks]
         held = n * tier.units
         self.requested_total += nbytes
         self.used_blocks += held
-        self.events.record("allocate", aid, nbytes, held * self.block_bytes, held)
+        self.events.record("allocate", aid, nbytes, held * self.block_bytes, held, rows, state)
 
     def _tier_oom(self, nbytes: int):
         free = (self.num_blocks - self.used_blocks) * self.block_bytes
@@ -152,34 +153,40 @@ class TieredPool(Pool):
         need = self._blocks_needed(tier, rec[0] + nbytes) - len(blocks)
         if need > len(tier.free):
             raise self._tier_oom(need * tier.units * self.block_bytes)
+        state = self.blockmap.state[tier.unit_rows(blocks[:1])[0]]
+        rows = None
         if need > 0:
             new = tier.free[-need:]
             del tier.free[-need:]
             new.reverse()
-            state = self.blockmap.state[tier.unit_rows(blocks[:1])[0]]
-            self.blockmap.assign(tier.unit_rows(new), aid, state)
+            rows = tier.unit_rows(new)
+            self.blockmap.assign(rows, aid, state)
             blocks.extend(new)
             self.used_blocks += need * tier.units
         rec[0] += nbytes
         self.requested_total += nbytes
         self.counters["extends"] += 1
-        self.events.record("extend", aid, rec[0], len(blocks) * tier.units * self.block_bytes, False)
+        self.events.record("extend", aid, rec[0], len(blocks) * tier.units * self.block_bytes, False,
+                           rows, None, nbytes, state)
         return False
 
-    def _truncate(self, aid: int, nbytes: int) -> None:
+    def _truncate(self, aid: int, nbytes: int):
         rec = self._allocs[aid]
         requested, i, blocks = rec
         tier = self.tiers[i]
         keep = self._blocks_needed(tier, nbytes)
         tail = blocks[keep:]
+        rows = None
         if tail:
             del blocks[keep:]
-            self.blockmap.assign(tier.unit_rows(tail), NO_OWNER, FREE)
+            rows = tier.unit_rows(tail)
+            self.blockmap.assign(rows, NO_OWNER, FREE)
             tail.reverse()
             tier.free.extend(tail)
             self.used_blocks -= len(tail) * tier.units
         rec[0] = nbytes
         self.requested_total += nbytes - requested
+        return rows
 
     def victim_filter(self, nbytes: int, grow: int | None = None):
         """Only blocks of a tier the request can use help it: the allocation's own tier when it
@@ -196,14 +203,15 @@ class TieredPool(Pool):
     def _release(self, aid: int) -> None:
         requested, i, blocks = self._allocs.pop(aid)
         tier = self.tiers[i]
-        self.blockmap.assign(tier.unit_rows(blocks), NO_OWNER, FREE)
+        rows = tier.unit_rows(blocks)
+        self.blockmap.assign(rows, NO_OWNER, FREE)
         blocks.reverse()
         tier.free.extend(blocks)
         held = len(blocks) * tier.units
         self.requested_total -= requested
         self.used_blocks -= held
         self._frees += 1
-        self.events.record("free", aid, held)
+        self.events.record("free", aid, held, rows, requested)
 
     def _block_ids(self, aid: int):
         _, i, blocks = self._allocs[aid]

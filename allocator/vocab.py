@@ -134,12 +134,19 @@ BLOCK_STATES: dict[str, int] = {s.name: s.code for s in BLOCK_STATE_INFO.values(
 STATE_NAMES: dict[int, str] = {s.code: s.name for s in BLOCK_STATE_INFO.values()}
 
 EVENT_KINDS: dict[str, EventKind] = _by_name(
-    EventKind("allocate", ("id", "requested_bytes", "allocated_bytes", "blocks"), "alloc"),
-    EventKind("extend", ("id", "requested_bytes", "allocated_bytes", "moved"), "alloc"),
-    EventKind("free", ("id", "blocks"), "alloc"),
-    EventKind("truncate", ("id", "requested_bytes", "allocated_bytes"), "alloc"),
+    # Map-changing kinds end with the block-map rows they change (`block_ids`: rows now owned;
+    # `freed_ids`: rows released; `moves`: (src, dst, count) runs applied in order) and what
+    # the history needs to rebuild the numbers (state code, bytes added or removed), so any
+    # past map replays exactly from a keyframe (allocator/history.py). Cache kinds (put, evict,
+    # remove) change the map through the allocate / extend / truncate / free they cause.
+    EventKind("allocate", ("id", "requested_bytes", "allocated_bytes", "blocks", "block_ids", "state"), "alloc"),
+    EventKind("extend", ("id", "requested_bytes", "allocated_bytes", "moved", "block_ids", "freed_ids",
+                         "added_bytes", "state"), "alloc"),
+    EventKind("free", ("id", "blocks", "block_ids", "requested_bytes"), "alloc"),
+    EventKind("truncate", ("id", "requested_bytes", "allocated_bytes", "block_ids", "removed_bytes"), "alloc"),
     EventKind("oom", ("requested_bytes", "free_bytes", "largest_free_bytes", "cause"), "oom"),
-    EventKind("defragment", ("moved_blocks", "moved_bytes", "seconds", "before", "after"), "defragment"),
+    EventKind("defragment", ("moved_blocks", "moved_bytes", "seconds", "before", "after", "moves",
+                             "moved_allocations"), "defragment"),
     EventKind("reset", ("freed",), "reset"),
     EventKind("put", ("key", "id", "bytes", "blocks"), "cache"),
     EventKind("hit", ("key",), "cache"),
@@ -149,8 +156,10 @@ EVENT_KINDS: dict[str, EventKind] = _by_name(
     EventKind("policy", ("policy",), "policy"),
     EventKind("workload", ("name", "state", "done", "total"), "workload"),
     # Prefix-cache events (the contract shared by issues 11, 13 and 14).
+    # `owners` / `state` (at the end, issue 14): each block's block-map owner and the state code
+    # the blocks took, so a history replays stored blocks exactly (-1 in `blocks`: no slot).
     EventKind("stored", ("blocks", "block_hashes", "parent_block_hash", "token_ids", "block_size",
-                         "seq_id"), "prefix"),
+                         "seq_id", "owners", "state"), "prefix"),
     EventKind("removed", ("blocks", "block_hashes", "reason"), "prefix"),
     EventKind("cleared", ("blocks", "block_hashes"), "prefix"),
     # Sequences of a prefix-caching pool: `blocks` of open are all its blocks (cached ones first),
@@ -158,6 +167,8 @@ EVENT_KINDS: dict[str, EventKind] = _by_name(
     EventKind("open", ("seq_id", "num_tokens", "cached_tokens", "blocks"), "seq"),
     EventKind("append", ("seq_id", "num_tokens", "blocks"), "seq"),
     EventKind("close", ("seq_id", "blocks"), "seq"),
+    # The blocks of allocation `id` took state code `state` (the cache pins and unpins).
+    EventKind("state", ("id", "state", "block_ids"), "cache"),
 )
 # Field names of each event kind, after the common (seq, ts, type) (allocator/events.py reads it).
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {k.name: k.fields for k in EVENT_KINDS.values()}

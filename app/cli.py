@@ -7,7 +7,8 @@ import gc
 import sys
 
 
-def serve(argv: list[str]) -> int:
+def serve(argv: list[str], opening: bool = False) -> int:
+    """`kvscope serve`, or with `opening`, `kvscope open FILE...` (the files served read-only)."""
     import dataclasses
     import secrets
 
@@ -23,7 +24,13 @@ def serve(argv: list[str]) -> int:
     except SettingsError as exc:
         print(f"kvscope serve: {exc}", file=sys.stderr)
         return 2
-    parser = argparse.ArgumentParser(prog="kvscope serve", description="Run the kvscope server.")
+    if opening:
+        parser = argparse.ArgumentParser(prog="kvscope open", description=(
+            "Serve recording files read-only, each as a pool named rec-<file name>, with the dashboard."))
+        parser.add_argument("files", nargs="+", help="recording files (.kvrec) made by `kvscope record` "
+                            "or POST /api/pools/{pool}/recording")
+    else:
+        parser = argparse.ArgumentParser(prog="kvscope serve", description="Run the kvscope server.")
     parser.add_argument("--host", default=settings.host)
     parser.add_argument("--port", type=int, default=settings.port)
     parser.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: KVSCOPE_DEVICE, auto)")
@@ -40,6 +47,17 @@ def serve(argv: list[str]) -> int:
         parser.error("--publish-replay-endpoint and --publish-topic need --publish")
     device = settings.device if args.device is None else args.device
     settings = dataclasses.replace(settings, host=args.host, port=args.port, device=device)
+    if opening:
+        from allocator.errors import KVScopeError
+        from allocator.recording import read_recording
+
+        for path in args.files:
+            try:
+                read_recording(path)
+            except KVScopeError as exc:
+                print(f"kvscope open: {exc}", file=sys.stderr)
+                return 2
+        settings = dataclasses.replace(settings, open_recordings=tuple(args.files))
     if settings.token is None and not args.no_token and not is_loopback_bind(args.host):
         # As Jupyter does: reachable from other machines means a token, printed once.
         settings = dataclasses.replace(settings, token=secrets.token_urlsafe(24))
@@ -80,8 +98,10 @@ def serve(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = ("usage: kvscope {serve,replay,scenario,prefix,mirror,recording} [options]\n"
+    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,mirror,recording} [options]\n"
              "  serve      run the server: dashboard, REST API, stream, metrics (kvscope serve -h)\n"
+             "  open       serve recording files read-only, scrubbable in the dashboard (kvscope open -h)\n"
+             "  record     run a scenario or trace headless on one pool, recording it (kvscope record -h)\n"
              "  replay     replay an LLM request trace through the serving simulator (kvscope replay -h)\n"
              "  scenario   run a fragmentation / chat / burst / prefix-chat scenario (kvscope scenario -h)\n"
              "  prefix     prefix-cache hit ratio vs capacity per policy on a Mooncake trace (kvscope prefix -h);\n"
@@ -94,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return serve(rest)
+    if command == "open":
+        return serve(rest, opening=True)
+    if command == "record":
+        from workloads.record import record_main
+
+        return record_main(rest)
     if command == "prefix" and any(a == "--publish" or a.startswith("--publish=") for a in rest):
         from . import cli_events
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from allocator.recording import RecordedPool
 
 from . import __version__
 from .errors import install_error_handlers
@@ -18,14 +21,26 @@ from .metrics import LatencyMiddleware, Metrics
 from .openapi import install_openapi
 from .pages import mount_static
 from .pages import router as pages_router
+from .recordings import Recordings, pool_name_for
 from .registry import Registry
-from .routes import allocations, entries, meta, ops, pools, sequences, stream, workload
+from .routes import (
+    allocations,
+    entries,
+    history,
+    meta,
+    ops,
+    pools,
+    recordings,
+    sequences,
+    stream,
+    workload,
+)
 from .security import SecurityMiddleware
 from .settings import Settings, get_settings
 from .stream import Hub
 
 API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router, meta.router,
-               sequences.router)
+               sequences.router, history.router, recordings.router)
 
 
 def default_pool_spec(settings: Settings) -> dict:
@@ -50,8 +65,12 @@ async def lifespan(app: FastAPI):
             await start_pool(registry, hub, spec, **options)
     elif "default" not in registry:
         hub.attach(registry.create(default_pool_spec(app.state.settings)))
+    for path in app.state.settings.open_recordings:  # kvscope open FILE
+        pool = RecordedPool(path, pool_name_for(Path(path).stem))
+        hub.attach(registry.adopt(pool.name, pool))
     app.state.housekeeper.start()
     yield
+    app.state.recordings.stop_all()
     await app.state.housekeeper.stop()
     for handle in registry:
         await hub.detach(handle, reason="server shutting down")
@@ -72,6 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.registry = Registry(settings)
     app.state.instance = Instance.new()
     app.state.hub = Hub(settings.stream_interval_s, app.state.instance, settings)
+    app.state.recordings = Recordings(settings.recordings_dir, app.state.registry)
     app.state.housekeeper = Housekeeper(app.state.registry)
     app.state.metrics = Metrics(app.state.registry)
     install_error_handlers(app)

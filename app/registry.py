@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from allocator import MirrorPool, Pool, PoolSpec
 from allocator.errors import Conflict, ExceedsCapacity, NotFound, TooLarge
+from allocator.history import DEFAULT_HISTORY_BYTES
 
 from .settings import Settings, total_pool_cap
 
@@ -144,8 +146,20 @@ class Registry:
         if held + planned > self.total_cap:
             raise Conflict(f"pools already hold {held} of the server's {self.total_cap} bytes "
                            f"(KVSCOPE_MAX_TOTAL_BYTES): {planned} more do not fit; delete a pool first")
+        if spec.history_bytes == DEFAULT_HISTORY_BYTES and s.history_bytes != DEFAULT_HISTORY_BYTES:
+            spec = dataclasses.replace(spec, history_bytes=s.history_bytes)
         handle = PoolHandle(spec.name, spec.build())
         self._pools[spec.name] = handle
+        return handle
+
+    def adopt(self, name: str, pool) -> PoolHandle:
+        """Register an already built pool (an opened recording). Raises Conflict."""
+        if name in self._pools:
+            raise Conflict(f"pool {name!r} already exists")
+        if len(self._pools) >= self.settings.max_pools:
+            raise Conflict(f"at most {self.settings.max_pools} pools; delete one first")
+        handle = PoolHandle(name, pool)
+        self._pools[name] = handle
         return handle
 
     def _create_mirror(self, spec: dict) -> PoolHandle:

@@ -376,6 +376,7 @@ class BlockMapOut(BaseModel):
     num_blocks: int
     states: dict[str, str]
     runs: list[list[int]]
+    at_seq: int | None = Field(None, description="the event seq this map is of (absent for the live map)")
 
 
 # -- sequences (prefix caching) ------------------------------------------------------------------

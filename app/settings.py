@@ -90,6 +90,9 @@ class Settings:
     max_stream_clients_per_pool: int = 16
     stream_stall_s: float = 5.0
     head_timeout_s: float = 10.0  # a connection must send a complete request head this soon
+    recordings_dir: str = "recordings"  # where POST .../recording writes its .kvrec files
+    history_bytes: int = 64 * MIB  # each pool's in-memory history budget (0: no history)
+    open_recordings: tuple[str, ...] = ()  # recording files served read-only (kvscope open)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -113,6 +116,8 @@ class Settings:
             max_stream_clients_per_pool=_env_int("KVSCOPE_MAX_STREAM_CLIENTS_PER_POOL", 16, 1),
             stream_stall_s=_env_int("KVSCOPE_STREAM_STALL_MS", 5000, 100) / 1000,
             head_timeout_s=_env_int("KVSCOPE_HEAD_TIMEOUT_MS", 10_000, 100) / 1000,
+            recordings_dir=os.environ.get("KVSCOPE_RECORDINGS_DIR") or "recordings",
+            history_bytes=_env_int("KVSCOPE_HISTORY_BYTES", 64 * MIB),
         )
 
     def check_default_pool(self) -> None:

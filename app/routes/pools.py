@@ -6,7 +6,7 @@ import asyncio
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response, status
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from allocator import STATE_NAMES
 from allocator.errors import InvalidRequest
@@ -29,6 +29,7 @@ from ..schemas import (
     StatsOut,
 )
 from ..stream import blockmap_runs_array, json_runs_chunks, snapshot_frame
+from .history import AtSeq, blockmap_at, stats_at
 
 router = APIRouter(prefix="/api/pools", tags=["pools"])
 
@@ -73,7 +74,11 @@ async def defragment(handle: PoolDep) -> dict:
 
 
 @router.get("/{pool}/stats", response_model=StatsOut, response_model_exclude_unset=True)
-async def pool_stats(handle: PoolDep) -> dict:
+async def pool_stats(handle: PoolDep, at_seq: AtSeq = None) -> dict:
+    """The pool's numbers now, or right after event `at_seq` (see /history; the cache's own
+    figures are not kept for past points)."""
+    if at_seq is not None:
+        return await stats_at(handle, at_seq)
     return handle.pool.stats()
 
 
@@ -118,16 +123,23 @@ async def pool_events(
         "schema": {"type": "string", "format": "binary"},
         "description": "a snapshot frame (docs/STREAM.md)"}}}},
     description="JSON runs, or a binary snapshot frame with `format=binary` (or, without `format`, "
-                "`Accept: application/octet-stream`). `format` is `json` or `binary`; anything else is 422.",
+                "`Accept: application/octet-stream`). `format` is `json` or `binary`; anything else is 422. "
+                "With `at_seq`, the runs as they were right after that event (JSON only; 404 outside "
+                "the kept history, see /history).",
 )
 async def blockmap(
     handle: PoolDep,
     format: Annotated[Literal["json", "binary"] | None, Query(description="json or binary")] = None,
     accept: Annotated[str | None, Header()] = None,
+    at_seq: AtSeq = None,
 ) -> Response:
     bm = handle.pool.blockmap
     if format is None:
-        format = "binary" if accept and "application/octet-stream" in accept else "json"
+        format = "binary" if accept and "application/octet-stream" in accept and at_seq is None else "json"
+    if at_seq is not None:
+        if format != "json":
+            raise InvalidRequest("at_seq answers in JSON only; use format=json")
+        return JSONResponse(await blockmap_at(handle, at_seq))
     if format == "binary":
         return Response(await run_locked(lambda: snapshot_frame(bm, 0)), media_type="application/octet-stream")
     runs = await run_locked(lambda: blockmap_runs_array(bm))

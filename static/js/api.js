@@ -148,5 +148,24 @@ export function pool(name) {
     stopWorkload: () => api("DELETE", `${base}/workload`),
     /** A prefix-caching pool's block: refcount, hash, depth, hits (the tooltip). @param {number} b */
     block: (b) => api("GET", `${base}/prefix-cache/blocks/${b}`),
+    /** The kept history's range: {first_seq, last_seq, dropped_events, ...} */
+    history: () => api("GET", `${base}/history`),
+    /** @param {{after?: number, limit?: number, kinds?: string[]}} q */
+    historyEvents: (q) =>
+      api("GET", `${base}/history/events?after=${q.after || 0}&limit=${q.limit || 1000}${q.kinds ? `&kinds=${q.kinds.join(",")}` : ""}`),
+    /** @param {number} seq the map right after event `seq` */
+    blockmapAt: (seq) => api("GET", `${base}/blockmap?format=json&at_seq=${seq}`),
+    /** @param {number} seq */
+    statsAt: (seq) => api("GET", `${base}/stats?at_seq=${seq}`),
+    /** @param {string} [name] */
+    startRecording: (name) => api("POST", `${base}/recording`, name ? { name } : {}),
+    stopRecording: () => api("DELETE", `${base}/recording`),
   };
 }
+
+/** Recording files on the server (app/routes/recordings.py). */
+export const recordings = {
+  list: () => api("GET", "/api/recordings"),
+  /** @param {string} name @returns {Promise<{name: string}>} the pool it is served as */
+  open: (name) => api("POST", `/api/recordings/${encodeURIComponent(name)}/open`, {}),
+};

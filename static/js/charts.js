@@ -63,6 +63,23 @@ const CHARTS = [
  */
 export function createCharts(root, model) {
   root.classList.add("charts");
+  /** Time (unix s) of the moment the timeline shows, drawn as a dashed line; null when live. @type {number|null} */
+  let markTs = null;
+  /** @param {uPlot} u */
+  function drawMark(u) {
+    if (markTs == null) return;
+    const x = u.valToPos(markTs, "x", true);
+    if (!(x >= u.bbox.left && x <= u.bbox.left + u.bbox.width)) return;
+    const ctx = u.ctx;
+    ctx.save();
+    ctx.strokeStyle = "#e6edf3";
+    ctx.setLineDash([4, 3]);
+    ctx.beginPath();
+    ctx.moveTo(x, u.bbox.top);
+    ctx.lineTo(x, u.bbox.top + u.bbox.height);
+    ctx.stroke();
+    ctx.restore();
+  }
   const plots = CHARTS.map((def) => {
     const box = document.createElement("div");
     box.className = "chart";
@@ -91,6 +108,7 @@ export function createCharts(root, model) {
       legend: { show: true, live: false },
       cursor: { show: true, points: { show: false }, drag: { x: false, y: false } },
       series: [{}, ...def.series.map((s) => ({ ...s, points: { show: false }, spanGaps: false }))],
+      hooks: { draw: [drawMark] },
     };
     const plot = new uPlot(opts, [[], ...def.series.map(() => [])], box);
     return { def, plot, box };
@@ -143,6 +161,12 @@ export function createCharts(root, model) {
 
   return {
     update,
+    /** Mark the moment the timeline shows (unix s), or null for none (live). @param {number|null} ts */
+    mark(ts) {
+      markTs = ts;
+      for (const { plot } of plots) plot.redraw(false, false);
+    },
+    marked: () => markTs,
     destroy() {
       ro.disconnect();
       for (const { plot } of plots) plot.destroy();

@@ -100,7 +100,7 @@ export function createControls(env) {
   const alloc = createAllocTab(ctx);
   createCacheTab(ctx);
   const workload = createWorkloadTab(ctx);
-  createPoolTab(ctx, alloc);
+  const poolTab = createPoolTab(ctx, alloc);
 
   // tabs
   document.querySelectorAll(".controls-panel [data-tab]").forEach((b) =>
@@ -113,5 +113,9 @@ export function createControls(env) {
     }),
   );
 
-  return { status, showProgress: workload.showProgress, clearChips: alloc.clearChips };
+  const clearChips = () => {
+    alloc.clearChips();
+    poolTab.forgetRecording();
+  };
+  return { status, showProgress: workload.showProgress, clearChips };
 }

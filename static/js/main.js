@@ -11,6 +11,7 @@ import { createHeatmap } from "./heatmap.js";
 import { PoolModel, formatBytes } from "./model.js";
 import { FOREST_REFRESH_MS, describeMirror, mirrorAlerts } from "./mirror.js";
 import { PANEL_REFRESH_MS, numbersHtml, renderAlerts, renderLog, selectedTypes } from "./panels.js";
+import { createTimeline } from "./timeline.js";
 
 const $ = (sel) => /** @type {HTMLElement} */ (document.querySelector(sel));
 const body = document.body;
@@ -40,6 +41,10 @@ let socket = null;
 let heatmap = null;
 /** @type {ReturnType<typeof createCharts>|null} */
 let charts = null;
+/** @type {ReturnType<typeof createTimeline>|null} */
+let timeline = null;
+/** The past moment shown instead of the live pool (timeline), or null when live. @type {PoolModel|null} */
+let pastModel = null;
 let panelTimer = 0;
 let logDirty = true;
 
@@ -101,7 +106,8 @@ function refreshForest() {
 
 function renderPanels() {
   panelTimer = 0;
-  $("#numbers").innerHTML = numbersHtml(model.stats, model.evictionsPerSec(), mirrorForest);
+  const shown = pastModel || model;
+  $("#numbers").innerHTML = numbersHtml(shown.stats, pastModel ? 0 : model.evictionsPerSec(), mirrorForest);
   renderAlerts($("#alerts"), model.alerts().concat(mirrorAlerts(model.stats)));
   refreshForest();
   if (logDirty) {
@@ -155,12 +161,21 @@ function describePool() {
   $("#pool-meta").textContent = extra.join(" · ");
 }
 
+/** Draw the map of `shownModel` (the live model, or a past moment from the timeline). @param {PoolModel} shownModel */
+function drawMap(shownModel) {
+  if (heatmap) heatmap.destroy();
+  heatmap = createHeatmap($("#heatmap"), shownModel, { fetchAllocation: (id) => poolApi(poolName).allocation(id) });
+  shownModel.markAllDirty();
+  heatmap.schedule();
+}
+
 /** Close the current pool's stream and drop what was drawn of it. */
 function disconnect() {
   if (socket) socket.close();
   if (heatmap) heatmap.destroy();
   if (charts) charts.destroy();
-  socket = heatmap = charts = null;
+  if (timeline) timeline.destroy();
+  socket = heatmap = charts = timeline = pastModel = null;
 }
 
 function connect(name) {
@@ -174,6 +189,17 @@ function connect(name) {
     fetchBlock: (b) => poolApi(poolName).block(b),
   });
   charts = createCharts($("#charts"), model);
+  timeline = createTimeline($("#timeline"), {
+    getPool: () => poolName,
+    getLiveModel: () => model,
+    onShow: (past, ts) => {
+      pastModel = past;
+      drawMap(past || model);
+      if (charts) charts.mark(ts);
+      renderPanels();
+    },
+    status: (m, k) => controls.status(m, k),
+  });
   logDirty = true;
   renderPanels();
   socket = feedPool(name, model, {
@@ -290,8 +316,13 @@ Object.defineProperty(window, "kvscope", {
     blockColor: (i) => (heatmap ? heatmap.blockColor(i) : null),
     setMode: (m) => heatmap && heatmap.setMode(m),
     modelCounts: () => model.countStates(),
-    /** Distinct owner ids on the map, ascending (the browser tests compare them to REST). */
-    owners: () => Array.from(new Set(model.owner)).filter((o) => o >= 0).sort((a, b) => a - b),
+    /** Distinct owner ids on the shown map (live or past), ascending (the browser tests compare them to REST). */
+    owners: () => Array.from(new Set((pastModel || model).owner)).filter((o) => o >= 0).sort((a, b) => a - b),
+    /** The timeline: {mode: "live"|"past", seq, first, last, shown, markers}. */
+    timeline: () => (timeline ? timeline.state() : null),
+    shownStats: () => (pastModel || model).stats,
+    /** Time (unix s) the charts mark for the timeline's moment, or null. */
+    chartMark: () => (charts ? charts.marked() : null),
     stats: () => model.stats,
     alerts: () => model.alerts().concat(mirrorAlerts(model.stats)),
     events: () => model.events.slice(),

@@ -1,6 +1,7 @@
 // Controls, Pool tab: defragment, reset, check, create a pool, delete this one.
 
-import { pool as poolApi, pools } from "./api.js";
+import { pool as poolApi, pools, recordings } from "./api.js";
+import { escapeHtml } from "./dom.js";
 import { formatBytes } from "./model.js";
 
 /**
@@ -60,5 +61,48 @@ export function createPoolTab(ctx, alloc) {
       return `deleted pool ${name}`;
     });
   });
-  return {};
+  let recording = false;
+  const recordBtn = $("#b-record");
+  recordBtn.addEventListener("click", () =>
+    act(recording ? "stop recording" : "record", async () => {
+      if (recording) {
+        const r = await client().stopRecording();
+        recording = false;
+        recordBtn.textContent = "Record";
+        return `recorded ${r.events} events to ${r.name}`;
+      }
+      const r = await client().startRecording();
+      recording = true;
+      recordBtn.textContent = "Stop recording";
+      return `recording to ${r.name}`;
+    }),
+  );
+  const list = $("#recording-list");
+  async function showRecordings() {
+    const data = await recordings.list();
+    list.hidden = false;
+    list.innerHTML = data.recordings.length
+      ? data.recordings
+          .map((r) => `<li data-name="${escapeHtml(r.name)}"><span>${escapeHtml(r.name)} · ${r.pool || "?"} · events ${r.start_seq}..${r.last_seq}${r.recording ? " · recording" : ""}</span> <button type="button" class="ghost" data-open="${escapeHtml(r.name)}">Open</button></li>`)
+          .join("")
+      : "<li>no recordings yet</li>";
+    return `${data.recordings.length} recording(s) in ${data.directory}`;
+  }
+  $("#b-recordings").addEventListener("click", () => act("list recordings", showRecordings));
+  list.addEventListener("click", (ev) => {
+    const name = /** @type {HTMLElement} */ (ev.target).dataset?.open;
+    if (!name) return;
+    act("open recording", async () => {
+      const r = await recordings.open(name);
+      env.onPoolCreated(r.name);
+      return `opened ${name} as pool ${r.name} (read-only)`;
+    });
+  });
+  return {
+    /** The shown pool changed: its recording state is unknown until asked. */
+    forgetRecording() {
+      recording = false;
+      recordBtn.textContent = "Record";
+    },
+  };
 }

@@ -1,0 +1,721 @@
+"""History: a pool's whole event history with keyframes, so any past block map can be rebuilt."""
+
+from __future__ import annotations
+
+import gc
+import io
+import pickle
+import zlib
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .blockmap import FREE, NO_OWNER, STATE_NAMES
+from .errors import NotFound
+from .events import event_dict
+from .metrics import fragmentation_stats
+
+DEFAULT_HISTORY_BYTES = 64 << 20
+# Events between keyframes: num_blocks / KEYFRAME_BLOCKS_PER_EVENT, at least one ring's worth,
+# at most KEYFRAME_EVENTS. A keyframe costs ~15 ns per block (copy + zlib), replay ~1 us per
+# event, the compiled hot path ~0.1 us per event: one keyframe per num_blocks events keeps
+# keyframes under ~15% of the hot path and a read under ~100 ms (65,536 blocks: ~50 ms worst).
+KEYFRAME_EVENTS = 131_072
+KEYFRAME_BLOCKS_PER_EVENT = 1
+COUNTER_NAMES = ("extends", "truncates", "moves", "moved_blocks", "defragmentations",
+                 "ooms_capacity", "ooms_fragmentation")
+
+
+class OutsideHistory(NotFound):
+    """A point before the oldest kept event or after the newest one."""
+
+    def __init__(self, seq: int, first: int, last: int, dropped: int) -> None:
+        why = (f"; older events were dropped to keep the history within its memory budget "
+               f"({dropped} so far)" if dropped and seq < first else "")
+        super().__init__("history point", seq)
+        self.args = (f"event seq {seq} is outside the history, which holds seq {first}..{last}{why}",)
+        self.first, self.last = first, last
+
+    def details(self) -> dict:
+        return {"kind": self.kind, "id": self.ident, "first_seq": self.first, "last_seq": self.last}
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Loads only plain data (tuples, lists, dicts, numbers, strings, bytes, None) and ranges:
+    a recording file from elsewhere cannot make the loader import or call anything else."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) == ("builtins", "range"):
+            return range
+        raise pickle.UnpicklingError(f"recording data may not name {module}.{name}")
+
+
+def safe_loads(blob: bytes):
+    """`pickle.loads` restricted to what the history writes. Raises pickle.UnpicklingError."""
+    return _PlainUnpickler(io.BytesIO(blob)).load()
+
+
+@dataclass(frozen=True, slots=True)
+class Keyframe:
+    """The block map and the numbers right after event `seq` (owner int32 and state uint8
+    arrays, zlib-compressed), from which events after `seq` replay."""
+
+    seq: int
+    owner_z: bytes
+    state_z: bytes
+    requested: int
+    allocations: int  # live allocation count
+    last_id: int
+    frees: int
+    counters: tuple  # values of COUNTER_NAMES
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.owner_z) + len(self.state_z) + 200
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        owner = np.frombuffer(zlib.decompress(self.owner_z), dtype=np.int32).copy()
+        state = np.frombuffer(zlib.decompress(self.state_z), dtype=np.uint8).copy()
+        return owner, state
+
+    def to_row(self) -> dict:
+        return {"seq": self.seq, "owner_z": self.owner_z, "state_z": self.state_z,
+                "scalars": pickle.dumps((self.requested, self.allocations, self.last_id, self.frees,
+                                         self.counters), 4)}
+
+    @classmethod
+    def from_row(cls, seq: int, owner_z: bytes, state_z: bytes, scalars: bytes) -> Keyframe:
+        requested, allocations, last_id, frees, counters = safe_loads(scalars)
+        return cls(seq, owner_z, state_z, requested, allocations, last_id, frees, tuple(counters))
+
+
+COLUMNS = "cols1"  # marks a segment stored as EventRing.export() columns
+NVALS = 6  # int64 values per numeric event (allocator/_events.pxi)
+FLAG_OBJ = 0x80
+CODE_MASK = 0x3F
+
+
+def rows_of_columns(data: tuple) -> list[tuple]:
+    """Columns (see Segment.pack_columns) back to flat tuples in the vocabulary's layout, as
+    EventRing.raw_after() makes them: numeric allocate (id, requested, allocated, blocks,
+    block_ids, state), free (id, blocks, block_ids, requested_bytes)."""
+    _, first, last, ts, kind, vals, aux, nids, ids, objs, names = data
+    ts = np.frombuffer(ts, dtype=np.float64).tolist()
+    kind = np.frombuffer(kind, dtype=np.uint8).tolist()
+    vals = np.frombuffer(vals, dtype=np.int64).reshape(-1, NVALS).tolist()
+    aux = np.frombuffer(aux, dtype=np.uint8).tolist()
+    nids = np.frombuffer(nids, dtype=np.int32).tolist()
+    id_arr = np.frombuffer(ids, dtype=np.int32)
+    out: list[tuple] = []
+    pos = oi = 0
+    for i, k in enumerate(kind):
+        seq = first + i
+        if k & FLAG_OBJ:
+            out.append((seq, ts[i], names[k & CODE_MASK]) + tuple(objs[oi]))
+            oi += 1
+            continue
+        m = nids[i]
+        if m == 1:
+            bid = int(id_arr[pos])
+        elif m > 1:
+            bid = id_arr[pos:pos + m].tobytes()
+        else:
+            bid = None
+        pos += max(m, 0)
+        v = vals[i]
+        name = names[k & CODE_MASK]
+        if name == "free":
+            out.append((seq, ts[i], name, v[0], v[1], bid, v[2]))
+        else:
+            out.append((seq, ts[i], name, v[0], v[1], v[2], v[3], bid, aux[i]))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Events first..last (contiguous seqs) as a pickle of the stored tuples (not compressed:
+    zlib would double the packing cost on the allocator's hot path for ~3x less memory)."""
+
+    first: int
+    last: int
+    blob: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.blob) + 100
+
+    def rows(self) -> list[tuple]:
+        data = safe_loads(self.blob)
+        if data.__class__ is tuple and data and data[0] == COLUMNS:
+            return rows_of_columns(data)
+        return data
+
+    @classmethod
+    def pack_columns(cls, cols: tuple) -> Segment:
+        """From `EventRing.export()`: the columns as they come (bytes), no object per event."""
+        buf = io.BytesIO()
+        pickler = pickle.Pickler(buf, 5)
+        pickler.fast = True
+        pickler.dump((COLUMNS,) + cols)
+        return cls(cols[0], cols[1], buf.getvalue())
+
+    @classmethod
+    def pack(cls, rows: list[tuple]) -> Segment:
+        buf = io.BytesIO()
+        pickler = pickle.Pickler(buf, 5)
+        pickler.fast = True  # no memo: ~30% faster, and events hold no shared or cyclic objects
+        pickler.dump(rows)
+        return cls(rows[0][0], rows[-1][0], buf.getvalue())
+
+
+def keyframe_of(seq: int, owner: np.ndarray, state: np.ndarray, requested: int, allocations: int,
+                last_id: int, frees: int, counters) -> Keyframe:
+    return Keyframe(seq, zlib.compress(owner.tobytes(), 1), zlib.compress(state.tobytes(), 1),
+                    requested, allocations, last_id, frees, tuple(counters))
+
+
+class History:
+    """Every event of one pool since it was made (or since the oldest kept keyframe), packed.
+
+    The pool's EventLog ring holds the newest events as tuples; before it would drop one, the
+    log calls `spill()`, which packs the ring's unconsumed events into a `Segment` and, every
+    `keyframe_every` events, snapshots the live block map and counters as a `Keyframe`. The
+    hot path pays one comparison per event; the packing (~0.3 us an event) is amortised.
+
+    Invariants: `keyframes[0].seq == first_seq`; segments cover first_seq+1..consumed
+    contiguously and the ring holds consumed+1..events.last_seq; `nbytes <= max_bytes` after
+    every spill except while only one keyframe is kept. When over budget the oldest keyframe
+    and the segments before the next one are dropped (`dropped_events` counts them).
+    """
+
+    def __init__(self, pool, max_bytes: int = DEFAULT_HISTORY_BYTES,
+                 keyframe_every: int | None = None) -> None:
+        self.pool = pool
+        self.max_bytes = max_bytes
+        # Events recorded from Python (contiguous, tiered) cost ~10x a compiled one: keyframes
+        # four times as often cost them the same share and halve the reads.
+        per_event = KEYFRAME_BLOCKS_PER_EVENT * (1 if hasattr(type(pool), "_core") else 4)
+        self.keyframe_every = keyframe_every or max(
+            pool.events.capacity, min(KEYFRAME_EVENTS, pool.num_blocks // per_event))
+        self._has_ranges = pool.strategy == "contiguous"  # its events name runs as ranges
+        self.keyframes: list[Keyframe] = []
+        self.segments: list[Segment] = []
+        self.nbytes = 0
+        self.dropped_events = 0
+        self.consumed = self.origin_seq = pool.events.last_seq
+        if hasattr(pool, "_allocs"):
+            self._add_keyframe(self._snapshot())
+        else:  # made from Pool.__init__, before the strategy's structures exist: pool empty
+            bm = pool.blockmap
+            self._add_keyframe(keyframe_of(self.consumed, bm.owners_np(), bm.states_np(), 0, 0, 0, 0,
+                                           [0] * len(COUNTER_NAMES)))
+        pool.events.sink = self
+        self._arm()
+
+    @property
+    def first_seq(self) -> int:
+        return self.keyframes[0].seq
+
+    # -- writing (called by the EventLog) --------------------------------------------------------
+    def _arm(self) -> None:
+        """Ask for the next spill before the ring (or its block-id ring) would drop an event
+        not consumed yet: a spill comes right after an event, so leave one event's room."""
+        events = self.pool.events
+        events.spill_at = self.consumed + events.capacity - 1
+        events.spill_bpos = events.bpos + events.bcap // 2
+
+    def _snapshot(self) -> Keyframe:
+        p = self.pool
+        last_id = p._last_id
+        newest = p.events.raw_after(p.events.last_seq - 1) if len(p.events) else ()
+        if newest and newest[0][2] == "allocate":
+            # Strategies other than paged record the allocate before Pool.allocate stores the id.
+            last_id = max(last_id, newest[0][3])
+        return keyframe_of(p.events.last_seq, p.blockmap.owners_np(), p.blockmap.states_np(),
+                           p.requested_total, len(p), last_id, p._frees,
+                           [p.counters[n] for n in COUNTER_NAMES])
+
+    def _add_keyframe(self, kf: Keyframe) -> None:
+        self.keyframes.append(kf)
+        self.nbytes += kf.nbytes
+
+    def spill(self) -> None:
+        """Pack the ring's unconsumed events; keyframe the live map when one is due."""
+        events = self.pool.events
+        cols = events.export(self.consumed)
+        if cols is not None and cols[0] != self.consumed + 1:
+            # The ring dropped events before they reached us (an event with more block ids
+            # than half the id ring): start over from a keyframe of the map now.
+            self._restart()
+            return
+        if cols is not None:
+            if self._has_ranges:
+                cols = cols[:8] + ([_packable_values(v) for v in cols[8]],) + cols[9:]
+            seg = Segment.pack_columns(cols)
+            self.segments.append(seg)
+            self.nbytes += seg.nbytes
+            self.consumed = seg.last
+            # Keyframe now unless the next spill would still be within the interval.
+            if self.consumed + events.capacity - self.keyframes[-1].seq > self.keyframe_every:
+                self._add_keyframe(self._snapshot())
+            if self.nbytes > self.max_bytes:
+                self._trim()
+        self._arm()
+
+    def _restart(self) -> None:
+        """Forget everything kept (counted as dropped) and keep from a keyframe of now."""
+        kf = self._snapshot()
+        self.dropped_events = kf.seq - self.origin_seq
+        self.keyframes, self.segments = [kf], []
+        self.nbytes = kf.nbytes
+        self.consumed = kf.seq
+        self._arm()
+
+    def _trim(self) -> None:
+        if len(self.keyframes) < 2 and self.consumed > self.keyframes[-1].seq:
+            self._add_keyframe(self._snapshot())  # so the older one can go
+        while self.nbytes > self.max_bytes and len(self.keyframes) >= 2:
+            old = self.keyframes.pop(0)
+            self.nbytes -= old.nbytes
+            keep_from = self.keyframes[0].seq
+            while self.segments and self.segments[0].first <= keep_from:
+                seg = self.segments[0]
+                if seg.last > keep_from:  # split: keep the events after the keyframe
+                    rows = [r for r in seg.rows() if r[0] > keep_from]
+                    self.segments[0] = Segment.pack(rows)
+                    self.nbytes += self.segments[0].nbytes - seg.nbytes
+                    break
+                self.segments.pop(0)
+                self.nbytes -= seg.nbytes
+            self.dropped_events = keep_from - self.origin_seq
+
+    def rollback(self, seq: int) -> None:
+        """Forget what was consumed after `seq` (the EventLog truncated a rolled-back batch)."""
+        while self.keyframes[-1].seq > seq and len(self.keyframes) > 1:
+            self.nbytes -= self.keyframes.pop().nbytes
+        if self.keyframes[-1].seq > seq:  # the only keyframe is newer: retake it now
+            self.nbytes -= self.keyframes.pop().nbytes
+            self._add_keyframe(self._snapshot())
+        while self.segments and self.segments[-1].last > seq:
+            seg = self.segments.pop()
+            self.nbytes -= seg.nbytes
+            if seg.first <= seq:
+                kept = Segment.pack([r for r in seg.rows() if r[0] <= seq])
+                self.segments.append(kept)
+                self.nbytes += kept.nbytes
+        self.consumed = min(self.consumed, seq)
+        self.consumed = max(self.consumed, self.keyframes[-1].seq)
+        self._arm()
+
+    # -- reading ------------------------------------------------------------------------------
+    def view(self) -> HistoryView:
+        """An immutable snapshot of the history up to now, safe to read from another thread."""
+        p = self.pool
+        return HistoryView(
+            geometry=pool_geometry(p), keyframes=list(self.keyframes), segments=list(self.segments),
+            tail=p.events.raw_after(self.consumed), last_seq=p.events.last_seq,
+            dropped_events=self.dropped_events)
+
+    def info(self) -> dict:
+        return {"first_seq": self.first_seq, "last_seq": self.pool.events.last_seq,
+                "keyframes": len(self.keyframes), "bytes": self.nbytes, "max_bytes": self.max_bytes,
+                "dropped_events": self.dropped_events, "keyframe_every": self.keyframe_every}
+
+
+def pool_geometry(pool) -> dict:
+    """What replay needs to know of a pool besides its events (plain data, stored in recordings)."""
+    geo = {"strategy": pool.strategy, "num_blocks": pool.num_blocks, "block_bytes": pool.block_bytes,
+           "scatter_fails": pool.scatter_fails}
+    if pool.strategy == "tiered":
+        geo["tiers"] = [{"name": t.name, "units": t.units, "start": t.start, "count": t.count}
+                        for t in pool.tiers]
+    if pool.strategy == "contiguous":
+        geo["fit"] = pool.fit
+    return geo
+
+
+def _rows(value) -> np.ndarray | slice | int | None:
+    """A stored block-id field as an index for numpy."""
+    if value is None:
+        return None
+    cls = value.__class__
+    if cls is int:
+        return value
+    if cls is bytes:
+        return np.frombuffer(value, dtype=np.int32) if value else None
+    if cls is range:
+        return slice(value.start, value.stop)
+    if cls is tuple:  # a packed range
+        return slice(value[0], value[1])
+    return np.asarray(value, dtype=np.int64) if len(value) else None
+
+
+def _count(value) -> int:
+    if value is None:
+        return 0
+    cls = value.__class__
+    if cls is int:
+        return 1
+    if cls is bytes:
+        return len(value) // 4
+    if cls is tuple:
+        return value[1] - value[0]
+    return len(value)
+
+
+def _packable_values(values: tuple) -> tuple:
+    """One event's values with ranges as (start, stop) (a range pickles ~30x slower)."""
+    if range in map(type, values):
+        return tuple((v.start, v.stop) if v.__class__ is range else v for v in values)
+    return values
+
+
+def _packable(rows: list[tuple]) -> list[tuple]:
+    """Rows with ranges turned into (start, stop) tuples (a range pickles ~30x slower)."""
+    out = []
+    for r in rows:
+        if range in map(type, r):
+            r = tuple((v.start, v.stop) if v.__class__ is range else v for v in r)
+        out.append(r)
+    return out
+
+
+class Replayer:
+    """Block map and numbers being rolled forward one stored event at a time."""
+
+    __slots__ = ("owner", "state", "requested", "allocations", "last_id", "frees", "counters", "seq")
+
+    def __init__(self, kf: Keyframe) -> None:
+        self.owner, self.state = kf.arrays()
+        self.requested, self.allocations, self.last_id, self.frees = (
+            kf.requested, kf.allocations, kf.last_id, kf.frees)
+        self.counters = dict(zip(COUNTER_NAMES, kf.counters))
+        self.seq = kf.seq
+
+    def apply(self, row: tuple) -> None:
+        kind = row[2]
+        owner, state = self.owner, self.state
+        if kind == "allocate":
+            idx = _rows(row[7])
+            if idx is not None:
+                owner[idx] = row[3]
+                state[idx] = row[8]
+            self.requested += row[4]
+            self.allocations += 1
+            self.last_id = max(self.last_id, row[3])
+        elif kind == "free":
+            idx = _rows(row[5])
+            if idx is not None:
+                owner[idx] = NO_OWNER
+                state[idx] = FREE
+            self.requested -= row[6]
+            self.allocations -= 1
+            self.frees += 1
+        elif kind == "extend":
+            freed = _rows(row[8])
+            if freed is not None:
+                owner[freed] = NO_OWNER
+                state[freed] = FREE
+                self.counters["moves"] += 1
+                self.counters["moved_blocks"] += _count(row[8])
+            idx = _rows(row[7])
+            if idx is not None:
+                owner[idx] = row[3]
+                state[idx] = row[10]
+            self.requested += row[9]
+            self.counters["extends"] += 1
+        elif kind == "truncate":
+            idx = _rows(row[6])
+            if idx is not None:
+                owner[idx] = NO_OWNER
+                state[idx] = FREE
+            self.requested -= row[7]
+            self.counters["truncates"] += 1
+        elif kind == "state":
+            idx = _rows(row[5])
+            if idx is not None:
+                state[idx] = row[4]
+        elif kind == "defragment":
+            for s, d, n in row[8] or ():
+                o, st = owner[s:s + n].copy(), state[s:s + n].copy()
+                owner[s:s + n] = NO_OWNER
+                state[s:s + n] = FREE
+                owner[d:d + n] = o
+                state[d:d + n] = st
+            self.counters["defragmentations"] += 1
+            self.counters["moved_blocks"] += row[3]
+            self.counters["moves"] += row[9] or 0
+        elif kind == "reset":
+            owner[:] = NO_OWNER
+            state[:] = FREE
+            self.requested = 0
+            self.allocations = 0
+        elif kind == "oom":
+            self.counters["ooms_" + row[6]] += 1
+        elif kind in ("stored", "removed", "cleared"):
+            self._apply_prefix(row)
+        self.seq = row[0]
+
+    def _apply_prefix(self, row: tuple) -> None:
+        """Prefix-cache events (contract of issues 11/13): `stored` places blocks with the
+        owners and state it carries; `removed` and `cleared` free the blocks they name."""
+        kind, blocks = row[2], row[3] or ()
+        if kind == "stored":
+            if len(row) <= 10:  # recorded before `owners` / `state` existed: nothing exact to do
+                return
+            owners, st = row[9], row[10]
+            for b, o in zip(blocks, owners):
+                if b >= 0:
+                    self.owner[b] = o
+                    self.state[b] = st
+        else:
+            idx = np.asarray([b for b in blocks if b >= 0], dtype=np.int64)
+            self.owner[idx] = NO_OWNER
+            self.state[idx] = FREE
+
+    def apply_rows(self, rows) -> None:
+        """`apply` for many rows at once, vectorised: block writes are gathered as int32 bytes
+        and, per block, the last write wins (np.maximum.at over write order); a defragment or
+        reset in between flushes what came before it. Same result as `apply` row by row."""
+        opieces, olens, ovals = [], [], []  # owner writes
+        spieces, slens, svals = [], [], []  # state writes (state events write state only)
+        counters = self.counters
+        seq = self.seq
+
+        def write(value, own, st) -> None:
+            if value is None:
+                return
+            piece = _ids_bytes(value)
+            if not piece:
+                return
+            k = len(piece) >> 2
+            if own is not None:
+                opieces.append(piece)
+                olens.append(k)
+                ovals.append(own)
+            spieces.append(piece)
+            slens.append(k)
+            svals.append(st)
+
+        def flush() -> None:
+            _last_write(self.owner, opieces, olens, ovals)
+            _last_write(self.state, spieces, slens, svals)
+            for lst in (opieces, olens, ovals, spieces, slens, svals):
+                lst.clear()
+
+        for row in rows:
+            kind = row[2]
+            seq = row[0]
+            if kind == "allocate":
+                write(row[7], row[3], row[8])
+                self.requested += row[4]
+                self.allocations += 1
+                if row[3] > self.last_id:
+                    self.last_id = row[3]
+            elif kind == "free":
+                write(row[5], NO_OWNER, FREE)
+                self.requested -= row[6]
+                self.allocations -= 1
+                self.frees += 1
+            elif kind == "extend":
+                if row[8] is not None:
+                    write(row[8], NO_OWNER, FREE)
+                    counters["moves"] += 1
+                    counters["moved_blocks"] += _count(row[8])
+                write(row[7], row[3], row[10])
+                self.requested += row[9]
+                counters["extends"] += 1
+            elif kind == "truncate":
+                write(row[6], NO_OWNER, FREE)
+                self.requested -= row[7]
+                counters["truncates"] += 1
+            elif kind == "state":
+                write(row[5], None, row[4])
+            elif kind == "oom":
+                counters["ooms_" + row[6]] += 1
+            elif kind == "stored":
+                if len(row) > 10:
+                    st = row[10]
+                    for b, o in zip(row[3] or (), row[9]):
+                        if b >= 0:
+                            write(b, o, st)
+            elif kind in ("removed", "cleared"):
+                for b in row[3] or ():
+                    if b >= 0:
+                        write(b, NO_OWNER, FREE)
+            elif kind in ("defragment", "reset"):
+                flush()
+                self.apply(row)
+        flush()
+        self.seq = seq
+
+
+_pack_i = __import__("struct").Struct("=i").pack
+
+
+def _ids_bytes(value) -> bytes:
+    """A stored block-id field as native int32 bytes."""
+    cls = value.__class__
+    if cls is bytes:
+        return value
+    if cls is int:
+        return _pack_i(value)
+    if cls is range:
+        return np.arange(value.start, value.stop, dtype=np.int32).tobytes()
+    if cls is tuple:
+        return np.arange(value[0], value[1], dtype=np.int32).tobytes()
+    return np.asarray(value, dtype=np.int32).tobytes()
+
+
+def _last_write(target: np.ndarray, pieces: list, lens: list, vals: list) -> None:
+    """target[i] = the value of the last write to i, for writes given as (ids, value) in order."""
+    if not pieces:
+        return
+    idx = np.frombuffer(b"".join(pieces), dtype=np.int32)
+    values = np.repeat(np.asarray(vals, dtype=target.dtype if target.dtype != np.uint8 else np.int64), lens)
+    last = np.full(target.size, -1, dtype=np.int64)
+    np.maximum.at(last, idx, np.arange(idx.size, dtype=np.int64))
+    hit = np.flatnonzero(last >= 0)
+    target[hit] = values[last[hit]]
+
+
+@dataclass(slots=True)
+class HistoryView:
+    """A frozen history (live snapshot or a recording): map, stats and events at any kept seq."""
+
+    geometry: dict
+    keyframes: list[Keyframe]
+    segments: list[Segment]
+    tail: list[tuple] = field(default_factory=list)  # unpacked events after the last segment
+    last_seq: int = 0
+    dropped_events: int = 0
+
+    @property
+    def first_seq(self) -> int:
+        return self.keyframes[0].seq
+
+    def check_seq(self, seq: int) -> None:
+        if not self.first_seq <= seq <= self.last_seq:
+            raise OutsideHistory(seq, self.first_seq, self.last_seq, self.dropped_events)
+
+    def rows(self, after: int, upto: int):
+        """Stored event tuples with after < seq <= upto, oldest first."""
+        segs = self.segments
+        i = bisect_right([s.last for s in segs], after)
+        for seg in segs[i:]:
+            if seg.first > upto:
+                return
+            for r in seg.rows():
+                if after < r[0] <= upto:
+                    yield r
+        for r in self.tail:
+            if r[0] > upto:
+                return
+            if r[0] > after:
+                yield r
+
+    def replay_to(self, seq: int) -> Replayer:
+        """The map and numbers right after event `seq`. Raises OutsideHistory."""
+        self.check_seq(seq)
+        k = bisect_right([kf.seq for kf in self.keyframes], seq) - 1
+        rep = Replayer(self.keyframes[k])
+        # Unpickled segments make ~10k short-lived tuples each: a full collection triggered
+        # by them would scan every object of the process (torch's too) for nothing.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            rep.apply_rows(self.rows(rep.seq, seq))
+        finally:
+            if was_enabled:
+                gc.enable()
+        rep.seq = seq
+        return rep
+
+    def stats_at(self, seq: int) -> dict:
+        """The pool's stats as they were right after event `seq` (without cache stats)."""
+        return stats_of(self.geometry, self.replay_to(seq))
+
+    def events(self, after: int = 0, limit: int = 1000, kinds: set[str] | None = None,
+               upto: int | None = None) -> list[dict]:
+        out = []
+        for row in self.rows(max(after, self.first_seq), self.last_seq if upto is None else upto):
+            if kinds is None or row[2] in kinds:
+                out.append(event_dict(row))
+                if len(out) >= limit:
+                    break
+        return out
+
+
+def free_lengths(geometry: dict, owner: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """Free extents as the strategy's own `_free_lengths` reports them, from the map alone."""
+    if geometry["strategy"] == "tiered":
+        tiers = geometry["tiers"]
+        parts = []
+        for t in tiers[:-1]:
+            nfree = int((owner[t["start"]: t["start"] + t["count"] * t["units"]: t["units"]] == NO_OWNER).sum())
+            parts.append(np.full(nfree, t["units"], dtype=np.int64))
+        big = tiers[-1]
+        nfree = int((owner[big["start"]: big["start"] + big["count"] * big["units"]: big["units"]] == NO_OWNER).sum())
+        if nfree:
+            parts.append(np.array([nfree * big["units"]], dtype=np.int64))
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+    free = state == FREE
+    if not free.any():
+        return np.empty(0, np.int64)
+    edges = np.diff(np.concatenate(([False], free, [False])).astype(np.int8))
+    return np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+
+
+def stats_of(geometry: dict, rep: Replayer) -> dict:
+    """Pool.stats() fields rebuilt from a replayed map (the cache's own figures are not kept)."""
+    n, bb = geometry["num_blocks"], geometry["block_bytes"]
+    used = int((rep.owner != NO_OWNER).sum())
+    counts = np.bincount(rep.state, minlength=max(STATE_NAMES) + 1)
+    allocated = used * bb
+    frag = fragmentation_stats(free_lengths(geometry, rep.owner, rep.state), bb, rep.requested, allocated)
+    out = {
+        "strategy": geometry["strategy"],
+        "total_blocks": n,
+        "used_blocks": used,
+        "free_blocks": n - used,
+        "blocks_by_state": {STATE_NAMES[i]: int(counts[i]) for i in STATE_NAMES},
+        "block_bytes": bb,
+        "capacity_bytes": n * bb,
+        "utilization": used / n,
+        "requested_bytes": rep.requested,
+        "allocated_bytes": allocated,
+        "allocation_count": rep.allocations,
+        **frag,
+        "scatter_fails": geometry["scatter_fails"],
+        "stranded_free_bytes": frag["free_bytes"] - frag["largest_free_bytes"] if geometry["scatter_fails"] else 0,
+        "counters": {"allocations": rep.last_id, "frees": rep.frees, **rep.counters},
+        "ooms": {"capacity": rep.counters["ooms_capacity"],
+                 "fragmentation": rep.counters["ooms_fragmentation"]},
+        "last_event_seq": rep.seq,
+    }
+    if geometry["strategy"] == "contiguous":
+        out["fit"] = geometry["fit"]
+    if geometry["strategy"] == "tiered":
+        out["tiers"] = [
+            {"name": t["name"], "block_bytes": t["units"] * bb, "units": t["units"], "start": t["start"],
+             "blocks": t["count"],
+             "free_blocks": int((rep.owner[t["start"]: t["start"] + t["count"] * t["units"]: t["units"]]
+                                 == NO_OWNER).sum())}
+            for t in geometry["tiers"]]
+    return out
+
+
+def map_runs(owner: np.ndarray, state: np.ndarray) -> list[list[int]]:
+    """The map run-length encoded as [start, count, owner, state], like the live blockmap route."""
+    n = owner.size
+    if n == 0:
+        return []
+    change = np.flatnonzero((owner[1:] != owner[:-1]) | (state[1:] != state[:-1])) + 1
+    starts = np.concatenate(([0], change))
+    counts = np.diff(np.concatenate((starts, [n])))
+    return np.stack([starts, counts, owner[starts], state[starts]], axis=1).tolist()
+
+
+__all__ = ["DEFAULT_HISTORY_BYTES", "History", "HistoryView", "Keyframe", "OutsideHistory", "Replayer",
+           "Segment", "map_runs", "pool_geometry", "stats_of"]

@@ -1,0 +1,118 @@
+"""History: a pool's past (info, events, map and stats at a seq) and its exports."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Query, Response
+from starlette.concurrency import run_in_threadpool
+
+from allocator import STATE_NAMES
+from allocator.errors import Conflict, InvalidRequest
+from allocator.history import HistoryView, map_runs
+from allocator.prefix import PrefixPool
+
+from ..auth import check_token
+from ..deps import PoolDep
+
+router = APIRouter(prefix="/api/pools", tags=["history"])
+
+AtSeq = Annotated[int | None, Query(ge=0, le=1 << 62, description=(
+    "an event seq: answer as the pool was right after that event (404 when outside the history)"))]
+
+
+def history_view(handle) -> HistoryView:
+    """A frozen snapshot of the pool's history (taken on the event loop: cheap, consistent).
+    Raises Conflict when the pool keeps none."""
+    history = handle.pool.history
+    if history is None:
+        raise Conflict(f"pool {handle.name!r} keeps no history (created with history_bytes=0)")
+    return history.view()
+
+
+def refuse_inexact_replay(handle) -> None:
+    """Raises Conflict on a prefix-caching pool: its open/append/close events do not carry the
+    owner and state of every block they change yet, so a rebuilt past map would be a guess."""
+    if isinstance(handle.pool, PrefixPool):
+        raise Conflict(f"pool {handle.name!r} caches prefixes: its past maps and stats are not "
+                       "rebuilt exactly yet, so at_seq is refused rather than guessed")
+
+
+async def blockmap_at(handle, at_seq: int) -> dict:
+    """The block map as the live route answered right after event `at_seq`."""
+    refuse_inexact_replay(handle)
+    view = history_view(handle)
+    view.check_seq(at_seq)
+    rep = await run_in_threadpool(view.replay_to, at_seq)
+    return {"num_blocks": int(rep.owner.size), "states": {str(k): v for k, v in STATE_NAMES.items()},
+            "runs": map_runs(rep.owner, rep.state), "at_seq": at_seq}
+
+
+async def stats_at(handle, at_seq: int) -> dict:
+    """The pool's stats right after event `at_seq` (without the cache's own figures)."""
+    refuse_inexact_replay(handle)
+    view = history_view(handle)
+    view.check_seq(at_seq)
+    return await run_in_threadpool(view.stats_at, at_seq)
+
+
+def history_info(handle) -> dict:
+    view = history_view(handle)
+    info = {"first_seq": view.first_seq, "last_seq": view.last_seq, "dropped_events": view.dropped_events,
+            "keyframes": len(view.keyframes)}
+    history = handle.pool.history
+    info.update(bytes=history.nbytes, max_bytes=history.max_bytes)
+    return info
+
+
+@router.get("/{pool}/history", summary="What of the pool's past can be rebuilt")
+async def get_history(handle: PoolDep) -> dict:
+    """`first_seq`..`last_seq`: the event seqs whose map and stats can be asked for with
+    `at_seq`. `dropped_events` > 0 when the oldest events went to keep the history within its
+    memory budget (`max_bytes`)."""
+    return history_info(handle)
+
+
+@router.get("/{pool}/history/events", summary="Events of the whole kept history")
+async def history_events(
+    handle: PoolDep,
+    after: Annotated[int, Query(ge=0, le=1 << 62)] = 0,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
+    kinds: Annotated[str | None, Query(description="comma-separated event kinds, e.g. oom,evict,defragment")] = None,
+) -> dict:
+    """Like `/events`, but beyond the live ring: every kept event after `after` (the page's
+    timeline reads its markers here)."""
+    from allocator import EVENT_FIELDS
+
+    wanted = None
+    if kinds:
+        wanted = {k.strip() for k in kinds.split(",") if k.strip()}
+        unknown = sorted(wanted - set(EVENT_FIELDS))
+        if unknown:
+            raise InvalidRequest(f"unknown event kinds {unknown}; choose from {sorted(EVENT_FIELDS)}")
+    view = history_view(handle)
+    events = await run_in_threadpool(view.events, after, limit, wanted)
+    return {"events": events, "first_seq": view.first_seq, "last_seq": view.last_seq}
+
+
+@router.get("/{pool}/export", summary="The history as a PyTorch memory snapshot or CSV",
+            dependencies=[Depends(check_token)],
+            responses={200: {"content": {"application/octet-stream": {}, "text/csv": {}}}})
+async def export(
+    handle: PoolDep,
+    format: Annotated[Literal["memory_viz", "csv"], Query(description="memory_viz or csv")] = "csv",
+) -> Response:
+    """`memory_viz`: a pickle (protocol 4) shaped like `torch.cuda.memory._snapshot()` (one
+    segment for the pool, `alloc` / `free_completed` traces) that `python -m
+    torch.cuda._memory_viz trace_plot FILE -o out.html` renders. `csv`: one row per event."""
+    from allocator.exports import events_csv, memory_snapshot
+
+    view = history_view(handle)
+    name = handle.name
+    if format == "csv":
+        body = await run_in_threadpool(events_csv, view)
+        return Response(body, media_type="text/csv",
+                        headers={"Content-Disposition": f'attachment; filename="{name}-events.csv"'})
+    body = await run_in_threadpool(memory_snapshot, view, name)
+    return Response(body, media_type="application/octet-stream",
+                    headers={"Content-Disposition": f'attachment; filename="{name}-snapshot.pickle"'})

@@ -1,0 +1,108 @@
+"""Recordings: what a Recorder writes replays exactly like the live history, from its start."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+
+import numpy as np
+import pytest
+
+from allocator import KVCache, OutOfMemory, create_pool
+from allocator.errors import Conflict, InvalidRequest
+from allocator.recording import ReadOnly, RecordedPool, Recorder, read_recording
+
+BLOCK = 32
+
+
+def churn(pool, rng, steps, ids, captured):
+    for _ in range(steps):
+        try:
+            if rng.random() < 0.55 or not ids:
+                ids.append(pool.allocate(rng.randint(1, 8 * BLOCK)))
+            else:
+                pool.free(ids.pop(rng.randrange(len(ids))))
+        except OutOfMemory:
+            pass
+        captured[pool.events.last_seq] = (pool.blockmap.owners_np().copy(), pool.stats())
+
+
+@pytest.mark.parametrize("strategy", ["paged", "contiguous", "tiered"])
+def test_recording_replays_every_point_from_its_start(tmp_path, strategy) -> None:
+    pool = create_pool(strategy, num_blocks=128, block_bytes=BLOCK, device="cpu", event_capacity=16)
+    rng, ids, captured = random.Random(7), [], {}
+    churn(pool, rng, 40, ids, {})  # before the recording: not in it
+    rec = Recorder(pool, tmp_path / "r.kvrec")
+    start = pool.events.last_seq
+    for _ in range(6):  # flushes land mid-segment, on segment edges and on the ring's tail
+        churn(pool, rng, rng.randint(3, 40), ids, captured)
+        rec.flush()
+    churn(pool, rng, 25, ids, captured)
+    info = rec.stop()
+    assert info["start_seq"] == start and info["last_seq"] == pool.events.last_seq
+    meta, view = read_recording(tmp_path / "r.kvrec")
+    assert meta["config"]["strategy"] == strategy and view.first_seq == start
+    for seq, (owner, stats) in captured.items():
+        assert np.array_equal(view.replay_to(seq).owner, owner)
+        assert view.stats_at(seq) == {k: v for k, v in stats.items() if k != "cache"}
+    with pytest.raises(Conflict, match="already exists"):
+        Recorder(pool, tmp_path / "r.kvrec")
+    with pytest.raises(Exception, match="outside the history"):
+        view.replay_to(start - 1)
+
+
+def test_recorded_pool_serves_the_last_state_and_refuses_changes(tmp_path) -> None:
+    pool = create_pool("paged", num_blocks=64, block_bytes=BLOCK, device="cpu")
+    KVCache(pool, 32 * BLOCK, "lru")
+    rec = Recorder(pool, tmp_path / "p.kvrec")
+    pool.cache.put("a", 3 * BLOCK)
+    pool.cache.pin("a")
+    aid = pool.allocate(5 * BLOCK)
+    rec.stop()
+    rp = RecordedPool(tmp_path / "p.kvrec", "rec-p")
+    live = {k: v for k, v in pool.stats().items() if k != "cache"}
+    assert rp.stats() == live and rp.events.last_seq == pool.events.last_seq
+    assert np.array_equal(rp.blockmap.states_np(), pool.blockmap.states_np())
+    assert [e["type"] for e in rp.events.after(0)] == ["allocate", "put", "state", "allocate"]
+    assert rp.config()["recording"]["complete"] is True
+    with pytest.raises(ReadOnly):
+        rp.allocate(10)
+    with pytest.raises(Conflict):
+        rp.free(aid)
+    assert not hasattr(rp, "defragment")
+
+
+def test_not_a_recording_is_refused_clearly(tmp_path) -> None:
+    (tmp_path / "x.kvrec").write_bytes(b"hello")
+    with pytest.raises(InvalidRequest, match="not a kvscope recording"):
+        read_recording(tmp_path / "x.kvrec")
+    db = sqlite3.connect(tmp_path / "y.kvrec")
+    db.execute("CREATE TABLE meta (key TEXT, value TEXT)")
+    db.commit()
+    db.close()
+    with pytest.raises(InvalidRequest, match="not a kvscope recording"):
+        read_recording(tmp_path / "y.kvrec")
+    with pytest.raises(InvalidRequest, match="no recording file"):
+        read_recording(tmp_path / "missing.kvrec")
+
+
+def test_a_recording_that_names_code_is_refused_not_run(tmp_path) -> None:
+    import os
+    import pickle
+
+    pool = create_pool("paged", num_blocks=16, block_bytes=BLOCK, device="cpu")
+    rec = Recorder(pool, tmp_path / "evil.kvrec")
+    pool.allocate(BLOCK)
+    rec.stop()
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    db = sqlite3.connect(tmp_path / "evil.kvrec")
+    db.execute("UPDATE segments SET blob = ?", (pickle.dumps([Boom()]),))
+    db.commit()
+    db.close()
+    with pytest.raises(InvalidRequest, match="may not name"):
+        read_recording(tmp_path / "evil.kvrec")
+    assert not (tmp_path / "pwned").exists()

@@ -1,0 +1,263 @@
+"""History replay: the map and stats rebuilt at any past event equal what the live pool showed.
+
+A stateful machine drives random allocate / allocate_many (all or nothing, so OOM rollbacks) /
+extend / truncate / free / defragment / reset and cache put / pin / evict on every strategy,
+with a tiny event ring and frequent keyframes so that spills, keyframes and rollbacks happen
+inside short runs. After every step it captures the live map (owner and state arrays) and
+stats at the current event seq; at the end, and every few steps, every captured point is
+rebuilt from the history and compared exactly. The reference is the live pool itself, whose
+own invariants `check()` verifies after each step.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from allocator import KVCache, NotFound, OutOfMemory, OutsideHistory, create_pool
+from allocator.blockmap import CACHED, PINNED, USED
+from allocator.history import History, Replayer, map_runs
+
+BLOCK = 16
+UNITS = 96
+SETTINGS = settings(
+    max_examples=int(os.environ.get("KVSCOPE_TEST_EXAMPLES", "60")),
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+# The live stats the history rebuilds (the cache keeps its own figures, not replayed).
+COMPARED = lambda stats: {k: v for k, v in stats.items() if k != "cache"}  # noqa: E731
+
+
+def make_pool(strategy: str, fit: str = "first"):
+    pool = create_pool(strategy, num_blocks=UNITS, block_bytes=BLOCK, device="cpu",
+                       fit=fit if strategy == "contiguous" else None, event_capacity=8)
+    # Small keyframe interval: several keyframes (and replays that start mid-history) per run.
+    pool.history = History(pool, max_bytes=1 << 30, keyframe_every=12)
+    return pool
+
+
+class ReplayMachine(RuleBasedStateMachine):
+    strategy = "paged"
+    fit = "first"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = make_pool(self.strategy, self.fit)
+        self.cache = None
+        self.ids: list[int] = []
+        self.keys: list[str] = []
+        self.captured: dict[int, tuple] = {}
+        self.steps = 0
+
+    def _cache(self) -> KVCache:
+        if self.cache is None:
+            self.cache = KVCache(self.pool, UNITS * BLOCK // 2, "lru")
+        return self.cache
+
+    @rule(size=st.integers(1, 6 * BLOCK), state=st.sampled_from([USED, CACHED, PINNED]))
+    def allocate(self, size: int, state: int) -> None:
+        try:
+            self.ids.append(self.pool.allocate(size, state))
+        except OutOfMemory:
+            pass
+
+    @rule(sizes=st.lists(st.integers(1, 10 * BLOCK), min_size=1, max_size=12))
+    def allocate_many(self, sizes: list[int]) -> None:
+        try:
+            self.ids += self.pool.allocate_many(sizes)
+        except OutOfMemory:
+            pass
+
+    @precondition(lambda self: self.ids)
+    @rule(i=st.integers(0, 1000), extra=st.integers(1, 5 * BLOCK))
+    def extend(self, i: int, extra: int) -> None:
+        try:
+            self.pool.extend(self.ids[i % len(self.ids)], extra)
+        except OutOfMemory:
+            pass
+
+    @precondition(lambda self: self.ids)
+    @rule(i=st.integers(0, 1000), frac=st.floats(0.05, 1.0))
+    def truncate(self, i: int, frac: float) -> None:
+        aid = self.ids[i % len(self.ids)]
+        rec = self.pool._allocs[aid]
+        self.pool.truncate(aid, max(1, int(rec[0] * frac)))
+
+    @precondition(lambda self: self.ids)
+    @rule(i=st.integers(0, 1000))
+    def free(self, i: int) -> None:
+        self.pool.free(self.ids.pop(i % len(self.ids)))
+
+    @precondition(lambda self: len(self.ids) > 2)
+    @rule(n=st.integers(2, 6))
+    def free_many(self, n: int) -> None:
+        take, self.ids = self.ids[:n], self.ids[n:]
+        self.pool.free_many(take)
+
+    @rule()
+    def defragment(self) -> None:
+        self.pool.defragment()
+
+    @rule()
+    def reset(self) -> None:
+        self.pool.reset()
+        self.ids.clear()
+        self.keys.clear()
+
+    @rule(k=st.integers(0, 12), size=st.integers(1, 8 * BLOCK), pinned=st.booleans())
+    def put(self, k: int, size: int, pinned: bool) -> None:
+        cache = self._cache()
+        try:
+            cache.put(f"k{k}", size, pinned=pinned or None)
+        except (OutOfMemory, Exception) as exc:  # budget refusals are InvalidRequest/OOM
+            if not isinstance(exc, (OutOfMemory, ValueError)):
+                raise
+        self._sync_keys()
+
+    @rule(k=st.integers(0, 12), pinned=st.booleans())
+    def pin(self, k: int, pinned: bool) -> None:
+        if self.cache is not None and f"k{k}" in self.cache:
+            self.cache.pin(f"k{k}", pinned)
+
+    @rule(k=st.integers(0, 12))
+    def evict(self, k: int) -> None:
+        if self.cache is not None and f"k{k}" in self.cache:
+            try:
+                self.cache.evict(f"k{k}")
+            except Exception as exc:  # pinned entries refuse
+                if "pinned" not in str(exc):
+                    raise
+        self._sync_keys()
+
+    def _sync_keys(self) -> None:
+        # Entries' allocations belong to the cache: raw-op rules must not free them.
+        cached = {e.id for e in self.cache.entries()} if self.cache is not None else set()
+        self.ids = [a for a in self.ids if a in self.pool and a not in cached]
+
+    @invariant()
+    def capture_and_compare(self) -> None:
+        assert self.pool.check() == []
+        seq = self.pool.events.last_seq
+        bm = self.pool.blockmap
+        self.captured[seq] = (bm.owners_np().copy(), bm.states_np().copy(), COMPARED(self.pool.stats()))
+        self.steps += 1
+        if self.steps % 10 == 0:
+            self.compare_all()
+
+    def compare_all(self) -> None:
+        view = self.pool.history.view()
+        assert view.last_seq == self.pool.events.last_seq
+        for seq, (owner, state, stats) in self.captured.items():
+            rep = view.replay_to(seq)
+            assert np.array_equal(rep.owner, owner), f"owner differs at seq {seq}"
+            assert np.array_equal(rep.state, state), f"state differs at seq {seq}"
+            assert map_runs(rep.owner, rep.state) == map_runs(owner, state)
+            assert view.stats_at(seq) == stats, f"stats differ at seq {seq}"
+            # The vectorised replay agrees with the plain one, row by row from the keyframe.
+            kf = max((k for k in view.keyframes if k.seq <= seq), key=lambda k: k.seq)
+            ref = Replayer(kf)
+            for row in view.rows(kf.seq, seq):
+                ref.apply(row)
+            assert np.array_equal(ref.owner, owner) and np.array_equal(ref.state, state)
+
+    def teardown(self) -> None:
+        self.compare_all()
+        view = self.pool.history.view()
+        with pytest.raises(OutsideHistory):
+            view.replay_to(view.last_seq + 1)
+
+
+class PagedReplay(ReplayMachine):
+    strategy = "paged"
+
+
+class ContiguousFirstReplay(ReplayMachine):
+    strategy = "contiguous"
+
+
+class ContiguousBestReplay(ReplayMachine):
+    strategy = "contiguous"
+    fit = "best"
+
+
+class TieredReplay(ReplayMachine):
+    strategy = "tiered"
+
+
+TestPagedReplay = PagedReplay.TestCase
+TestContiguousFirstReplay = ContiguousFirstReplay.TestCase
+TestContiguousBestReplay = ContiguousBestReplay.TestCase
+TestTieredReplay = TieredReplay.TestCase
+for case in (TestPagedReplay, TestContiguousFirstReplay, TestContiguousBestReplay, TestTieredReplay):
+    case.settings = SETTINGS
+
+
+def test_budget_drops_oldest_first_and_says_so() -> None:
+    pool = create_pool("paged", num_blocks=64, block_bytes=BLOCK, device="cpu", event_capacity=16)
+    pool.history = History(pool, max_bytes=20_000, keyframe_every=32)
+    live = {}
+    for i in range(3000):
+        aid = pool.allocate(1 + i % 40)
+        live[pool.events.last_seq] = pool.blockmap.owners_np().copy()
+        pool.free(aid)
+    h = pool.history
+    assert h.nbytes <= h.max_bytes and h.dropped_events > 0 and h.first_seq == h.dropped_events
+    view = h.view()
+    with pytest.raises(OutsideHistory, match="dropped"):
+        view.replay_to(h.first_seq - 1)
+    for seq in range(h.first_seq, view.last_seq + 1, 7):
+        if seq in live:
+            assert np.array_equal(view.replay_to(seq).owner, live[seq])
+
+
+def test_rollback_of_a_batch_past_a_spill_leaves_no_trace() -> None:
+    pool = create_pool("contiguous", num_blocks=40, block_bytes=BLOCK, device="cpu", event_capacity=4)
+    pool.history = History(pool, max_bytes=1 << 30, keyframe_every=4)
+    a = pool.allocate(BLOCK * 3)
+    before = pool.blockmap.owners_np().copy()
+    seq = pool.events.last_seq
+    with pytest.raises(OutOfMemory):  # 8 allocations spill mid-batch, then the 9th fails
+        pool.allocate_many([BLOCK * 4] * 8 + [BLOCK * 40])
+    view = pool.history.view()
+    assert [e["type"] for e in view.events(seq)] == ["oom"]
+    assert np.array_equal(view.replay_to(seq).owner, before)
+    pool.free(a)
+    assert pool.history.view().stats_at(pool.events.last_seq)["used_blocks"] == 0
+    with pytest.raises(NotFound):
+        pool.history.view().replay_to(-1)
+
+
+def test_mirror_pool_prefix_events_replay_exactly() -> None:
+    from allocator import MirrorPool
+
+    pool = MirrorPool(48, event_capacity=8)
+    pool.history = History(pool, max_bytes=1 << 30, keyframe_every=10)
+    rng = random.Random(5)
+    live, cached = {}, []
+    for _ in range(200):
+        r = rng.random()
+        if r < 0.55:
+            parent = rng.choice(cached) if cached and rng.random() < 0.6 else None
+            hashes = [rng.getrandbits(64) for _ in range(rng.randint(1, 6))]
+            pool.store(hashes, parent)
+            cached += hashes
+        elif r < 0.95 and cached:
+            gone = rng.sample(cached, min(len(cached), rng.randint(1, 5)))
+            pool.remove(gone)
+            cached = [h for h in cached if h not in gone]
+        else:
+            pool.reset()
+            cached = []
+        live[pool.events.last_seq] = (pool.blockmap.owners_np().copy(), pool.blockmap.states_np().copy())
+    view = pool.history.view()
+    for seq, (owner, state) in live.items():
+        rep = view.replay_to(seq)
+        assert np.array_equal(rep.owner, owner) and np.array_equal(rep.state, state), seq

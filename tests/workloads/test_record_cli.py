@@ -1,0 +1,66 @@
+"""`kvscope record` writes a complete recording of a headless workload; `kvscope open` serves it."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from allocator.recording import read_recording
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_record_a_scenario_then_open_it(tmp_path):
+    out = tmp_path / "frag.kvrec"
+    proc = run_cli("record", "fragmentation", "-o", str(out), "--strategy", "contiguous", "--blocks", "512")
+    assert proc.returncode == 0, proc.stderr
+    assert "recorded" in proc.stdout and str(out) in proc.stdout
+    meta, view = read_recording(out)
+    assert meta["workload"] == "fragmentation" and "stopped_at" in meta
+    kinds = [e["type"] for e in view.events(limit=100_000)]
+    assert kinds[0] == "workload" and kinds.count("allocate") > 10 and "oom" in kinds
+    phases = [e["state"] for e in view.events(limit=100_000, kinds={"workload"})]
+    assert phases[0] == "running" and phases[-1] == "finished"
+    assert view.stats_at(view.last_seq)["allocation_count"] == 0  # the workload frees what it held
+    again = run_cli("record", "fragmentation", "-o", str(out))
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "app.cli", "open", str(out), "--port", str(port)],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        names = [p["name"] for p in httpx.get(url + "/api/pools").json()["pools"]]
+        assert "rec-frag" in names
+        info = httpx.get(url + "/api/pools/rec-frag/history").json()
+        assert (info["first_seq"], info["last_seq"]) == (view.first_seq, view.last_seq)
+        ooms = httpx.get(url + "/api/pools/rec-frag/history/events", params={"kinds": "oom"}).json()["events"]
+        assert ooms and all(e["type"] == "oom" for e in ooms)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_open_refuses_what_is_not_a_recording(tmp_path):
+    bad = tmp_path / "bad.kvrec"
+    bad.write_text("nope")
+    proc = run_cli("open", str(bad))
+    assert proc.returncode == 2 and "not a kvscope recording" in proc.stderr
