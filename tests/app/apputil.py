@@ -73,10 +73,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class PortTaken(RuntimeError):
+    """The server could not bind its port: another process took it after it was chosen."""
+
+
 class Server:
     """A real `python -m app.cli serve` on a free loopback port."""
 
     def __init__(self, env: dict | None = None, args: tuple[str, ...] = ()) -> None:
+        # The free port is chosen before the server binds it: another process may take it in
+        # between, so a start that fails on "address already in use" tries a fresh port.
+        for attempt in range(3):
+            try:
+                self._start(env, args)
+                return
+            except PortTaken:
+                if attempt == 2:
+                    raise
+
+    def _start(self, env: dict | None, args: tuple[str, ...]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
@@ -85,17 +100,20 @@ class Server:
             [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), *args],
             cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60  # importing torch on a loaded machine takes a while
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stdout.read().decode()}")
+                out = self.proc.stdout.read().decode(errors="replace")
+                if "address already in use" in out.lower():
+                    raise PortTaken(out)
+                raise RuntimeError(f"server exited: {out}")
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
                     return
             except httpx.HTTPError:
                 time.sleep(0.1)
         self.stop()
-        raise RuntimeError("server did not start in 30 s")
+        raise RuntimeError("server did not start in 60 s")
 
     def stop(self) -> str:
         self.proc.terminate()

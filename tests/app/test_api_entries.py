@@ -184,7 +184,11 @@ def test_ttl_entries_are_reaped_without_being_asked_for():
     with make_client() as c:
         c.put(f"{BASE}/t", json={"bytes": 10, "ttl_s": 0.2})
         c.put(f"{BASE}/keep", json={"bytes": 10})
-        time.sleep(0.5)  # no GET of the key: only the server's own reaping can remove it
+        # no GET of the key: only the server's own reaping can remove it (wait for its event)
+        deadline = time.monotonic() + 30
+        while not any(e["type"] == "evict" for e in c.get("/api/pools/default/events").json()["events"]):
+            assert time.monotonic() < deadline, "the expired entry was never reaped"
+            time.sleep(0.05)
         listed = c.get(BASE).json()
         assert [e["key"] for e in listed["entries"]] == ["keep"] and listed["total"] == 1
         evicts = [e for e in c.get("/api/pools/default/events").json()["events"] if e["type"] == "evict"]

@@ -72,7 +72,7 @@ def stand_in(monkeypatch):
     monkeypatch.setitem(sys.modules, "workloads.live", module)
 
 
-def wait_for(client, state: str, timeout: float = 5.0) -> dict:
+def wait_for(client, state: str, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         wl = client.get(WL).json()["workload"]

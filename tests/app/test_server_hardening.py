@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 from apputil import Server
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import connect
 
 
@@ -40,7 +40,8 @@ def body_of(response: bytes) -> dict:
 
 @pytest.fixture(scope="module")
 def hardened():
-    srv = Server(env={"KVSCOPE_HEAD_TIMEOUT_MS": "800", "KVSCOPE_STREAM_STALL_MS": "500",
+    # the stall limit leaves a loaded machine time to see the stalled client holding its slot
+    srv = Server(env={"KVSCOPE_HEAD_TIMEOUT_MS": "800", "KVSCOPE_STREAM_STALL_MS": "5000",
                       "KVSCOPE_MAX_STREAM_CLIENTS_PER_POOL": "1"})
     yield srv
     log = srv.stop()
@@ -94,6 +95,15 @@ def ws_handshake(port: int, path: str) -> socket.socket:
     key = base64.b64encode(os.urandom(16)).decode()
     s.sendall((f"GET {path} HTTP/1.1\r\nHost: localhost:{port}\r\nUpgrade: websocket\r\n"
                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+    # Read the 101 answer and the first bytes of the hello frame, no more: the hello is sent
+    # only once the server has counted this client, so its slot is taken from here on.
+    s.settimeout(30)
+    got = b""
+    while b"\r\n\r\n" not in got or got.endswith(b"\r\n\r\n"):
+        chunk = s.recv(64)
+        assert chunk, f"the server closed the handshake: {got!r}"
+        got += chunk
+    assert got.startswith(b"HTTP/1.1 101"), got
     return s
 
 
@@ -103,17 +113,12 @@ def test_a_stalled_stream_client_is_dropped_and_frees_its_slot(hardened):
     assert r.status_code == 201, r.text
     stalled = ws_handshake(hardened.port, "/ws/pools/big")
     try:
-        time.sleep(0.3)
         # the one slot of this pool is taken: a second client is told to come back later
         assert close_code(f"{hardened.ws_url}/ws/pools/big") == 1013
-        # once the stalled one has been dropped (500 ms unwritable), the slot is free again
-        deadline = time.monotonic() + 30
+        # once the stalled one has been dropped (5 s unwritable), the slot is free again
+        deadline = time.monotonic() + 60
         while True:
-            with connect(f"{hardened.ws_url}/ws/pools/big", open_timeout=10, max_size=None) as ws:
-                try:
-                    first = ws.recv(timeout=10)
-                except Exception:  # noqa: BLE001 - still refused: try again
-                    first = None
+            first = first_message(f"{hardened.ws_url}/ws/pools/big")
             if first is not None:
                 assert json.loads(first)["type"] == "hello"
                 break
@@ -129,11 +134,21 @@ def test_a_stalled_stream_client_is_dropped_and_frees_its_slot(hardened):
         httpx.delete(hardened.url + "/api/pools/big")
 
 
+def first_message(url: str) -> str | bytes | None:
+    """The first message a websocket at `url` sends; None if it is refused (closed with 1013,
+    or the connection dropped while the server was busy) so that the caller tries again."""
+    try:
+        with connect(url, open_timeout=10, max_size=None) as ws:
+            return ws.recv(timeout=10)
+    except (ConnectionClosed, InvalidHandshake, OSError, TimeoutError):
+        return None
+
+
 def close_code(url: str) -> int | None:
     """The close code a websocket at `url` ends with before sending anything; None if it sends."""
     with connect(url, open_timeout=10) as ws:
         try:
-            ws.recv(timeout=5)
+            ws.recv(timeout=30)
         except ConnectionClosed as exc:
             return exc.rcvd.code if exc.rcvd else None
     return None

@@ -18,8 +18,8 @@ class Watcher:
     def __init__(self, url: str) -> None:
         self._connection = connect(url, max_size=None, compression=None)
         self.ws = self._connection.__enter__()
-        self.hello = json.loads(self.ws.recv(timeout=10))
-        snap = decode_frame(self.ws.recv(timeout=10))
+        self.hello = json.loads(self.ws.recv(timeout=30))
+        snap = decode_frame(self.ws.recv(timeout=30))
         assert snap["kind"] == 1 and snap["frame"] == 0
         self.owners = [-1] * snap["blocks"]
         self.states = [0] * snap["blocks"]
@@ -28,7 +28,7 @@ class Watcher:
         self.frames = [snap]
         self.stats: dict | None = None
 
-    def pump_until(self, done, timeout: float = 5.0) -> None:
+    def pump_until(self, done, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while not done():
             left = deadline - time.monotonic()
@@ -94,7 +94,7 @@ def test_unknown_pool_closes_with_4404_and_deleted_pool_says_closed(server):
 
     with connect(server.ws_url + "/ws/pools/nope") as ws:
         try:
-            ws.recv(timeout=5)
+            ws.recv(timeout=30)
             raise AssertionError("expected a close")
         except ConnectionClosed as exc:
             assert exc.rcvd.code == 4404
@@ -105,7 +105,7 @@ def test_unknown_pool_closes_with_4404_and_deleted_pool_says_closed(server):
     msgs = []
     try:
         while True:
-            msgs.append(w.ws.recv(timeout=5))
+            msgs.append(w.ws.recv(timeout=30))
     except ConnectionClosed:
         pass
     assert json.loads(msgs[-1]) == {"type": "closed", "reason": "pool deleted"}
@@ -183,5 +183,5 @@ def test_many_clients_at_once_keep_the_books_straight(server):
     # the watcher's mirror converges on the server's map
     runs = api.get("/api/pools/conc/blockmap").json()["runs"]
     expected = [o for s, c, o, _ in runs for _ in range(c)]
-    watcher.pump_until(lambda: watcher.owners == expected, timeout=10)
+    watcher.pump_until(lambda: watcher.owners == expected, timeout=30)
     watcher.close()

@@ -29,7 +29,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SERVER_START_TIMEOUT_S = 40.0
+SERVER_START_TIMEOUT_S = 60.0
 
 
 def _no_browser(reason: str) -> None:
@@ -89,12 +89,21 @@ def artifacts() -> Path:
 
 @pytest.fixture(scope="session")
 def server(artifacts: Path) -> Iterator[str]:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     log_path = artifacts / "e2e-server.log"
-    proc = start_server(port, log_path)
+    # The free port is chosen before the server binds it: another process may take it in
+    # between, so a start that fails on "address already in use" tries a fresh port.
+    for attempt in range(3):
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        proc = start_server(port, log_path)
+        try:
+            wait_healthy(base, proc, log_path)
+            break
+        except RuntimeError as exc:
+            stop_server(proc)
+            if attempt == 2 or "address already in use" not in str(exc).lower():
+                raise
     try:
-        wait_healthy(base, proc, log_path)
         yield base
     finally:
         stop_server(proc)
@@ -160,5 +169,5 @@ def open_pool(page, name: str) -> None:
     page.goto(f"/?pool={name}")
     page.wait_for_function(
         f"window.kvscope && window.kvscope.pool === {name!r} && window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0",
-        timeout=10_000,
+        timeout=30_000,
     )

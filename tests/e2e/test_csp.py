@@ -40,7 +40,7 @@ def test_the_dashboard_runs_under_the_csp(strict_page, api):
     assert "script-src 'self'" in response.headers["content-security-policy"]
     wait_until(page, "window.kvscope && window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0")
     page.click("#f-allocate button[type=submit]")
-    page.wait_for_selector("#control-status[data-kind=ok]", timeout=5_000)
+    page.wait_for_selector("#control-status[data-kind=ok]", timeout=30_000)
     # swatches get their colour through the CSSOM, not a style attribute
     colour = page.evaluate("getComputedStyle(document.querySelector('#heatmap .sw[data-color]')).backgroundColor")
     assert colour not in ("", "rgba(0, 0, 0, 0)"), colour
@@ -52,7 +52,7 @@ def test_the_dashboard_runs_under_the_csp(strict_page, api):
 def test_docs_render_under_the_csp(strict_page):
     page = strict_page
     page.goto("/docs")
-    page.wait_for_selector(".swagger-ui .info", timeout=15_000)
+    page.wait_for_selector(".swagger-ui .info", timeout=30_000)
     assert page.locator(".opblock").count() > 10
     assert not [m for m in page.csp_errors if "Content Security Policy" in m], page.csp_errors
 

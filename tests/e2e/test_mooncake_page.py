@@ -20,7 +20,7 @@ def test_mooncake_replay_starts_from_the_form_and_fills_the_prefix_cache(page, a
     page.fill("#f-workload [name=limit]", "30")
     page.fill("#f-workload [name=speed]", "20")  # the slider's top: 20x real time
     page.click("#f-workload button[type=submit]")
-    page.wait_for_selector("#control-status[data-kind=ok]", timeout=5_000)
+    page.wait_for_selector("#control-status[data-kind=ok]", timeout=30_000)
     assert "started Mooncake replay of 30 requests" in page.locator("#control-status").inner_text()
     page.wait_for_function(
         "(() => { const s = window.kvscope.stats(); return s && s.prefix && s.prefix.hits > 0; })()",

@@ -26,11 +26,11 @@ def test_sharing_mode_and_block_tooltip_follow_reference_counts(page, api):
     page.click("#heatmap [data-mode=share]")
     try:
         page.wait_for_function("window.kvscope.stats() && window.kvscope.stats().prefix.blocks.shared === 2",
-                               timeout=5_000)
+                               timeout=30_000)
     except Exception:
         raise AssertionError(page.evaluate("JSON.stringify(window.kvscope.stats())")) from None
     page.wait_for_function(
-        f"window.kvscope.blockColor({shared}) !== window.kvscope.blockColor({private})", timeout=5_000)
+        f"window.kvscope.blockColor({shared}) !== window.kvscope.blockColor({private})", timeout=30_000)
     colors = page.evaluate(f"[{shared}, {private}, {lone['blocks'][0]}].map(window.kvscope.blockColor)")
     assert len(set(colors)) == 3  # held by 3, held by 1, idle cached: three colours
     # hover the shared block: the tooltip comes from GET .../prefix-cache/blocks/{b}
@@ -39,13 +39,13 @@ def test_sharing_mode_and_block_tooltip_follow_reference_counts(page, api):
     col, row = shared % grid["cols"], shared // grid["cols"]
     page.mouse.move(box["x"] + (col + 0.5) * grid["cellCss"], box["y"] + (row + 0.5) * grid["cellCss"])
     tip = page.locator("#heatmap .hm-tip")
-    tip.filter(has_text="refcount").wait_for(timeout=5_000)
+    tip.filter(has_text="refcount").wait_for(timeout=30_000)
     text = tip.inner_text()
     assert "refcount 3" in text and "held by 3 sequences" in text and "depth 0" in text
     assert "shared" in text.lower()
     # the log shows blocks stored from now on (its filter is on by default)
     api.post(base, json={"tokens": list(range(900, 948))})
-    page.wait_for_selector("#log tr.ev-stored", timeout=5_000)
+    page.wait_for_selector("#log tr.ev-stored", timeout=30_000)
     assert "3 blocks" in page.locator("#log tr.ev-stored").first.inner_text()
     assert page.console_log.errors == []
 
@@ -65,7 +65,7 @@ def test_prefix_chat_runs_live_and_the_page_shows_its_hit_ratio(page, api):
     assert hit > 0.3
     page.wait_for_function(
         "/hit rate\\s+\\d+\\.\\d%[\\s\\S]*prompt tokens cached/i.test(document.querySelector('#numbers').innerText)",
-        timeout=5_000)
+        timeout=30_000)
     api.delete("/api/pools/e2e-pxchat/workload")
     assert api.get("/api/pools/e2e-pxchat/check").json()["ok"]
     assert page.console_log.errors == []

@@ -19,13 +19,13 @@ def test_page_reconnects_after_a_server_restart(browser, artifacts):
         wait_healthy(base, proc, log_path)
         page = context.new_page()
         page.goto("/")
-        page.wait_for_function("window.kvscope && window.kvscope.connection === 'open'", timeout=10_000)
+        page.wait_for_function("window.kvscope && window.kvscope.connection === 'open'", timeout=30_000)
         stop_server(proc)
-        page.wait_for_function("window.kvscope.connection !== 'open'", timeout=5_000)
+        page.wait_for_function("window.kvscope.connection !== 'open'", timeout=30_000)
         assert page.locator("#conn").get_attribute("data-state") in ("reconnecting", "missing")
         proc = start_server(port, log_path)
         wait_healthy(base, proc, log_path)
-        page.wait_for_function("window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0", timeout=15_000)
+        page.wait_for_function("window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0", timeout=30_000)
         assert page.locator("#conn").get_attribute("data-state") == "open"
         # another server process (a new instance id): the page says its history was reset
         assert page.locator("#control-status").text_content() == "server restarted, history reset"

@@ -34,7 +34,7 @@ def shown(page) -> dict:
 
 def wait_shown(page, seq: int) -> None:
     page.wait_for_function(f"(() => {{ const t = window.kvscope.timeline(); return t && t.mode === 'past' && t.shown === {seq}; }})()",
-                           timeout=10_000)
+                           timeout=30_000)
 
 
 def test_scrub_step_and_back_to_live(page, api):
@@ -47,8 +47,8 @@ def test_scrub_step_and_back_to_live(page, api):
     last = api.get(f"/api/pools/{name}/history").json()["last_seq"]
     assert last == 13
     open_pool(page, name)
-    page.wait_for_function(f"window.kvscope.timeline() && window.kvscope.timeline().last === {last}", timeout=10_000)
-    page.wait_for_function("window.kvscope.timeline().markers === 1", timeout=5_000)  # the OOM
+    page.wait_for_function(f"window.kvscope.timeline() && window.kvscope.timeline().last === {last}", timeout=30_000)
+    page.wait_for_function("window.kvscope.timeline().markers === 1", timeout=30_000)  # the OOM
     assert page.locator(".tl-mark.tl-oom").count() == 1
     # drag to event 5: five allocations were live then
     page.evaluate("(() => { const r = document.querySelector('#tl-range'); r.value = '5'; r.dispatchEvent(new Event('input')); })()")
@@ -77,10 +77,10 @@ def test_scrub_step_and_back_to_live(page, api):
     page.click("#tl-play")
     wait_shown(page, 13)
     page.click("#tl-live")
-    page.wait_for_function("window.kvscope.timeline().mode === 'live'", timeout=5_000)
+    page.wait_for_function("window.kvscope.timeline().mode === 'live'", timeout=30_000)
     assert page.evaluate("window.kvscope.chartMark()") is None
     live = sorted({r[2] for r in api.get(f"/api/pools/{name}/blockmap?format=json").json()["runs"] if r[2] >= 0})
-    page.wait_for_function(f"JSON.stringify(window.kvscope.owners()) === {json.dumps(live, separators=(',', ':'))!r}", timeout=5_000)
+    page.wait_for_function(f"JSON.stringify(window.kvscope.owners()) === {json.dumps(live, separators=(',', ':'))!r}", timeout=30_000)
     assert page.console_log.errors == []
 
 
@@ -105,13 +105,13 @@ def test_open_a_recording_from_the_pool_tab_and_scrub_it(browser, tmp_path):
                 page.click(".controls-panel [data-tab=pool]")
                 page.click("#b-recordings")
                 page.click("#recording-list [data-open=demo]")
-                page.wait_for_function("window.kvscope.pool === 'rec-demo' && window.kvscope.connection === 'open'", timeout=10_000)
-                page.wait_for_function("window.kvscope.timeline() && window.kvscope.timeline().last === 6", timeout=10_000)
+                page.wait_for_function("window.kvscope.pool === 'rec-demo' && window.kvscope.connection === 'open'", timeout=30_000)
+                page.wait_for_function("window.kvscope.timeline() && window.kvscope.timeline().last === 6", timeout=30_000)
                 page.evaluate("(() => { const r = document.querySelector('#tl-range'); r.value = '3'; r.dispatchEvent(new Event('input')); })()")
                 wait_shown(page, 3)
                 assert page.evaluate("window.kvscope.owners()") == owners_at(api, "rec-demo", 3) == [1, 2, 3]
                 page.click("#tl-live")
-                page.wait_for_function("window.kvscope.owners().length === 6", timeout=5_000)
+                page.wait_for_function("window.kvscope.owners().length === 6", timeout=30_000)
             finally:
                 context.close()
     finally:

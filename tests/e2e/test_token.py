@@ -22,18 +22,18 @@ def test_page_asks_for_the_token_and_then_works(browser, artifacts):
         page = context.new_page()
         page.goto("/")
         dialog = page.locator("#token-dialog")
-        dialog.wait_for(state="visible", timeout=10_000)
+        dialog.wait_for(state="visible", timeout=30_000)
         # asked by the first refused call: listing the pools (every /api read needs the token) or the stream
         assert page.locator("#conn").get_attribute("data-state") in ("auth", "connecting")
         page.fill("#token-dialog input[name=token]", TOKEN)
         page.click("#token-dialog button[value=ok]")
-        page.wait_for_function("window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0", timeout=10_000)
+        page.wait_for_function("window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0", timeout=30_000)
         assert page.evaluate("sessionStorage.getItem('kvscope.token')") == TOKEN
         page.click("#f-allocate button[type=submit]")  # a mutating call carries the bearer token
-        page.wait_for_selector("#control-status[data-kind=ok]", timeout=5_000)
+        page.wait_for_selector("#control-status[data-kind=ok]", timeout=30_000)
         # a reload reuses the stored token without asking again
         page.reload()
-        page.wait_for_function("window.kvscope && window.kvscope.connection === 'open'", timeout=10_000)
+        page.wait_for_function("window.kvscope && window.kvscope.connection === 'open'", timeout=30_000)
         assert not dialog.is_visible()
     finally:
         context.close()

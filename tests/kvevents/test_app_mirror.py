@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import http.server
-import threading
 import time
 
 import pytest
+from kve_metrics_http import metrics_server
 from kve_source import RefPrefixCache, to_engine
 from test_real_publishers import wait_for
 
@@ -28,23 +27,8 @@ vllm:prefix_cache_hits_total{engine="0",model_name="m"} 400.0
 
 @pytest.fixture
 def metrics_url():
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = METRICS.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
-    srv.shutdown()
+    with metrics_server(lambda: (200, METRICS)) as url:
+        yield url
 
 
 def stats(client, name="engine"):
@@ -69,7 +53,9 @@ def test_mirror_pool_follows_vllm(ipc, vllm_kv, metrics_url):
             wait_for(lambda: (stats(client)["mirror"]["source"]["last_seq"] or 0) >= 29 or
                      pub.publish(vllm_kv.KVEventBatch(ts=time.time(), events=[])) or False,
                      what="the mirror to catch up")
-            time.sleep(0.3)
+            # the last batch seen is applied on the server's loop just after: wait for it there
+            wait_for(lambda: stats(client)["mirror"]["cached_blocks"] == len(src.cached),
+                     what="the last batch to be applied")
             s = stats(client)
             m = s["mirror"]
             assert m["cached_blocks"] == len(src.cached) == s["used_blocks"]
@@ -149,13 +135,13 @@ def test_mirror_republishes_and_a_second_mirror_agrees(ipc):
         assert "in use" in err["message"]
         assert "again" not in [p["name"] for p in client.get("/api/pools").json()["pools"]]
         sub = follow(downstream, f"tcp://127.0.0.1:{port}", topic="b",
-                     replay_endpoint=f"tcp://127.0.0.1:{replay_port}")
+                     replay_endpoint=f"tcp://127.0.0.1:{replay_port}", replay_timeout=30)
         try:
             for _ in range(25):
                 src_pub.publish(src.step())
                 time.sleep(0.01)
             wait_for(lambda: downstream.cached_hashes() == src.cached or
-                     src_pub.publish([]) < 0, timeout=15, what="the downstream mirror to agree")
+                     src_pub.publish([]) < 0, timeout=60, what="the downstream mirror to agree")
             assert stats(client)["mirror"]["cached_blocks"] == len(src.cached)
         finally:
             sub.stop()

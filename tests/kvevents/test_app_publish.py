@@ -51,7 +51,7 @@ def test_rest_prefix_pool_publishes_to_a_router_mirror():
                         "topic": "kv"}})
         assert r.status_code == 201, r.text
         sub = follow(mirror, f"tcp://127.0.0.1:{port}", topic="kv",
-                     replay_endpoint=f"tcp://127.0.0.1:{replay}")
+                     replay_endpoint=f"tcp://127.0.0.1:{replay}", replay_timeout=30)
         try:
             for _ in range(60):
                 tokens = rng.choice(stems) + [rng.randrange(1000) for _ in range(rng.randrange(0, 9))]
@@ -60,7 +60,7 @@ def test_rest_prefix_pool_publishes_to_a_router_mirror():
                 assert client.delete(f"/api/pools/pc/sequences/{r.json()['id']}").status_code == 204
             want = events_set(client, "pc")
             assert want
-            wait_for(lambda: mirror.cached_hashes() == want, timeout=15, what="the router's mirror")
+            wait_for(lambda: mirror.cached_hashes() == want, timeout=60, what="the router's mirror")
             assert client.post("/api/pools/pc/prefix-cache/reset", json={}).status_code == 200
             wait_for(lambda: mirror.cached_hashes() == set(), what="the reset to reach the mirror")
             st = sub.status()

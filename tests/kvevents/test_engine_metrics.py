@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import http.server
-import threading
-
 import pytest
+from kve_metrics_http import metrics_server
 
 from kvevents.engine_metrics import MetricsError, MetricsPoller, num_gpu_blocks, parse, summarize
 
@@ -25,21 +23,8 @@ class Body:
 
 @pytest.fixture
 def url():
-    class H(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = Body.text.encode()
-            self.send_response(Body.status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
-    srv.shutdown()
+    with metrics_server(lambda: (Body.status, Body.text)) as u:
+        yield u
     Body.text, Body.status = VLLM % (100, 40), 200
 
 
@@ -76,20 +61,5 @@ def test_bad_urls_say_so():
     with pytest.raises(MetricsError, match="could not read"):
         num_gpu_blocks("http://127.0.0.1:9/metrics", timeout=1)
     with pytest.raises(MetricsError, match="num_gpu_blocks"):
-        summarize_only = "vllm:kv_cache_usage_perc 0.5\n"
-
-        class Local(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                self.send_response(200)
-                self.end_headers()
-                self.wfile.write(summarize_only.encode())
-
-            def log_message(self, *a):
-                pass
-
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Local)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        try:
-            num_gpu_blocks(f"http://127.0.0.1:{srv.server_address[1]}/")
-        finally:
-            srv.shutdown()
+        with metrics_server(lambda: (200, "vllm:kv_cache_usage_perc 0.5\n")) as url:
+            num_gpu_blocks(url)

@@ -25,7 +25,7 @@ class Cli:
         self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", *args, "--port", str(self.port)],
                                      cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        end = time.monotonic() + 30
+        end = time.monotonic() + 60  # importing torch on a loaded machine takes a while
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 raise RuntimeError(self.proc.stdout.read().decode())
@@ -61,7 +61,7 @@ def test_mirror_command_records_and_the_recording_plays_back(ipc, vllm_kv, tmp_p
             pub.publish(vllm_kv.KVEventBatch(ts=time.time(), events=to_engine(vllm_kv, src.step())))
         pub.publish(vllm_kv.KVEventBatch(ts=time.time(), events=[]))
         wait_for(lambda: (cli.stats("engine")["mirror"]["source"]["last_seq"] or 0) >= 40 or
-                 pub.publish(vllm_kv.KVEventBatch(ts=time.time(), events=[])), timeout=20,
+                 pub.publish(vllm_kv.KVEventBatch(ts=time.time(), events=[])), timeout=60,
                  what="the mirror to catch up")
         m = cli.stats("engine")["mirror"]
         assert m["cached_blocks"] == len(src.cached) and m["source"]["lost_batches"] == 0
@@ -152,7 +152,7 @@ def test_prefix_publish_is_a_live_engine(tmp_path):
     port, replay = free_port(), free_port()
     mirror = MirrorPool(4096, name="router", device="cpu")
     sub = follow(mirror, f"tcp://127.0.0.1:{port}", topic="kv",
-                 replay_endpoint=f"tcp://127.0.0.1:{replay}")
+                 replay_endpoint=f"tcp://127.0.0.1:{replay}", replay_timeout=30)
     try:
         r = run("prefix", "--trace", str(trace), "--publish", f"tcp://*:{port}",
                 "--publish-replay-endpoint", f"tcp://*:{replay}", "--publish-topic", "kv",

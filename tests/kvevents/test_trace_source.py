@@ -11,6 +11,7 @@ import msgspec
 import pytest
 import zmq
 from kve_contract_pool import ContractPrefixPool
+from kve_zmq import connect_joined
 from test_real_publishers import wait_for
 
 from allocator.mirror import MirrorPool
@@ -63,12 +64,11 @@ def test_published_trace_is_mirrored_exactly(name, make, ipc, vllm_kv):
     pool = make()
     pub = PoolPublisher(pool, ipc("pub"), replay_endpoint=ipc("replay"), topic="kv")
     mirror = MirrorPool(64, name="router-view", device="cpu")
-    sub = follow(mirror, ipc("pub"), topic="kv", replay_endpoint=ipc("replay"))
+    sub = follow(mirror, ipc("pub"), topic="kv", replay_endpoint=ipc("replay"), replay_timeout=30)
     raw = zmq.Context.instance().socket(zmq.SUB)
     raw.setsockopt(zmq.SUBSCRIBE, b"kv")
-    raw.connect(ipc("pub"))
     try:
-        time.sleep(0.3)
+        connect_joined(raw, ipc("pub"))  # slow joiner: it must see every batch
         counts = run_live_source(pool, trace(150), pub, speed=None)
         assert counts["requests"] == 150 and counts["events"] > 0 and counts["cached_tokens"] > 0
         want = reference_set(pool)
@@ -80,7 +80,7 @@ def test_published_trace_is_mirrored_exactly(name, make, ipc, vllm_kv):
         # vLLM's own typed decoder reads every batch.
         dec = msgspec.msgpack.Decoder(type=vllm_kv.KVEventBatch)
         n = 0
-        while raw.poll(200):
+        while raw.poll(2000):
             topic, seq, payload = raw.recv_multipart()
             n += len(dec.decode(payload).events)
         assert n == counts["events"]

@@ -42,7 +42,7 @@ def test_record_a_scenario_then_open_it(tmp_path):
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(300):
+        for _ in range(600):  # about 60 s: importing torch on a loaded machine takes a while
             try:
                 if httpx.get(url + "/healthz", timeout=1).status_code == 200:
                     break
