@@ -121,12 +121,23 @@ class Recorder:
                 "recording": not self.stopped}
 
 
+# The first bytes of the other kind of kvscope recording, the KV events a mirror received
+# (kvevents/recording.py, not importable from allocator/): named so that a user handed the wrong
+# file is told which command reads it.
+KV_EVENT_RECORDING_MAGIC = b"KVSREC1\n"
+
+
 def read_recording(path: str | Path) -> tuple[dict, HistoryView]:
     """(meta, view) of a recording file, complete or cut short by a killed writer. Raises
     InvalidRequest when the file is not a kvscope recording."""
     path = Path(path)
     if not path.is_file():
         raise InvalidRequest(f"no recording file at {str(path)!r}")
+    with open(path, "rb") as f:
+        head = f.read(len(KV_EVENT_RECORDING_MAGIC))
+    if head == KV_EVENT_RECORDING_MAGIC:
+        raise InvalidRequest(f"{str(path)!r} is a KV-event recording (kvscope mirror --record), not a "
+                             "pool history: read it with `kvscope recording FILE`")
     try:
         db = sqlite3.connect(path)  # not mode=ro: a killed writer's WAL may need recovering
         try:

@@ -18,6 +18,8 @@ from .codec import WireError, decode_batch
 
 FORMAT = 1
 MAGIC = b"KVSREC1\n"
+# A pool history recording (allocator/recording.py) is an SQLite file: told apart by its header.
+SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 class Recorder:
@@ -53,7 +55,11 @@ def read(path: str) -> Iterator[tuple[float, int, bytes]]:
     recording; a record cut short at the end (a crash while writing) ends the reading."""
     dec = msgspec.msgpack.Decoder()
     with open(path, "rb") as f:
-        if f.read(len(MAGIC)) != MAGIC:
+        head = f.read(len(MAGIC))
+        if head != MAGIC:
+            if head == SQLITE_MAGIC[:len(MAGIC)]:
+                raise WireError("malformed", f"{path} is a pool history recording (kvscope record), "
+                                "not KV events: open it with `kvscope open FILE`")
             raise WireError("malformed", f"{path} is not a kvscope recording")
         first = True
         while True:

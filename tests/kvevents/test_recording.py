@@ -62,3 +62,15 @@ def test_speed_and_stop(tmp_path):
     stop = threading.Event()
     stop.set()
     assert replay_into(str(path), MirrorPool(8, name="s", device="cpu"), stop=stop)["batches"] == 0
+
+
+def test_a_pool_history_recording_is_named_with_the_command_that_opens_it(tmp_path):
+    from allocator import create_pool
+    from allocator.recording import Recorder as HistoryRecorder
+
+    pool = create_pool("paged", num_blocks=16, block_bytes=64, device="cpu")
+    rec = HistoryRecorder(pool, tmp_path / "history.kvrec")
+    pool.allocate(100)
+    rec.stop()
+    with pytest.raises(WireError, match="pool history recording .*kvscope open FILE"):
+        list(read(str(tmp_path / "history.kvrec")))
