@@ -6,6 +6,7 @@ import json
 import pickle
 import sqlite3
 import time
+import zlib
 from pathlib import Path
 
 from .errors import Conflict, InvalidRequest
@@ -127,17 +128,40 @@ class Recorder:
 KV_EVENT_RECORDING_MAGIC = b"KVSREC1\n"
 
 
-def read_recording(path: str | Path) -> tuple[dict, HistoryView]:
+SQLITE_MAGIC = b"SQLite format 3\x00"
+# What other files a user may hand over, by their first bytes, to say what was given instead.
+OTHER_KINDS = ((b"\x1f\x8b", "gzip data"), (b"PK\x03\x04", "a zip archive"),
+               (b"\x80", "a pickle (a PyTorch memory snapshot opens with `python -m torch.cuda._memory_viz`)"))
+OPEN_HINT = "pool histories come from `kvscope record` or a pool's Record button and open with `kvscope open FILE`"
+
+
+def describe_head(head: bytes) -> str:
+    """What a file that is not a pool history seems to be, from its first bytes."""
+    if not head:
+        return "an empty file"
+    for magic, what in OTHER_KINDS:
+        if head.startswith(magic):
+            return what
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "JSON or other text"
+    return "neither an SQLite pool history nor a KV-event recording"
+
+
+def read_recording(path: str | Path, label: str | None = None) -> tuple[dict, HistoryView]:
     """(meta, view) of a recording file, complete or cut short by a killed writer. Raises
-    InvalidRequest when the file is not a kvscope recording."""
+    InvalidRequest when the file is not a kvscope recording, saying what it is instead and
+    which command reads it. `label` names the file in messages (default: its path)."""
     path = Path(path)
+    where = label or repr(str(path))
     if not path.is_file():
-        raise InvalidRequest(f"no recording file at {str(path)!r}")
+        raise InvalidRequest(f"no recording file at {where}")
     with open(path, "rb") as f:
-        head = f.read(len(KV_EVENT_RECORDING_MAGIC))
-    if head == KV_EVENT_RECORDING_MAGIC:
-        raise InvalidRequest(f"{str(path)!r} is a KV-event recording (kvscope mirror --record), not a "
+        head = f.read(len(SQLITE_MAGIC))
+    if head.startswith(KV_EVENT_RECORDING_MAGIC):
+        raise InvalidRequest(f"{where} is a KV-event recording (kvscope mirror --record), not a "
                              "pool history: read it with `kvscope recording FILE`")
+    if head != SQLITE_MAGIC and (head or not Path(f"{path}-wal").is_file()):  # (a WAL may hold it all)
+        raise InvalidRequest(f"{where} is not a kvscope recording: {describe_head(head)}; {OPEN_HINT}")
     try:
         db = sqlite3.connect(path)  # not mode=ro: a killed writer's WAL may need recovering
         try:
@@ -148,24 +172,57 @@ def read_recording(path: str | Path) -> tuple[dict, HistoryView]:
                     db.execute("SELECT first, last, blob FROM segments ORDER BY first")]
         finally:
             db.close()
-    except (sqlite3.Error, json.JSONDecodeError, pickle.UnpicklingError) as exc:
-        raise InvalidRequest(f"{str(path)!r} is not a kvscope recording: {exc}") from None
+    except (sqlite3.Error, json.JSONDecodeError, pickle.UnpicklingError, TypeError, ValueError,
+            EOFError) as exc:
+        raise InvalidRequest(f"{where} is an SQLite database but not a kvscope recording ({exc}); "
+                             f"{OPEN_HINT}") from None
     if meta.get("format") != FORMAT or not kfs:
-        raise InvalidRequest(f"{str(path)!r} is not a kvscope recording (format {meta.get('format')!r})")
+        raise InvalidRequest(f"{where} is an SQLite database but not a kvscope recording "
+                             f"(format {meta.get('format')!r}); {OPEN_HINT}")
     try:
         for seg in segs[:1] + segs[-1:]:  # the data is plain: refuse anything else up front
             seg.rows()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
-        raise InvalidRequest(f"{str(path)!r} is not a kvscope recording: {exc}") from None
+        raise InvalidRequest(f"{where} is not a kvscope recording: {exc}") from None
     last = segs[-1].last if segs else kfs[0].seq
     for a, b in zip(segs, segs[1:]):
         if b.first != a.last + 1:
-            raise InvalidRequest(f"recording {str(path)!r} is corrupt: events {a.last + 1}..{b.first - 1} missing")
+            raise InvalidRequest(f"recording {where} is corrupt: events {a.last + 1}..{b.first - 1} missing")
     view = HistoryView(geometry=meta["geometry"], keyframes=[k for k in kfs if k.seq <= last],
                        segments=segs, tail=[], last_seq=last, dropped_events=0)
     return meta, view
 
 
+def check_untrusted(meta: dict, view: HistoryView, max_blocks: int, where: str) -> None:
+    """Bounds a recording from elsewhere (an upload) must keep before anything is allocated
+    for it: a known strategy, at most `max_blocks` blocks, keyframes that inflate to exactly
+    the map's size (a zlib bomb stops at one byte more). Raises InvalidRequest."""
+    geo = meta.get("geometry")
+    n = geo.get("num_blocks") if isinstance(geo, dict) else None
+    if not (isinstance(n, int) and 0 < n <= max_blocks and isinstance(geo.get("block_bytes"), int)
+            and geo["block_bytes"] > 0 and geo.get("strategy") in ("paged", "contiguous", "tiered")):
+        raise InvalidRequest(f"{where} is corrupt or too large: geometry {geo!r} (at most "
+                             f"{max_blocks} blocks of a paged, contiguous or tiered pool)")
+    for kf in view.keyframes:
+        for blob, width in ((kf.owner_z, 4), (kf.state_z, 1)):
+            try:
+                size = len(zlib.decompressobj().decompress(blob, n * width + 1))
+            except (zlib.error, TypeError) as exc:
+                raise InvalidRequest(f"{where} is corrupt: keyframe {kf.seq}: {exc}") from None
+            if size != n * width:
+                raise InvalidRequest(f"{where} is corrupt: keyframe {kf.seq} does not hold {n} blocks")
+
+
+def open_untrusted(path: str | Path, name: str, max_blocks: int, label: str) -> RecordedPool:
+    """A RecordedPool of a file from elsewhere, refused with InvalidRequest (never another
+    exception) when it is not a sound kvscope recording."""
+    meta, view = read_recording(path, label)
+    check_untrusted(meta, view, max_blocks, label)
+    try:
+        return RecordedPool(path, name, preread=(meta, view))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError, zlib.error,
+            pickle.UnpicklingError, EOFError) as exc:
+        raise InvalidRequest(f"{label} is corrupt: its events do not replay ({type(exc).__name__}: {exc})") from None
 
 
 class ReadOnly(Conflict, AttributeError):
@@ -229,10 +286,11 @@ class RecordedPool:
     cache = None
     model = None
 
-    def __init__(self, path: str | Path, name: str | None = None) -> None:
+    def __init__(self, path: str | Path, name: str | None = None,
+                 preread: tuple[dict, HistoryView] | None = None) -> None:
         from .blockmap import BlockMap
 
-        meta, view = read_recording(path)
+        meta, view = preread or read_recording(path)
         self.path = str(path)
         self.meta = meta
         geo = view.geometry
@@ -288,4 +346,4 @@ class RecordedPool:
         return False
 
 
-__all__ = ["ReadOnly", "RecordedPool", "Recorder", "read_recording"]
+__all__ = ["ReadOnly", "RecordedPool", "Recorder", "open_untrusted", "read_recording"]

@@ -1,4 +1,5 @@
-"""Body-size cap as a pure-ASGI middleware: a request body above `max_body` bytes gets 413."""
+"""Body-size cap as a pure-ASGI middleware: a request body above `max_body` bytes gets 413
+(above a route's own cap for the few paths in `wider`: the recording upload)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ from .errors import ApiError, error_body
 class BodyLimitMiddleware:
     """Refuses by Content-Length up front; counts streamed (chunked) bodies as they arrive."""
 
-    def __init__(self, app, max_body: int) -> None:
+    def __init__(self, app, max_body: int, wider: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_body = max_body
+        self.wider = wider or {}  # exact path -> its cap
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.max_body
+        limit = self.wider.get(scope.get("path", ""), self.max_body)
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:

@@ -115,7 +115,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_openapi(app)
     # Added innermost first: Security (outermost) -> Latency -> BodyLimit -> Head -> the app.
     app.add_middleware(HeadMiddleware)
-    app.add_middleware(BodyLimitMiddleware, max_body=settings.max_body)
+    app.add_middleware(BodyLimitMiddleware, max_body=settings.max_body,
+                       wider={recordings.UPLOAD_PATH: settings.max_upload})
     app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
     app.add_middleware(SecurityMiddleware, settings=settings)
     return app

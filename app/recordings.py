@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import secrets
 import sqlite3
 import time
 from pathlib import Path
 
 from allocator.errors import Conflict, InvalidRequest, KVScopeError, NotFound
-from allocator.recording import RecordedPool, Recorder, read_recording
+from allocator.recording import RecordedPool, Recorder, open_untrusted, read_recording
 
 FLUSH_S = 0.5  # at most this much (plus one flush's time) is lost when the server is killed
 SUFFIX = ".kvrec"
@@ -98,6 +100,24 @@ class Recordings:
         if not path.is_file():
             raise NotFound("recording", name)
         return RecordedPool(path, as_name or pool_name_for(path.stem))
+
+
+    def incoming(self) -> Path:
+        """A fresh hidden file in the directory for an upload's bytes (not listed: no suffix)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return self.directory / f".upload-{secrets.token_hex(8)}.part"
+
+    def accept_upload(self, part: Path, max_blocks: int) -> RecordedPool:
+        """Check an uploaded file (`incoming()`) as a recording from elsewhere and keep it as
+        `upload-<date>-<time>-<random>.kvrec`: the name is the server's, never the client's.
+        Returns it opened read-only (pool `rec-<name>`). Raises InvalidRequest (the file is
+        not kept then). Blocking: run it off the event loop."""
+        name = f"upload-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        pool = open_untrusted(part, pool_name_for(name), max_blocks, "the uploaded file")
+        final = self.file_of(name)
+        os.link(part, final)  # fails rather than replace an existing file
+        pool.path = str(final)
+        return pool
 
 
 def pool_name_for(stem: str) -> str:

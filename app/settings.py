@@ -76,6 +76,9 @@ class Settings:
     max_pools: int = 32
     max_batch: int = 10_000
     max_body: int = 16 * MIB
+    # A recording file uploaded from the page (POST /api/recordings/upload), the one body
+    # allowed past max_body: a pool's history is tens of MiB (64 MiB budget by default).
+    max_upload: int = 256 * MIB
     stream_interval_s: float = 0.05
     # Security (app/security.py): hosts and origins besides the server's own; "*" allows any.
     # None means "derive from `host`": loopback names, plus any name when listening on all
@@ -90,7 +93,7 @@ class Settings:
     max_stream_clients_per_pool: int = 16
     stream_stall_s: float = 5.0
     head_timeout_s: float = 10.0  # a connection must send a complete request head this soon
-    recordings_dir: str = "recordings"  # where POST .../recording writes its .kvrec files
+    recordings_dir: str = "recordings"  # where POST .../recording writes its .kvrec files, and uploads go
     history_bytes: int = 64 * MIB  # each pool's in-memory history budget (0: no history)
     open_recordings: tuple[str, ...] = ()  # recording files served read-only (kvscope open)
 
@@ -109,6 +112,7 @@ class Settings:
             max_pools=_env_int("KVSCOPE_MAX_POOLS", 32, 1),  # the default pool needs one
             max_batch=_env_int("KVSCOPE_MAX_BATCH", 10_000),
             max_body=_env_int("KVSCOPE_MAX_BODY", 16 * MIB),
+            max_upload=_env_int("KVSCOPE_MAX_UPLOAD", 256 * MIB),
             allowed_hosts=_env_list("KVSCOPE_ALLOWED_HOSTS"),
             allowed_origins=_env_list("KVSCOPE_ALLOWED_ORIGINS") or (),
             max_total_bytes=_env_int("KVSCOPE_MAX_TOTAL_BYTES", 0),

@@ -11,6 +11,7 @@ from allocator import STATE_NAMES
 from allocator.errors import Conflict, InvalidRequest
 from allocator.history import HistoryView, map_runs
 from allocator.prefix import PrefixPool
+from allocator.series import DEFAULT_POINTS, MAX_POINTS, history_series
 
 from ..auth import check_token
 from ..deps import PoolDep
@@ -71,6 +72,31 @@ async def get_history(handle: PoolDep) -> dict:
     `at_seq`. `dropped_events` > 0 when the oldest events went to keep the history within its
     memory budget (`max_bytes`)."""
     return history_info(handle)
+
+
+@router.get("/{pool}/history/series", summary="The charts' figures sampled over a stretch of the history")
+async def get_history_series(
+    handle: PoolDep,
+    from_seq: Annotated[int | None, Query(ge=0, le=1 << 62, description="first event seq (default: the oldest kept)")] = None,
+    to_seq: Annotated[int | None, Query(ge=0, le=1 << 62, description="last event seq (default: the newest)")] = None,
+    points: Annotated[int, Query(ge=1, le=MAX_POINTS, description=f"at most this many points, 1..{MAX_POINTS}")] = DEFAULT_POINTS,
+) -> dict:
+    """At up to `points` evenly spaced event seqs of from_seq..to_seq (both ends included): the
+    seq and time of the event, utilization, internal and external fragmentation, requested and
+    allocated bytes, used and free blocks, the largest free extent, live allocations, the OOM
+    totals, and the evictions, hits and misses since the previous point, as `columns` (one list
+    per figure). The page's charts draw an opened recording, or a live pool's past, from it.
+    Replayed once off the event loop, rolling forward from one point to the next. A seq outside
+    the history is 404; from_seq after to_seq 422."""
+    refuse_inexact_replay(handle)
+    view = history_view(handle)
+    first = view.first_seq if from_seq is None else from_seq
+    last = view.last_seq if to_seq is None else to_seq
+    view.check_seq(first)
+    view.check_seq(last)
+    if first > last:
+        raise InvalidRequest(f"from_seq {first} is after to_seq {last}: give from_seq <= to_seq")
+    return await run_in_threadpool(history_series, view, first, last, points)
 
 
 @router.get("/{pool}/history/events", summary="Events of the whole kept history")

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path as Pathlib
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request, status
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
-from allocator.errors import NotFound
+from allocator.errors import Conflict, InvalidRequest, NotFound
 
 from ..auth import check_token
 from ..deps import HubDep, PoolDep, RegistryDep
+from ..errors import ApiError
 from ..recordings import NAME_PATTERN, Recordings
 from ..schemas import POOL_NAME_PATTERN
 
 router = APIRouter(tags=["recordings"])
+
+UPLOAD_PATH = "/api/recordings/upload"
+OCTET = "application/octet-stream"
+WRITE_CHUNK = 1 << 20  # upload bytes gathered before one write, off the event loop
 
 RecordingName = Annotated[str, Path(pattern=NAME_PATTERN, description="recording name (file without .kvrec)")]
 
@@ -93,3 +100,58 @@ async def open_recording(name: RecordingName, request: Request, registry: Regist
     handle = registry.adopt(pool.name, pool)
     hub.attach(handle)
     return handle.describe()
+
+
+@router.post(UPLOAD_PATH, status_code=status.HTTP_201_CREATED,
+             summary="Upload a recording file and serve it as a read-only pool",
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 OCTET: {"schema": {"type": "string", "format": "binary"}}}}})
+async def upload_recording(request: Request, registry: RegistryDep, hub: HubDep) -> dict:
+    """The body is the file's bytes (`Content-Type: application/octet-stream`; the one mutation
+    that is not JSON: a file is bytes, and this type is no more CORS-safelisted than JSON, so a
+    cross-site form cannot send it either). At most KVSCOPE_MAX_UPLOAD bytes (413 says the cap).
+    It must be a pool history recording (`kvscope record`, Record on the page): anything else is
+    422 saying what the file is and which command reads it (a KV-event recording: `kvscope
+    recording FILE`). Kept in the recordings directory as `upload-<date>-<time>-<random>` (a
+    name the server chooses), then opened like POST /api/recordings/{name}/open: the answer
+    is the pool it is served as (`rec-upload-...`)."""
+    recs = recordings_of(request)
+    limit = request.app.state.settings.max_upload
+    part = recs.incoming()
+    try:
+        size = await receive_to(request, part, limit)
+        if size == 0:
+            raise InvalidRequest("empty upload: send the recording file's bytes as the body")
+        pool = await run_in_threadpool(recs.accept_upload, part, request.app.state.settings.max_blocks)
+    finally:
+        for leftover in (part, part.with_name(part.name + "-wal"), part.with_name(part.name + "-shm")):
+            leftover.unlink(missing_ok=True)
+    try:
+        handle = registry.adopt(pool.name, pool)
+    except Conflict:
+        Pathlib(pool.path).unlink(missing_ok=True)  # a refused request keeps nothing
+        raise
+    hub.attach(handle)
+    return handle.describe() | {"recording": Pathlib(pool.path).stem}
+
+
+async def receive_to(request: Request, path: Pathlib, limit: int) -> int:
+    """Stream the body to `path`, writes off the event loop. Raises ApiError 413 past `limit`."""
+    size = 0
+    buf: list[bytes] = []
+    pending = 0
+    with open(path, "wb") as f:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, "too_large", f"recording upload exceeds {limit} bytes "
+                               "(KVSCOPE_MAX_UPLOAD)", {"max_bytes": limit})
+            buf.append(chunk)
+            pending += len(chunk)
+            if pending >= WRITE_CHUNK:
+                await run_in_threadpool(f.write, b"".join(buf))
+                buf.clear()
+                pending = 0
+        if buf:
+            await run_in_threadpool(f.write, b"".join(buf))
+    return size
