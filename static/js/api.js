@@ -39,7 +39,7 @@ export function setAuthHandler(fn) {
 /**
  * @param {string} method
  * @param {string} path  starting with /api/
- * @param {Object} [body]
+ * @param {Object|Blob} [body]  JSON, or a Blob sent as application/octet-stream
  * @returns {Promise<any>} parsed JSON, or null for 204
  * @throws {ApiError}
  */
@@ -48,9 +48,12 @@ export async function api(method, path, body, retried = false) {
   const headers = {};
   const token = getToken();
   if (token) headers.Authorization = `Bearer ${token}`;
-  // The server refuses a POST without it, body or not (a cross-site form could send one).
-  if (body !== undefined || method === "POST") headers["Content-Type"] = "application/json";
-  const res = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  // The server refuses a POST without it, body or not (a cross-site form could send one). A file
+  // (Blob) goes as its bytes: the recording upload, the one route that takes octet-stream.
+  const raw = typeof Blob !== "undefined" && body instanceof Blob;
+  if (body !== undefined || method === "POST") headers["Content-Type"] = raw ? "application/octet-stream" : "application/json";
+  const payload = body === undefined ? undefined : raw ? body : JSON.stringify(body);
+  const res = await fetch(path, { method, headers, body: payload });
   if ((res.status === 401 || res.status === 403) && !retried) {
     if (await onAuthRequired()) return api(method, path, body, true);
   }
@@ -156,6 +159,12 @@ export function pool(name) {
     /** @param {{after?: number, limit?: number, kinds?: string[]}} q */
     historyEvents: (q) =>
       api("GET", `${base}/history/events?after=${q.after || 0}&limit=${q.limit || 1000}${q.kinds ? `&kinds=${q.kinds.join(",")}` : ""}`),
+    /**
+     * The charts' figures at up to `points` evenly spaced seqs of from..to (series.js SeriesBody).
+     * @param {number} from @param {number} to @param {number} points
+     */
+    historySeries: (from, to, points) =>
+      api("GET", `${base}/history/series?from_seq=${from}&to_seq=${to}&points=${points}`),
     /** @param {number} seq the map right after event `seq` */
     blockmapAt: (seq) => api("GET", `${base}/blockmap?format=json&at_seq=${seq}`),
     /** @param {number} seq */
@@ -171,4 +180,9 @@ export const recordings = {
   list: () => api("GET", "/api/recordings"),
   /** @param {string} name @returns {Promise<{name: string}>} the pool it is served as */
   open: (name) => api("POST", `/api/recordings/${encodeURIComponent(name)}/open`, {}),
+  /**
+   * Upload a recording file: kept on the server under a name it chooses and opened read-only.
+   * @param {Blob} file @returns {Promise<{name: string, recording: string}>} the pool it is served as
+   */
+  upload: (file) => api("POST", "/api/recordings/upload", file),
 };

@@ -1,4 +1,5 @@
-// Time-series charts (vendored uPlot) over the model's stats history.
+// Time-series charts (vendored uPlot) over the model's stats history, or over columns rebuilt
+// from the pool's history (series.js) while the timeline shows the past or a recording.
 
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 import { scatterFails } from "./vocab.js";
@@ -11,7 +12,7 @@ const AXIS = { stroke: "#8b95a7", grid: { stroke: "#1f2632", width: 1 }, ticks: 
 const pctAxis = { ...AXIS, size: 44, values: (_u, ticks) => ticks.map((v) => `${Math.round(v * 100)}%`) };
 
 /** Before two samples exist uPlot would span years: show the last minute instead. */
-function xRange(_u, min, max) {
+function liveRange(_u, min, max) {
   if (min == null || max == null || !Number.isFinite(min) || !Number.isFinite(max)) {
     const now = Date.now() / 1000;
     return [now - 60, now];
@@ -65,6 +66,14 @@ export function createCharts(root, model) {
   root.classList.add("charts");
   /** Time (unix s) of the moment the timeline shows, drawn as a dashed line; null when live. @type {number|null} */
   let markTs = null;
+  /** Columns rebuilt from the history (model.HISTORY_SERIES order) shown instead of the live samples, or null. @type {(number|null)[][]|null} */
+  let past = null;
+  /** The x range: the live samples' (the last minute at first), or exactly the past columns' span. */
+  function xRange(u, min, max) {
+    if (!past) return liveRange(u, min, max);
+    if (min == null || max == null || !Number.isFinite(min) || !Number.isFinite(max)) return liveRange(u, min, max);
+    return max > min ? [min, max] : [min - 1, max + 1];
+  }
   /** @param {uPlot} u */
   function drawMark(u) {
     if (markTs == null) return;
@@ -132,7 +141,7 @@ export function createCharts(root, model) {
     pending = 0;
     if (model.config) label(model.stats ? model.stats.scatter_fails !== false : scatterFails(model.config.strategy));
     lastDraw = performance.now();
-    const cols = model.history.toArrays();
+    const cols = past || model.history.toArrays();
     for (const { def, plot } of plots) {
       plot.setData([cols[0], ...def.cols.map((c) => cols[c])]);
       if (cols[0].length < 2) {
@@ -167,6 +176,23 @@ export function createCharts(root, model) {
       for (const { plot } of plots) plot.redraw(false, false);
     },
     marked: () => markTs,
+    /**
+     * Draw these columns (rebuilt from the history) instead of the live samples; null: live again.
+     * @param {(number|null)[][]|null} cols
+     */
+    showPast(cols) {
+      past = cols;
+      window.clearTimeout(pending);
+      pending = 0;
+      draw();
+    },
+    /** What is drawn: {source: "live"|"past", points, first, last (unix s), utilization (the newest)}. */
+    summary() {
+      const cols = past || model.history.toArrays();
+      const n = cols[0].length;
+      return { source: past ? "past" : "live", points: n, first: n ? cols[0][0] : null, last: n ? cols[0][n - 1] : null,
+        utilization: n ? cols[1][n - 1] : null, utilizations: cols[1].slice() };
+    },
     destroy() {
       ro.disconnect();
       for (const { plot } of plots) plot.destroy();

@@ -13,6 +13,7 @@ import { createHeatmap } from "./heatmap.js";
 import { PoolModel, formatBytes } from "./model.js";
 import { FOREST_REFRESH_MS, describeMirror, mirrorAlerts } from "./mirror.js";
 import { PANEL_REFRESH_MS, numbersHtml, renderAlerts, renderLog, selectedTypes } from "./panels.js";
+import { SERIES_POINTS, createSeriesLoader, isRecording, seriesRange } from "./series.js";
 import { createTimeline } from "./timeline.js";
 
 const $ = (sel) => /** @type {HTMLElement} */ (document.querySelector(sel));
@@ -45,6 +46,8 @@ let heatmap = null;
 let charts = null;
 /** @type {ReturnType<typeof createTimeline>|null} */
 let timeline = null;
+/** Keeps the charts on the stretch of history the timeline calls for (series.js). @type {ReturnType<typeof createSeriesLoader>|null} */
+let seriesLoader = null;
 /** The past moment shown instead of the live pool (timeline), or null when live. @type {PoolModel|null} */
 let pastModel = null;
 let panelTimer = 0;
@@ -132,6 +135,7 @@ function onMessage(msg) {
       if (model.restarted) controls.status("server restarted, history reset", "err");
       if (msg.protocol !== page.protocol) controls.status(`server speaks stream protocol ${msg.protocol}, page expects ${page.protocol}: reload`, "err");
       describePool();
+      followSeries();
       heatmap && heatmap.relayout();
       curve.update(poolOnCurve(model.config, model.stats));
       break;
@@ -175,13 +179,20 @@ function drawMap(shownModel) {
   heatmap.schedule();
 }
 
+/** Charts over the history where the timeline calls for it: an opened recording all along, a
+ * live pool while scrubbed back (up to the chosen moment); the live samples otherwise. */
+function followSeries() {
+  if (seriesLoader && timeline) seriesLoader.want(seriesRange(timeline.state(), isRecording(model.config)));
+}
+
 /** Close the current pool's stream and drop what was drawn of it. */
 function disconnect() {
+  if (seriesLoader) seriesLoader.stop();
   if (socket) socket.close();
   if (heatmap) heatmap.destroy();
   if (charts) charts.destroy();
   if (timeline) timeline.destroy();
-  socket = heatmap = charts = timeline = pastModel = null;
+  socket = heatmap = charts = timeline = pastModel = seriesLoader = null;
   curve.update(null);
 }
 
@@ -196,6 +207,12 @@ function connect(name) {
     fetchBlock: (b) => poolApi(poolName).block(b),
   });
   charts = createCharts($("#charts"), model);
+  const shownCharts = charts;
+  seriesLoader = createSeriesLoader(
+    (r) => poolApi(name).historySeries(r.from, r.to, SERIES_POINTS),
+    (cols) => shownCharts.showPast(cols),
+    { onError: (err) => controls.status(`charts from history: ${err.message}`, "err") },
+  );
   timeline = createTimeline($("#timeline"), {
     getPool: () => poolName,
     getLiveModel: () => model,
@@ -205,6 +222,7 @@ function connect(name) {
       if (charts) charts.mark(ts);
       renderPanels();
     },
+    onChange: () => followSeries(),
     status: (m, k) => controls.status(m, k),
   });
   logDirty = true;
@@ -330,6 +348,8 @@ Object.defineProperty(window, "kvscope", {
     shownStats: () => (pastModel || model).stats,
     /** Time (unix s) the charts mark for the timeline's moment, or null. */
     chartMark: () => (charts ? charts.marked() : null),
+    /** What the charts draw: {source: "live"|"past", points, first, last, utilization, utilizations}. */
+    charts: () => (charts ? charts.summary() : null),
     stats: () => model.stats,
     alerts: () => model.alerts().concat(mirrorAlerts(model.stats)),
     events: () => model.events.slice(),

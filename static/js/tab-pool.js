@@ -1,4 +1,5 @@
-// Controls, Pool tab: defragment, reset, check, create a pool, delete this one.
+// Controls, Pool tab: defragment, reset, check, create a pool, delete this one; record, list,
+// open and upload recordings.
 
 import { pool as poolApi, pools, recordings } from "./api.js";
 import { escapeHtml } from "./dom.js";
@@ -96,6 +97,21 @@ export function createPoolTab(ctx, alloc) {
       const r = await recordings.open(name);
       env.onPoolCreated(r.name);
       return `opened ${name} as pool ${r.name} (read-only)`;
+    });
+  });
+  const fileInput = /** @type {HTMLInputElement} */ ($("#recording-file"));
+  $("#b-upload").addEventListener("click", () => fileInput.click());
+  fileInput.addEventListener("change", () => {
+    const file = fileInput.files && fileInput.files[0];
+    if (!file) return;
+    act("upload recording", async () => {
+      try {
+        const r = await recordings.upload(file);
+        env.onPoolCreated(r.name);
+        return `uploaded ${file.name} (${formatBytes(file.size)}) as ${r.recording}: opened as pool ${r.name} (read-only)`;
+      } finally {
+        fileInput.value = ""; // the same file again is a new upload
+      }
     });
   });
   return {

@@ -36,8 +36,10 @@ export function fraction(seq, first, last) {
 /**
  * @param {HTMLElement} root
  * @param {{getPool: () => string, getLiveModel: () => PoolModel,
- *          onShow: (model: PoolModel|null, ts: number|null) => void, status: (msg: string, kind?: string) => void}} opts
+ *          onShow: (model: PoolModel|null, ts: number|null) => void, status: (msg: string, kind?: string) => void,
+ *          onChange?: (state: {mode: string, seq: number, first: number, last: number}) => void}} opts
  *   onShow(model, ts): draw this past model (its event's time `ts`, null for seq 0); onShow(null, null): live.
+ *   onChange(state): the mode, the chosen seq or the kept range changed (the charts follow it).
  */
 export function createTimeline(root, opts) {
   root.innerHTML = `
@@ -77,6 +79,7 @@ export function createTimeline(root, opts) {
     label.textContent = state.mode === "live"
       ? `live · history ${state.first}..${state.last}${dropped}`
       : `event ${state.seq} of ${state.first}..${state.last}${dropped}${state.shown === state.seq ? "" : " · loading"}`;
+    if (opts.onChange && !destroyed) opts.onChange({ mode: state.mode, seq: state.seq, first: state.first, last: state.last });
   }
 
   function renderMarkers() {

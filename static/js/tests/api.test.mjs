@@ -46,3 +46,22 @@ test("the server's error body becomes an ApiError with its code", async () => {
   fakeFetch(() => [409, { error: { code: "conflict", message: "pinned", details: { key: "k" } } }]);
   await assert.rejects(pool("p").evict("k"), (err) => err instanceof ApiError && err.status === 409 && err.code === "conflict" && err.details.key === "k");
 });
+
+test("a recording file is uploaded as its bytes (octet-stream), the series URL carries its range", async () => {
+  const seen = [];
+  globalThis.window = { sessionStorage: { getItem: () => "tok" } };
+  globalThis.fetch = async (url, init) => {
+    seen.push({ url, method: init.method, headers: init.headers, body: init.body });
+    return { status: 201, ok: true, statusText: "", text: async () => JSON.stringify({ name: "rec-upload-x" }) };
+  };
+  const { recordings } = await import("../api.js");
+  const file = new Blob([new Uint8Array([83, 81, 76])]);
+  assert.deepEqual(await recordings.upload(file), { name: "rec-upload-x" });
+  await pool("p").historySeries(3, 90, 300);
+  assert.equal(seen[0].url, "/api/recordings/upload");
+  assert.equal(seen[0].method, "POST");
+  assert.equal(seen[0].headers["Content-Type"], "application/octet-stream");
+  assert.equal(seen[0].headers.Authorization, "Bearer tok");
+  assert.equal(seen[0].body, file); // the bytes themselves, not JSON
+  assert.equal(seen[1].url, "/api/pools/p/history/series?from_seq=3&to_seq=90&points=300");
+});
