@@ -158,8 +158,8 @@ def read_recording(path: str | Path, label: str | None = None) -> tuple[dict, Hi
     with open(path, "rb") as f:
         head = f.read(len(SQLITE_MAGIC))
     if head.startswith(KV_EVENT_RECORDING_MAGIC):
-        raise InvalidRequest(f"{where} is a KV-event recording (kvscope mirror --record), not a "
-                             "pool history: read it with `kvscope recording FILE`")
+        raise InvalidRequest(f"{where} is a KV-event recording (kvscope mirror --record, .kvevents), "
+                             "not a pool history: read it with `kvscope recording FILE`")
     if head != SQLITE_MAGIC and (head or not Path(f"{path}-wal").is_file()):  # (a WAL may hold it all)
         raise InvalidRequest(f"{where} is not a kvscope recording: {describe_head(head)}; {OPEN_HINT}")
     try:

@@ -27,8 +27,9 @@ def serve(argv: list[str], opening: bool = False) -> int:
     if opening:
         parser = argparse.ArgumentParser(prog="kvscope open", description=(
             "Serve recording files read-only, each as a pool named rec-<file name>, with the dashboard."))
-        parser.add_argument("files", nargs="+", help="recording files (.kvrec) made by `kvscope record` "
-                            "or POST /api/pools/{pool}/recording")
+        parser.add_argument("files", nargs="+", help="pool history recordings (.kvrec) made by `kvscope record` "
+                            "or POST /api/pools/{pool}/recording (a mirror's KV-event recording, .kvevents, is "
+                            "read by `kvscope recording`)")
     else:
         parser = argparse.ArgumentParser(prog="kvscope serve", description="Run the kvscope server.")
     parser.add_argument("--host", default=settings.host)
@@ -100,14 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,mirror,recording} [options]\n"
              "  serve      run the server: dashboard, REST API, stream, metrics (kvscope serve -h)\n"
-             "  open       serve recording files read-only, scrubbable in the dashboard (kvscope open -h)\n"
-             "  record     run a scenario or trace headless on one pool, recording it (kvscope record -h)\n"
+             "  open       serve pool history recordings (.kvrec) read-only, scrubbable in the dashboard (kvscope open -h)\n"
+             "  record     run a scenario or trace headless on one pool, recording it to a .kvrec (kvscope record -h)\n"
              "  replay     replay an LLM request trace through the serving simulator (kvscope replay -h)\n"
              "  scenario   run a fragmentation / chat / burst / prefix-chat scenario (kvscope scenario -h)\n"
              "  prefix     prefix-cache hit ratio vs capacity per policy on a Mooncake trace (kvscope prefix -h);\n"
              "             with --publish ENDPOINT, the trace as a live KV-event source (kvscope prefix --publish E -h)\n"
              "  mirror     the dashboard on a live vLLM/SGLang engine's prefix cache (kvscope mirror -h)\n"
-             "  recording  summarise or play back a mirror's recording (kvscope recording -h)")
+             "  recording  summarise or play back a mirror's KV-event recording, .kvevents (kvscope recording -h)")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2

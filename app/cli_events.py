@@ -41,6 +41,8 @@ def _server_args(p: argparse.ArgumentParser) -> None:
 
 
 def mirror_main(argv: list[str]) -> int:
+    from kvevents.recording import HISTORY_SUFFIX, SUFFIX
+
     p = argparse.ArgumentParser(
         prog="kvscope mirror",
         description="Serve the dashboard on a live vLLM / SGLang engine's prefix cache, followed "
@@ -50,7 +52,8 @@ def mirror_main(argv: list[str]) -> int:
     p.add_argument("--topic", default="", help="the engine's topic (default: all)")
     p.add_argument("--num-blocks", type=int, help="the engine's KV block count (else from --metrics-url)")
     p.add_argument("--metrics-url", help="the engine's /metrics (num_gpu_blocks, KV usage, hit ratio)")
-    p.add_argument("--record", metavar="FILE", help="also record every batch applied to FILE")
+    p.add_argument("--record", metavar="FILE", help="also record every batch applied to FILE, a KV-event "
+                   "recording (name it .kvevents; .kvrec is the pool history recordings' suffix)")
     _server_args(p)
     args = p.parse_args(argv)
     if args.num_blocks is None and not args.metrics_url:
@@ -61,6 +64,9 @@ def mirror_main(argv: list[str]) -> int:
     err = _check(spec)
     if err:
         p.error(err)
+    if args.record and args.record.endswith(HISTORY_SUFFIX):
+        p.error(f"--record {args.record}: {HISTORY_SUFFIX} is the suffix of pool history recordings "
+                f"(kvscope record / kvscope open); name a KV-event recording {SUFFIX}")
     spec["mirror"] = {k: v for k, v in spec["mirror"].items() if v is not None}
     if args.num_blocks is None:  # read it now: a bad URL is one line here, not a failed startup
         from kvevents.engine_metrics import MetricsError, num_gpu_blocks
@@ -195,12 +201,15 @@ def prefix_publish_main(argv: list[str]) -> int:
 
 
 def recording_main(argv: list[str]) -> int:
+    from kvevents.recording import HISTORY_SUFFIX, SUFFIX
+
     p = argparse.ArgumentParser(
         prog="kvscope recording",
         description="Summarise a recording made by `kvscope mirror --record` (blocks cached at "
                     "the end, lost batches, restarts, the prefix forest), or play it back on the "
                     "dashboard with --serve.")
-    p.add_argument("file")
+    p.add_argument("file", help=f"a KV-event recording ({SUFFIX}; one named {HISTORY_SUFFIX} from "
+                   "before the suffixes were told apart reads the same)")
     p.add_argument("--num-blocks", type=int, default=65_536, help="logical slots (default 65536)")
     p.add_argument("--serve", action="store_true", help="play it back on the dashboard")
     p.add_argument("--speed", type=float, default=None,

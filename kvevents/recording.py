@@ -4,6 +4,10 @@ A recording is the magic `KVSREC1\n` then length-prefixed records (u32 big-endia
 msgpack): a header `{"kvscope_recording": 1, "endpoint": ..., "topic": ..., "started": ts}`, then
 `[recv_ts, seq, topic, payload]` per batch the subscriber applied, in seq order (payload: the raw
 bytes as received, so a recording keeps even what kvscope could not decode).
+
+Files are named `*.kvevents` (SUFFIX); the SQLite pool history recordings of `kvscope record`
+are `*.kvrec`. A reader goes by the first bytes, never by the name, so KV-event recordings made
+before the two suffixes were told apart (named `.kvrec`) still read.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from .codec import WireError, decode_batch
 
 FORMAT = 1
 MAGIC = b"KVSREC1\n"
+SUFFIX = ".kvevents"
+HISTORY_SUFFIX = ".kvrec"  # a pool history recording (allocator/recording.py), not this kind
 # A pool history recording (allocator/recording.py) is an SQLite file: told apart by its header.
 SQLITE_MAGIC = b"SQLite format 3\x00"
 

@@ -111,8 +111,8 @@ def test_a_recording_that_names_code_is_refused_not_run(tmp_path) -> None:
 def test_a_kv_event_recording_is_named_with_the_command_that_reads_it(tmp_path) -> None:
     from kvevents.recording import Recorder as EventRecorder
 
-    events = EventRecorder(str(tmp_path / "mirror.kvrec"))
+    events = EventRecorder(str(tmp_path / "mirror.kvevents"))
     events.write(1.0, 0, b"kv", b"\x93\x00\x90\x00")
     events.close()
     with pytest.raises(InvalidRequest, match="KV-event recording .*kvscope recording FILE"):
-        read_recording(tmp_path / "mirror.kvrec")
+        read_recording(tmp_path / "mirror.kvevents")

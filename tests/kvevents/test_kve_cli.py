@@ -51,7 +51,7 @@ def run(*args) -> subprocess.CompletedProcess:
 
 
 def test_mirror_command_records_and_the_recording_plays_back(ipc, vllm_kv, tmp_path):
-    rec = tmp_path / "incident.kvrec"
+    rec = tmp_path / "incident.kvevents"
     pub = vllm_kv.ZmqEventPublisher(0, endpoint=ipc("pub"), replay_endpoint=ipc("replay"), topic="kv")
     src = RefPrefixCache(seed=21)
     cli = Cli("mirror", ipc("pub"), "--replay-endpoint", ipc("replay"), "--topic", "kv",
@@ -94,12 +94,16 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path):
     assert "Traceback" not in r.stderr
     r = run("mirror", "http://nope", "--num-blocks", "8")
     assert r.returncode == 2 and "endpoint" in r.stderr and "Traceback" not in r.stderr
-    bad = tmp_path / "x.kvrec"
+    bad = tmp_path / "x.kvevents"
     bad.write_bytes(b"not a recording")
     r = run("recording", str(bad))
     assert r.returncode == 2 and "not a kvscope recording" in r.stderr and "Traceback" not in r.stderr
     r = run("recording", str(tmp_path / "missing"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
+    # a KV-event recording is not given the pool history recordings' suffix
+    r = run("mirror", "tcp://127.0.0.1:5557", "--num-blocks", "8", "--record", str(tmp_path / "x.kvrec"))
+    assert r.returncode == 2 and ".kvrec is the suffix of pool history recordings" in r.stderr
+    assert ".kvevents" in r.stderr and not (tmp_path / "x.kvrec").exists()
 
 
 def test_serve_publish_default_pool(tmp_path):

@@ -27,7 +27,7 @@ def test_replay_equals_the_source_and_restarts_clear(tmp_path):
     rows += [(i, encode_batch(b.step(), 2.0)) for i in range(10)]  # the engine restarted
     rows[5] = (5, b"\xc1 garbage")  # what the engine sent, undecodable, kept as received
     rows.insert(7, rows[6])  # the same batch twice: skipped, not a restart
-    path = tmp_path / "r.kvrec"
+    path = tmp_path / "r.kvevents"
     assert record(path, rows).records == 41
     pool = MirrorPool(128, name="r", device="cpu")
     counts = replay_into(str(path), pool)
@@ -37,7 +37,7 @@ def test_replay_equals_the_source_and_restarts_clear(tmp_path):
 
 def test_cut_tail_is_tolerated_and_foreign_files_refused(tmp_path):
     a = RefPrefixCache(seed=3)
-    path = tmp_path / "r.kvrec"
+    path = tmp_path / "r.kvevents"
     record(path, [(i, encode_batch(a.step(), 1.0)) for i in range(5)])
     data = path.read_bytes()
     path.write_bytes(data[:-7])  # a crash while writing the last record
@@ -49,7 +49,7 @@ def test_cut_tail_is_tolerated_and_foreign_files_refused(tmp_path):
 
 
 def test_speed_and_stop(tmp_path):
-    path = tmp_path / "r.kvrec"
+    path = tmp_path / "r.kvevents"
     rec = Recorder(str(path))
     a = RefPrefixCache(seed=4)
     for i in range(3):
@@ -74,3 +74,16 @@ def test_a_pool_history_recording_is_named_with_the_command_that_opens_it(tmp_pa
     rec.stop()
     with pytest.raises(WireError, match="pool history recording .*kvscope open FILE"):
         list(read(str(tmp_path / "history.kvrec")))
+
+
+def test_a_kv_event_recording_named_kvrec_from_before_the_suffixes_split_still_reads(tmp_path):
+    a = RefPrefixCache(seed=6)
+    rows = [(i, encode_batch(a.step(), 1.0)) for i in range(6)]
+    new, old = tmp_path / "r.kvevents", tmp_path / "r.kvrec"
+    record(new, rows)
+    old.write_bytes(new.read_bytes())  # the same bytes under the old name: read by their magic
+    assert [s for _, s, _ in read(str(old))] == [s for _, s, _ in read(str(new))] == list(range(6))
+    pools = [MirrorPool(64, name=f"m{i}", device="cpu") for i in range(2)]
+    for pool, path in zip(pools, (old, new)):
+        replay_into(str(path), pool)
+    assert pools[0].cached_hashes() == pools[1].cached_hashes() == a.cached
