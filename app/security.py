@@ -13,7 +13,8 @@ present or future, gets it without naming it:
    opens: the browser sees the handshake fail). Requests without `Origin` are not from a
    browser page, and go on to the token.
 3. A POST must declare the media type of its route (`application/json`; the raw-data upload
-   `application/octet-stream`), even without a body; a PUT, PATCH or DELETE must when it has a
+   and the recording upload `application/octet-stream`: a file is bytes, not JSON), even
+   without a body; a PUT, PATCH or DELETE must when it has a
    body. Else 415 `unsupported_media_type`. Neither is a CORS-safelisted type, so a browser
    has to preflight, which the server never grants: a cross-site form post cannot be sent.
    (Checked after the token, so an unauthenticated caller learns nothing about routes.)
