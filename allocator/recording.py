@@ -213,15 +213,45 @@ def check_untrusted(meta: dict, view: HistoryView, max_blocks: int, where: str) 
                 raise InvalidRequest(f"{where} is corrupt: keyframe {kf.seq} does not hold {n} blocks")
 
 
-def open_untrusted(path: str | Path, name: str, max_blocks: int, label: str) -> RecordedPool:
+def check_rows(view: HistoryView, each=None) -> None:
+    """Every stored event of a recording from elsewhere, once, in order: seqs contiguous from
+    the first keyframe, known kinds of at most their fields' length, and the whole history
+    replayed from the first keyframe (what any `at_seq` later replays, it replays here first).
+    `each(row)`: the caller's own check of a row. Raises whatever a bad row raises."""
+    from .history import Replayer
+    from .vocab import EVENT_FIELDS
+
+    rep = Replayer(view.keyframes[0])
+    expected = view.first_seq + 1
+    for seg in view.segments:
+        rows = seg.rows()
+        if not isinstance(rows, list):
+            raise TypeError(f"segment {seg.first}..{seg.last} is not a list of events")
+        for row in rows:
+            if row[0] != expected:
+                raise ValueError(f"event seq {row[0]!r} where {expected} was due")
+            fields = EVENT_FIELDS.get(row[2]) if isinstance(row[2], str) else None
+            if fields is None or len(row) > 3 + len(fields) or not isinstance(row[1], (int, float)):
+                raise ValueError(f"event {expected} is not a known kind of event: {row[:3]!r}")
+            if each is not None:
+                each(row)
+            expected += 1
+        rep.apply_rows(rows)
+    if expected != view.last_seq + 1:
+        raise ValueError(f"events end at {expected - 1}, not at {view.last_seq}")
+
+
+def open_untrusted(path: str | Path, name: str, max_blocks: int, label: str, each=None) -> RecordedPool:
     """A RecordedPool of a file from elsewhere, refused with InvalidRequest (never another
-    exception) when it is not a sound kvscope recording."""
+    exception) when it is not a sound kvscope recording: `check_untrusted`, then every event
+    checked and replayed (`check_rows`, with the caller's `each(row)`). Blocking: O(events)."""
     meta, view = read_recording(path, label)
     check_untrusted(meta, view, max_blocks, label)
     try:
+        check_rows(view, each)
         return RecordedPool(path, name, preread=(meta, view))
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError, zlib.error,
-            pickle.UnpicklingError, EOFError) as exc:
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError, RecursionError,
+            zlib.error, pickle.UnpicklingError, EOFError) as exc:
         raise InvalidRequest(f"{label} is corrupt: its events do not replay ({type(exc).__name__}: {exc})") from None
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import secrets
@@ -10,7 +11,10 @@ import sqlite3
 import time
 from pathlib import Path
 
+from fastapi.encoders import jsonable_encoder
+
 from allocator.errors import Conflict, InvalidRequest, KVScopeError, NotFound
+from allocator.events import event_dict
 from allocator.recording import RecordedPool, Recorder, open_untrusted, read_recording
 
 FLUSH_S = 0.5  # at most this much (plus one flush's time) is lost when the server is killed
@@ -113,11 +117,16 @@ class Recordings:
         Returns it opened read-only (pool `rec-<name>`). Raises InvalidRequest (the file is
         not kept then). Blocking: run it off the event loop."""
         name = f"upload-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-        pool = open_untrusted(part, pool_name_for(name), max_blocks, "the uploaded file")
+        pool = open_untrusted(part, pool_name_for(name), max_blocks, "the uploaded file", each=servable)
         final = self.file_of(name)
         os.link(part, final)  # fails rather than replace an existing file
         pool.path = str(final)
         return pool
+
+
+def servable(row: tuple) -> None:
+    """Raises unless the event answers over REST as every route would send it (JSON, no NaN)."""
+    json.dumps(jsonable_encoder(event_dict(row)), allow_nan=False)
 
 
 def pool_name_for(stem: str) -> str:

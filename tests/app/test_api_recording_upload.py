@@ -142,3 +142,80 @@ def test_only_octet_stream_from_the_servers_own_origin_is_taken(c, srv, tmp_path
     evil = {**OCTET, "Origin": "http://evil.example"}
     assert_error(c.post("/api/recordings/upload", content=data, headers=evil), 403, "origin_not_allowed")
     assert listing(c, srv) == before
+
+
+def every_kind_recording(path) -> int:
+    """A recording with every kind of event a pool makes (cache, pin, extend, truncate,
+    defragment, OOM, policy, reset); returns its last seq."""
+    from allocator import KVCache, OutOfMemory
+
+    pool = create_pool("contiguous", num_blocks=64, block_bytes=128, device="cpu", name="kinds")
+    cache = KVCache(pool, 32 * 128, "lru")
+    rec = Recorder(pool, path)
+    a = pool.allocate(300)
+    pool.extend(a, 500)
+    pool.truncate(a, 200)
+    for i in range(12):
+        cache.put(f"k{i}", 700)  # evicts once the cache is full
+    cache.get("k11")
+    cache.get("nope")
+    cache.pin("k11")
+    cache.pin("k11", False)
+    cache.policy = "fifo"
+    pool.free(a)
+    pool.defragment()
+    try:
+        pool.allocate(64 * 128)
+    except OutOfMemory:
+        pass
+    pool.reset()
+    rec.stop()
+    return pool.events.last_seq
+
+
+def test_a_recording_of_every_kind_of_event_uploads_and_its_events_answer(c, tmp_path):
+    last = every_kind_recording(tmp_path / "kinds.kvrec")
+    r = c.post("/api/recordings/upload", content=(tmp_path / "kinds.kvrec").read_bytes(), headers=OCTET)
+    assert r.status_code == 201, r.text
+    pool = r.json()["name"]
+    events = c.get(f"/api/pools/{pool}/history/events", params={"limit": 10_000}).json()["events"]
+    kinds = {e["type"] for e in events}
+    assert {"allocate", "extend", "truncate", "put", "evict", "hit", "miss", "state", "policy", "free",
+            "defragment", "oom", "reset"} <= kinds, kinds
+    assert events[-1]["seq"] == last
+    cols = c.get(f"/api/pools/{pool}/history/series").json()["columns"]
+    assert sum(cols["evictions"]) == sum(e["type"] == "evict" for e in events) > 0
+    assert c.get(f"/api/pools/{pool}/export", params={"format": "csv"}).status_code == 200
+
+
+def crafted(tmp_path, change) -> bytes:
+    """The every-kind recording with one stored event changed by `change(row) -> row`."""
+    from allocator.history import Segment
+
+    path = tmp_path / "crafted.kvrec"
+    path.unlink(missing_ok=True)
+    every_kind_recording(path)
+    db = sqlite3.connect(path)
+    first, blob = db.execute("SELECT first, blob FROM segments ORDER BY first LIMIT 1").fetchone()
+    rows = Segment(first, first, blob).rows()
+    rows = [change(r) for r in rows]
+    db.execute("UPDATE segments SET blob = ? WHERE first = ?", (Segment.pack(rows).blob, first))
+    db.commit()
+    db.close()
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("what,change", [
+    ("an OOM of an unknown cause", lambda r: r[:6] + ("bogus",) if r[2] == "oom" else r),
+    ("a block id past the map", lambda r: r[:7] + (10**6,) + r[8:] if r[2] == "allocate" else r),
+    ("a key that is not text", lambda r: (*r[:3], b"\xff\xfe", *r[4:]) if r[2] == "put" else r),
+    ("a time that is not a number", lambda r: (r[0], float("nan"), *r[2:]) if r[2] == "hit" else r),
+    ("an unknown kind", lambda r: (*r[:2], "teleport", *r[3:]) if r[2] == "miss" else r),
+    ("a seq out of order", lambda r: (r[0] + 1, *r[1:]) if r[2] == "miss" else r),
+])
+def test_a_recording_with_a_crafted_event_is_422_not_a_later_500(c, srv, tmp_path, what, change):
+    before = listing(c, srv)
+    err = assert_error(c.post("/api/recordings/upload", content=crafted(tmp_path, change), headers=OCTET),
+                       422, "invalid_request")
+    assert "the uploaded file is corrupt" in err["message"], (what, err["message"])
+    assert listing(c, srv) == before
