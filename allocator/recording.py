@@ -213,6 +213,9 @@ def check_untrusted(meta: dict, view: HistoryView, max_blocks: int, where: str) 
                 raise InvalidRequest(f"{where} is corrupt: keyframe {kf.seq} does not hold {n} blocks")
 
 
+CHECK_CHUNK = 65_536  # events replayed at once while checking (bounds the gathered writes)
+
+
 def check_rows(view: HistoryView, each=None) -> None:
     """Every stored event of a recording from elsewhere, once, in order: seqs contiguous from
     the first keyframe, known kinds of at most their fields' length, and the whole history
@@ -223,20 +226,21 @@ def check_rows(view: HistoryView, each=None) -> None:
 
     rep = Replayer(view.keyframes[0])
     expected = view.first_seq + 1
-    for seg in view.segments:
-        rows = seg.rows()
-        if not isinstance(rows, list):
-            raise TypeError(f"segment {seg.first}..{seg.last} is not a list of events")
-        for row in rows:
-            if row[0] != expected:
-                raise ValueError(f"event seq {row[0]!r} where {expected} was due")
-            fields = EVENT_FIELDS.get(row[2]) if isinstance(row[2], str) else None
-            if fields is None or len(row) > 3 + len(fields) or not isinstance(row[1], (int, float)):
-                raise ValueError(f"event {expected} is not a known kind of event: {row[:3]!r}")
-            if each is not None:
-                each(row)
-            expected += 1
-        rep.apply_rows(rows)
+    chunk: list = []
+    for row in view.rows(view.first_seq, view.last_seq):
+        if row[0] != expected:
+            raise ValueError(f"event seq {row[0]!r} where {expected} was due")
+        fields = EVENT_FIELDS.get(row[2]) if isinstance(row[2], str) else None
+        if fields is None or len(row) > 3 + len(fields) or not isinstance(row[1], (int, float)):
+            raise ValueError(f"event {expected} is not a known kind of event: {tuple(row[:3])!r}")
+        if each is not None:
+            each(row)
+        expected += 1
+        chunk.append(row)
+        if len(chunk) >= CHECK_CHUNK:
+            rep.apply_rows(chunk)
+            chunk = []
+    rep.apply_rows(chunk)
     if expected != view.last_seq + 1:
         raise ValueError(f"events end at {expected - 1}, not at {view.last_seq}")
 
