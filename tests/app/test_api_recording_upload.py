@@ -17,12 +17,14 @@ from allocator.recording import Recorder
 
 OCTET = {"Content-Type": "application/octet-stream"}
 MAX_UPLOAD = 256 * 1024
+MAX_BODY = 8192  # every other body: an upload may be larger (its own cap, KVSCOPE_MAX_UPLOAD)
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     rec_dir = tmp_path_factory.mktemp("recordings")
-    server = Server(env={"KVSCOPE_RECORDINGS_DIR": str(rec_dir), "KVSCOPE_MAX_UPLOAD": str(MAX_UPLOAD)})
+    server = Server(env={"KVSCOPE_RECORDINGS_DIR": str(rec_dir), "KVSCOPE_MAX_UPLOAD": str(MAX_UPLOAD),
+                         "KVSCOPE_MAX_BODY": str(MAX_BODY)})
     server.dir = rec_dir
     yield server
     log = server.stop()
@@ -52,6 +54,9 @@ def listing(c, srv) -> tuple[list, list]:
 
 def test_an_uploaded_recording_is_kept_under_the_servers_name_and_served_read_only(c, srv, tmp_path):
     data, stats = recording(tmp_path)
+    assert len(data) > MAX_BODY  # past the cap of every other body
+    assert_error(c.post("/api/pools", content=b" " * len(data), headers={"Content-Type": "application/json"}),
+                 413, "too_large")
     r = c.post("/api/recordings/upload", content=data, headers=OCTET)
     assert r.status_code == 201, r.text
     body = r.json()
