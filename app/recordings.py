@@ -105,7 +105,6 @@ class Recordings:
             raise NotFound("recording", name)
         return RecordedPool(path, as_name or pool_name_for(path.stem))
 
-
     def incoming(self) -> Path:
         """A fresh hidden file in the directory for an upload's bytes (not listed: no suffix)."""
         self.directory.mkdir(parents=True, exist_ok=True)

@@ -180,6 +180,11 @@ class Registry:
         """Raises Conflict when `name` is taken or the server holds its most pools already."""
         if name in self._pools:
             raise Conflict(f"pool {name!r} already exists")
+        self.check_room()
+
+    def check_room(self) -> None:
+        """Raises Conflict when the server holds its most pools already (asked before a costly
+        build, such as receiving an uploaded recording)."""
         if len(self._pools) >= self.settings.max_pools:
             raise Conflict(f"at most {self.settings.max_pools} pools; delete one first")
 

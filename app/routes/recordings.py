@@ -115,6 +115,7 @@ async def upload_recording(request: Request, registry: RegistryDep, hub: HubDep)
     recording FILE`). Kept in the recordings directory as `upload-<date>-<time>-<random>` (a
     name the server chooses), then opened like POST /api/recordings/{name}/open: the answer
     is the pool it is served as (`rec-upload-...`)."""
+    registry.check_room()  # before receiving what could not be served anyway
     recs = recordings_of(request)
     limit = request.app.state.settings.max_upload
     part = recs.incoming()

@@ -17,6 +17,7 @@ from allocator.recording import Recorder
 
 OCTET = {"Content-Type": "application/octet-stream"}
 MAX_UPLOAD = 256 * 1024
+MAX_POOLS = 8
 MAX_BODY = 8192  # every other body: an upload may be larger (its own cap, KVSCOPE_MAX_UPLOAD)
 
 
@@ -24,7 +25,7 @@ MAX_BODY = 8192  # every other body: an upload may be larger (its own cap, KVSCO
 def srv(tmp_path_factory):
     rec_dir = tmp_path_factory.mktemp("recordings")
     server = Server(env={"KVSCOPE_RECORDINGS_DIR": str(rec_dir), "KVSCOPE_MAX_UPLOAD": str(MAX_UPLOAD),
-                         "KVSCOPE_MAX_BODY": str(MAX_BODY)})
+                         "KVSCOPE_MAX_BODY": str(MAX_BODY), "KVSCOPE_MAX_POOLS": str(MAX_POOLS)})
     server.dir = rec_dir
     yield server
     log = server.stop()
@@ -224,3 +225,20 @@ def test_a_recording_with_a_crafted_event_is_422_not_a_later_500(c, srv, tmp_pat
                        422, "invalid_request")
     assert "the uploaded file is corrupt" in err["message"], (what, err["message"])
     assert listing(c, srv) == before
+
+
+def test_with_no_room_for_another_pool_the_upload_is_409_and_keeps_nothing(c, srv, tmp_path):
+    data, _ = recording(tmp_path)
+    fillers = []
+    while len(c.get("/api/pools").json()["pools"]) < MAX_POOLS:
+        name = f"filler{len(fillers)}"
+        assert c.post("/api/pools", json={"name": name, "num_blocks": 4, "block_bytes": 64}).status_code == 201
+        fillers.append(name)
+    try:
+        before = listing(c, srv)
+        err = assert_error(c.post("/api/recordings/upload", content=data, headers=OCTET), 409, "conflict")
+        assert f"at most {MAX_POOLS} pools" in err["message"]
+        assert listing(c, srv) == before
+    finally:
+        for name in fillers:
+            c.delete(f"/api/pools/{name}")
