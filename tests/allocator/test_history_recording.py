@@ -116,3 +116,24 @@ def test_a_kv_event_recording_is_named_with_the_command_that_reads_it(tmp_path) 
     events.close()
     with pytest.raises(InvalidRequest, match="KV-event recording .*kvscope recording FILE"):
         read_recording(tmp_path / "mirror.kvevents")
+
+
+@pytest.mark.parametrize("blob", [b"\0" * (16 * 4 * 1000), b"\0" * 8, b"not zlib"])
+def test_an_untrusted_recording_whose_keyframe_is_not_the_maps_size_is_refused(tmp_path, blob) -> None:
+    import zlib
+
+    from allocator.recording import open_untrusted
+
+    pool = create_pool("paged", num_blocks=16, block_bytes=BLOCK, device="cpu")
+    rec = Recorder(pool, tmp_path / "k.kvrec")
+    pool.allocate(BLOCK)
+    rec.stop()
+    assert open_untrusted(tmp_path / "k.kvrec", "ok", 1 << 20, "the file").used_blocks == 1
+    db = sqlite3.connect(tmp_path / "k.kvrec")
+    db.execute("UPDATE keyframes SET owner_z = ?", (zlib.compress(blob) if blob != b"not zlib" else blob,))
+    db.commit()
+    db.close()
+    with pytest.raises(InvalidRequest, match="the file is corrupt: keyframe"):
+        open_untrusted(tmp_path / "k.kvrec", "bad", 1 << 20, "the file")
+    with pytest.raises(InvalidRequest, match="too large"):
+        open_untrusted(tmp_path / "k.kvrec", "bad", 8, "the file")
