@@ -107,9 +107,15 @@ class PrefixReplay(RuleBasedStateMachine):
     def close(self, i) -> None:
         self.pool.close_sequence(self.seqs.pop(i % len(self.seqs)))
 
+    @precondition(lambda self: len(self.seqs) > 2)
     @rule()
-    def reset_prefix_cache(self) -> None:
-        self.pool.reset_prefix_cache()
+    def close_oldest(self) -> None:  # keeps the pool cycling: idle cached blocks, then evictions
+        self.pool.close_sequence(self.seqs.pop(0))
+
+    @rule(k=st.integers(0, 3))
+    def reset_prefix_cache(self, k) -> None:
+        if k == 0:  # rarely: it forgets the cache the other rules build up
+            self.pool.reset_prefix_cache()
 
     @precondition(lambda self: self.seqs and self.policy == "belady")
     @rule(i=st.integers(0, 100), when=st.floats(0, 10))
@@ -118,14 +124,14 @@ class PrefixReplay(RuleBasedStateMachine):
         self.pool.set_next_use(sid, [when] * len(self.pool._seqs[sid].blocks))
 
     # -- plain allocations -------------------------------------------------------------------------
-    @rule(size=st.integers(1, 4 * BLOCK_BYTES), state=st.sampled_from([USED, PINNED]))
+    @rule(size=st.integers(1, 2 * BLOCK_BYTES), state=st.sampled_from([USED, PINNED]))
     def allocate(self, size, state) -> None:
         try:
             self.ids.append(self.pool.allocate(size, state))
         except OutOfMemory:
             pass
 
-    @rule(sizes=st.lists(st.integers(1, 3 * BLOCK_BYTES), min_size=1, max_size=5))
+    @rule(sizes=st.lists(st.integers(1, 2 * BLOCK_BYTES), min_size=1, max_size=3))
     def allocate_many(self, sizes) -> None:
         try:
             self.ids += self.pool.allocate_many(sizes)
@@ -151,11 +157,12 @@ class PrefixReplay(RuleBasedStateMachine):
     def free(self, i) -> None:
         self.pool.free(self.ids.pop(i % len(self.ids)))
 
-    @rule()
-    def reset(self) -> None:
-        self.pool.reset()
-        self.seqs.clear()
-        self.ids.clear()
+    @rule(k=st.integers(0, 7))
+    def reset(self, k) -> None:
+        if k == 0:  # rarely, for the same reason
+            self.pool.reset()
+            self.seqs.clear()
+            self.ids.clear()
 
     # -- the comparison ----------------------------------------------------------------------------
     @invariant()
