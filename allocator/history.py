@@ -332,11 +332,10 @@ def pool_geometry(pool) -> dict:
                         for t in pool.tiers]
     if pool.strategy == "contiguous":
         geo["fit"] = pool.fit
-    prefix = pool._extra_config().get("prefix_caching")
-    if prefix is not None:
+    if hasattr(pool, "prefix_stats"):  # a PrefixPool (allocator/prefix.py imports this module)
         # idle cached blocks are not used there; a KV cache's CACHED allocations would be
         # told from them only by records the history does not keep
-        geo["prefix_caching"] = {**prefix, "kv_cache": pool.cache is not None}
+        geo["prefix_caching"] = {"policy": pool.policy, "kv_cache": pool.cache is not None}
     return geo
 
 
