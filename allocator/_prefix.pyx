@@ -35,6 +35,8 @@ from allocator._core cimport (
     stack_pop,
     stack_push,
 )
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.math cimport INFINITY
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from collections import OrderedDict
@@ -93,6 +95,13 @@ cdef inline list _frozen(list ints):
     NOTE: readers get these lists from `EventLog.after()`; they must not put containers in them."""
     PyObject_GC_UnTrack(<void *>ints)
     return ints
+
+
+cdef inline object _ids(int32_t *ids, Py_ssize_t n):
+    """n block ids as native int32 bytes (the form history events store), None when n == 0."""
+    if n == 0:
+        return None
+    return PyBytes_FromStringAndSize(<char *>ids, n * sizeof(int32_t))
 
 
 cdef inline uint64_t mix64(uint64_t z) nogil:
@@ -209,12 +218,15 @@ cdef class PrefixCore:
     cdef double[3] hist_sum
     cdef public int64_t queries, hit_tokens, query_blocks, hit_blocks, stored, evicted
     cdef public int64_t slack_tokens, opens, appends, closes
+    cdef readonly int64_t block_bytes
 
-    def __init__(self, int num_blocks, int block_size, str policy, blockmap, events):
+    def __init__(self, int num_blocks, int block_size, str policy, blockmap, events,
+                 int64_t block_bytes=0):
         if policy not in POLICY_CODES:
             raise ValueError(policy)
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.block_bytes = block_bytes
         self.policy = POLICY_CODES[policy]
         n = num_blocks
         self.refcnt_np = np.zeros(n, np.int32)
@@ -420,6 +432,14 @@ cdef class PrefixCore:
         """Blocks a new allocation could get: free plus idle cached (evictable)."""
         return self.fs.top + self.n_evictable
 
+    cdef inline int64_t _requested_delta(self, int64_t held, int64_t slack_before) noexcept:
+        """How much the pool's requested bytes changed when `held` blocks came to sequences
+        (negative: left them) while the slack went from slack_before to slack_tokens: the
+        pool counts sequence bytes as blocks * block_bytes - slack * block_bytes // block_size
+        (PrefixPool.requested_total), so the events carry the exact difference."""
+        cdef int64_t bb = self.block_bytes, bs = self.block_size
+        return held * bb - (self.slack_tokens * bb // bs - slack_before * bb // bs)
+
     cdef object _take_into(self, int32_t[:] o, Py_ssize_t at, int n, int32_t owner, uint8_t st,
                            uint32_t v, double now):
         """Take n blocks into o[at:at+n]: the free stack first, then evictions in policy order.
@@ -461,12 +481,23 @@ cdef class PrefixCore:
 
     def take(self, int n, int32_t owner, int st):
         """n blocks for a plain allocation (refcount 1 each), evicting idle cached blocks when
-        the free stack runs out; returns array('i'). Caller checks n <= available()."""
+        the free stack runs out. Returns (array('i'), evicted): evicted is None or ([blocks],
+        [hashes]), for the caller to record as `removed` after its own event (see
+        `_removed`). Caller checks n <= available()."""
         out = array("i", bytes(4 * n))
-        removed = self._take_into(out, 0, n, owner, <uint8_t>st, self.bm.version, mono())
-        if removed is not None:
-            self.ev_record("removed", _frozen(removed[0]), _frozen(removed[1]), "evicted")
-        return out
+        return out, self._take_into(out, 0, n, owner, <uint8_t>st, self.bm.version, mono())
+
+    def removed(self, evicted, int64_t taken_by):
+        """Record the `removed` event of blocks `take` evicted for `taken_by`."""
+        self._removed(evicted, taken_by)
+
+    cdef _removed(self, evicted, int64_t taken_by):
+        # NOTE: recorded after the event of the operation that took the blocks (which names
+        # them with their new owner), never before: a history keyframe may be taken after any
+        # event, and one taken between the two would hold the operation's effects already, so
+        # replaying its (relative) numbers on top would count them twice. `taken_by` tells the
+        # replay this eviction changed no block beyond what that event said.
+        self.ev_record("removed", _frozen(evicted[0]), _frozen(evicted[1]), "evicted", taken_by)
 
     def give_back(self, blocks):
         """Return the blocks of a plain allocation (refcount 1, never hashed) to the free stack."""
@@ -481,24 +512,27 @@ cdef class PrefixCore:
             stack_push(&self.fs, b)
             self._stamp(b, NIL, FREE, v)
 
-    cdef void _release(self, int b, uint32_t v, double now) noexcept:
+    cdef int _release(self, int b, uint32_t v, double now) noexcept:
+        """Drop one reference to b; returns the state it took (SHARED: unchanged, still
+        shared; USED: one holder left; CACHED: idle and hashed; FREE)."""
         cdef int r = self.refcnt[b] - 1
         self.refcnt[b] = r
         if r >= 2:
-            return
+            return SHARED
         if r == 1:
             self.state[b] = USED
             self.cv[b >> CHUNK_SHIFT] = v
-            return
+            return USED
         self.released[b] = now
         if self.hashed[b]:
             self._ev_insert(b)
             self.state[b] = CACHED
             self.cv[b >> CHUNK_SHIFT] = v
-        else:
-            self.where[b] = W_FREE
-            stack_push(&self.fs, b)
-            self._stamp(b, NIL, FREE, v)
+            return CACHED
+        self.where[b] = W_FREE
+        stack_push(&self.fs, b)
+        self._stamp(b, NIL, FREE, v)
+        return FREE
 
     # -- sequences -------------------------------------------------------------------------
     cdef _hash_tokens(self, object tokens, Py_ssize_t nfull, uint64_t parent):
@@ -620,6 +654,15 @@ cdef class PrefixCore:
         cdef uint32_t v = self.bm.version
         cdef int32_t owner
         cdef uint8_t st
+        cdef int64_t slack_before = self.slack_tokens
+        # hits on blocks other sequences hold: they become SHARED, owner unchanged (the event
+        # names them; every other block of the sequence becomes USED by it)
+        cdef int32_t *held = NULL
+        cdef Py_ssize_t nheld = 0
+        if matched > idle_matched:
+            held = <int32_t *>PyMem_Malloc((matched - idle_matched) * sizeof(int32_t))
+            if held == NULL:
+                raise MemoryError()
         for i in range(matched):
             b = bl[i]
             if self.refcnt[b] == 0:
@@ -627,6 +670,8 @@ cdef class PrefixCore:
                 owner, st = <int32_t>seq_id, USED
             else:
                 owner, st = self.owner[b], SHARED
+                held[nheld] = b
+                nheld += 1
             self.refcnt[b] += 1
             self.hits[b] += 1
             if self.freq[b] < S3_MAX_FREQ:
@@ -656,9 +701,12 @@ cdef class PrefixCore:
         self.hit_blocks += matched
         self.slack_tokens += nblocks * bs - num_tokens
         self.opens += 1
+        shared = _ids(held, nheld)
+        PyMem_Free(held)
+        self.ev_record("open", seq_id, num_tokens, matched * bs, _frozen(blocks.tolist()), shared,
+                       self._requested_delta(idle_matched + need, slack_before))
         if removed is not None:
-            self.ev_record("removed", _frozen(removed[0]), _frozen(removed[1]), "evicted")
-        self.ev_record("open", seq_id, num_tokens, matched * bs, _frozen(blocks.tolist()))
+            self._removed(removed, seq_id)
         if mode == 1:
             seq.pending = toks[nfull * bs:].tolist()
         if nhash > matched:
@@ -750,6 +798,7 @@ cdef class PrefixCore:
             raise MemoryError(need, self.fs.top + self.n_evictable)
         cdef double now = mono()
         cdef uint32_t v = self.bm.version
+        cdef int64_t slack_before = self.slack_tokens
         new = None
         removed = None
         if need > 0:
@@ -759,9 +808,10 @@ cdef class PrefixCore:
         seq.num_tokens = total
         self.slack_tokens += need * bs - num_new
         self.appends += 1
+        self.ev_record("append", seq.id, total, _frozen(new.tolist() if new is not None else []),
+                       self._requested_delta(need, slack_before))
         if removed is not None:
-            self.ev_record("removed", _frozen(removed[0]), _frozen(removed[1]), "evicted")
-        self.ev_record("append", seq.id, total, _frozen(new.tolist() if new is not None else []))
+            self._removed(removed, seq.id)
         if seq.mode == 1:
             seq.pending = toks[(new_full - old_full) * bs:].tolist()
             self._register(seq, hashes, old_full, 0, new_full - old_full, toks, old_full)
@@ -777,14 +827,38 @@ cdef class PrefixCore:
         with equal recency a prefix's tail goes before its head), the rest return free."""
         blocks = seq.blocks
         cdef int32_t[:] bl = blocks
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, n = bl.shape[0], nfreed = 0, ncached = 0, nused = 0
         cdef double now = mono()
         cdef uint32_t v = self.bm.version
-        for i in range(bl.shape[0] - 1, -1, -1):
-            self._release(bl[i], v, now)
-        self.slack_tokens -= bl.shape[0] * self.block_size - seq.num_tokens
+        cdef int64_t slack_before = self.slack_tokens
+        cdef int b, st
+        # what each block became, for the event: freed (owner gone), idle cached, one holder left
+        cdef int32_t *went = <int32_t *>PyMem_Malloc(3 * n * sizeof(int32_t) + 1)
+        if went == NULL:
+            raise MemoryError()
+        cdef int32_t *freed = went
+        cdef int32_t *cached = went + n
+        cdef int32_t *used = went + 2 * n
+        for i in range(n - 1, -1, -1):
+            b = bl[i]
+            st = self._release(b, v, now)
+            if st == FREE:
+                freed[nfreed] = b
+                nfreed += 1
+            elif st == CACHED:
+                cached[ncached] = b
+                ncached += 1
+            elif st == USED:
+                used[nused] = b
+                nused += 1
+        self.slack_tokens -= n * self.block_size - seq.num_tokens
         self.closes += 1
-        self.ev_record("close", seq.id, _frozen(blocks.tolist()))
+        try:
+            freed_ids, cached_ids, used_ids = _ids(freed, nfreed), _ids(cached, ncached), _ids(used, nused)
+        finally:
+            PyMem_Free(went)
+        self.ev_record("close", seq.id, _frozen(blocks.tolist()), freed_ids, cached_ids, used_ids,
+                       self._requested_delta(-(nfreed + ncached), slack_before))
 
     def reset_prefix(self):
         """Forget every hash: idle cached blocks go free, held ones stay held but unhashed.
@@ -792,6 +866,7 @@ cdef class PrefixCore:
         cdef int b
         cdef uint32_t v = self.bm.version
         blocks, hashes = [], []
+        freed = array("i")  # the idle ones: held blocks keep their owner and state
         for h, bo in self.index.items():
             b = bo
             blocks.append(b)
@@ -803,9 +878,10 @@ cdef class PrefixCore:
                 self.where[b] = W_FREE
                 stack_push(&self.fs, b)
                 self._stamp(b, NIL, FREE, v)
+                freed.append(b)
         self.index = {}
         self.ghost = OrderedDict()
-        self.ev_record("cleared", _frozen(blocks), _frozen(hashes))
+        self.ev_record("cleared", _frozen(blocks), _frozen(hashes), freed.tobytes())
         return blocks, hashes
 
     def set_next_use(self, blocks, next_use):

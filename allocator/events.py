@@ -13,7 +13,7 @@ from .vocab import EVENT_FIELDS  # field names of each kind, after the common (s
 # pickles events; arrays and ranges pickle ~30x slower than bytes): an int for one block, bytes
 # of native int32 ids, a list of ints, a range, or (start, stop) for a range once packed.
 # `after()` hands out plain lists.
-BLOCK_FIELDS = frozenset(("block_ids", "freed_ids"))
+BLOCK_FIELDS = frozenset(("block_ids", "freed_ids", "shared_ids", "cached_ids", "used_ids"))
 NEVER = 1 << 62
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .blockmap import FREE, NO_OWNER, STATE_NAMES
-from .errors import NotFound
+from .blockmap import CACHED, FREE, NO_OWNER, SHARED, STATE_NAMES, USED
+from .errors import Conflict, NotFound
 from .events import event_dict
 from .metrics import fragmentation_stats
 
@@ -332,6 +332,10 @@ def pool_geometry(pool) -> dict:
                         for t in pool.tiers]
     if pool.strategy == "contiguous":
         geo["fit"] = pool.fit
+    if hasattr(pool, "prefix_stats"):  # a PrefixPool (allocator/prefix.py imports this module)
+        # idle cached blocks are not used there; a KV cache's CACHED allocations would be
+        # told from them only by records the history does not keep
+        geo["prefix_caching"] = {"policy": pool.policy, "kv_cache": pool.cache is not None}
     return geo
 
 
@@ -379,6 +383,10 @@ def _packable(rows: list[tuple]) -> list[tuple]:
             r = tuple((v.start, v.stop) if v.__class__ is range else v for v in r)
         out.append(r)
     return out
+
+
+# Kinds `Replayer._prefix_writes` applies (prefix caching and mirrors).
+PREFIX_KINDS = frozenset(("stored", "removed", "cleared", "open", "append", "close"))
 
 
 class Replayer:
@@ -453,26 +461,68 @@ class Replayer:
             self.allocations = 0
         elif kind == "oom":
             self.counters["ooms_" + row[6]] += 1
-        elif kind in ("stored", "removed", "cleared"):
+        elif kind in PREFIX_KINDS:
             self._apply_prefix(row)
         self.seq = row[0]
 
     def _apply_prefix(self, row: tuple) -> None:
-        """Prefix-cache events (contract of issues 11/13): `stored` places blocks with the
-        owners and state it carries; `removed` and `cleared` free the blocks they name."""
-        kind, blocks = row[2], row[3] or ()
-        if kind == "stored":
-            if len(row) <= 10:  # recorded before `owners` / `state` existed: nothing exact to do
+        """Prefix-cache events (contract of issues 11/13/14): `stored` places blocks with the
+        owners and state it carries (a mirror's; a prefix-caching pool's stored blocks are
+        already its sequences'); `removed` frees the blocks it names unless `taken_by` took
+        them (that event placed them); `cleared` frees its `freed_ids`, else every block named;
+        open / append / close place a sequence's blocks as their fields say (allocator/vocab.py)."""
+        self._prefix_writes(row, self._write_now)
+
+    def _write_now(self, ids, owner, state) -> None:
+        idx = _rows(ids)
+        if idx is None:
+            return
+        if owner is not None:
+            self.owner[idx] = owner
+        self.state[idx] = state
+
+    def _prefix_writes(self, row: tuple, write) -> None:
+        """What a prefix event changes, as write(ids, owner or None (kept), state) calls in
+        order, plus the numbers it changes."""
+        kind, n = row[2], len(row)
+        if kind == "open":
+            if n > 8:  # recorded before shared_ids / added_bytes: the map cannot be told
+                blocks, shared = row[6], row[7]
+                if shared is not None:
+                    held = set(np.frombuffer(shared, dtype=np.int32).tolist())
+                    blocks = [b for b in blocks if b not in held]
+                write(blocks, row[3], USED)
+                if shared is not None:
+                    write(shared, None, SHARED)
+                self.requested += row[8]
+            self.last_id = max(self.last_id, row[3])
+        elif kind == "append":
+            if n > 6:
+                write(row[5], row[3], USED)
+                self.requested += row[6]
+        elif kind == "close":
+            if n > 8:
+                write(row[5], NO_OWNER, FREE)
+                write(row[6], None, CACHED)
+                write(row[7], None, USED)
+                self.requested += row[8]
+        elif kind == "stored":
+            if n <= 10:  # a prefix-caching pool's (or recorded before `owners` / `state`)
                 return
-            owners, st = row[9], row[10]
-            for b, o in zip(blocks, owners):
+            st = row[10]
+            for b, o in zip(row[3] or (), row[9]):
                 if b >= 0:
-                    self.owner[b] = o
-                    self.state[b] = st
-        else:
-            idx = np.asarray([b for b in blocks if b >= 0], dtype=np.int64)
-            self.owner[idx] = NO_OWNER
-            self.state[idx] = FREE
+                    write(b, o, st)
+        elif kind == "removed":
+            if n > 6 and row[6] is not None:
+                self.last_id = max(self.last_id, row[6])
+            else:
+                write([b for b in row[3] or () if b >= 0], NO_OWNER, FREE)
+        elif kind == "cleared":
+            freed = row[5] if n > 5 else None
+            if freed is None:
+                freed = [b for b in row[3] or () if b >= 0]
+            write(freed, NO_OWNER, FREE)
 
     def apply_rows(self, rows) -> None:
         """`apply` for many rows at once, vectorised: block writes are gathered as int32 bytes
@@ -534,16 +584,8 @@ class Replayer:
                 write(row[5], None, row[4])
             elif kind == "oom":
                 counters["ooms_" + row[6]] += 1
-            elif kind == "stored":
-                if len(row) > 10:
-                    st = row[10]
-                    for b, o in zip(row[3] or (), row[9]):
-                        if b >= 0:
-                            write(b, o, st)
-            elif kind in ("removed", "cleared"):
-                for b in row[3] or ():
-                    if b >= 0:
-                        write(b, NO_OWNER, FREE)
+            elif kind in PREFIX_KINDS:
+                self._prefix_writes(row, write)
             elif kind in ("defragment", "reset"):
                 flush()
                 self.apply(row)
@@ -672,6 +714,13 @@ def stats_of(geometry: dict, rep: Replayer) -> dict:
     n, bb = geometry["num_blocks"], geometry["block_bytes"]
     used = int((rep.owner != NO_OWNER).sum())
     counts = np.bincount(rep.state, minlength=max(STATE_NAMES) + 1)
+    prefix = geometry.get("prefix_caching")
+    if prefix is not None:  # a prefix-caching pool's idle cached blocks are not used
+        if prefix.get("kv_cache"):
+            raise Conflict("this prefix-caching pool has a KV cache: its past used blocks cannot be "
+                           "told from its idle cached prefix blocks, so its past stats are not "
+                           "rebuilt (the block map is: ask for blockmap?at_seq=)")
+        used -= int(counts[CACHED])
     allocated = used * bb
     frag = fragmentation_stats(free_lengths(geometry, rep.owner, rep.state), bb, rep.requested, allocated)
     out = {

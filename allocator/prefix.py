@@ -69,7 +69,7 @@ class PrefixPool(Pool):
         self._allocs: dict[int, tuple[int, array]] = {}
         self._seqs: dict = {}  # id -> _prefix.Seq
         self._plain_blocks = 0
-        self.core = PrefixCore(num_blocks, tokens_per_block, policy, self.blockmap, self.events)
+        self.core = PrefixCore(num_blocks, tokens_per_block, policy, self.blockmap, self.events, block_bytes)
         self.resets = 0
 
     # -- plain allocations -------------------------------------------------------------------
@@ -99,29 +99,41 @@ class PrefixPool(Pool):
         if n > self.core.available():
             raise self._prefix_oom(n)
 
+    # NOTE: each event names the blocks it changed (as the history replays them) and comes
+    # after everything it changed; the `removed` event of blocks evicted on the way comes after
+    # it (PrefixCore._removed says why).
     def _allocate(self, aid: int, nbytes: int, state: int) -> None:
         n = self._blocks_for(nbytes)
         self._need(n)
-        blocks = self.core.take(n, aid, state)
+        blocks, evicted = self.core.take(n, aid, state)
         self._allocs[aid] = (nbytes, blocks)
         self._plain_blocks += n
         self._plain_requested += nbytes
-        self.events.record("allocate", aid, nbytes, n * self.block_bytes, n)
+        self._last_id = aid  # Pool.allocate sets it too; a keyframe after `removed` needs it now
+        self.events.record("allocate", aid, nbytes, n * self.block_bytes, n, blocks.tobytes(), state)
+        if evicted is not None:
+            self.core.removed(evicted, aid)
 
     def _extend(self, aid: int, nbytes: int) -> bool:
         requested, blocks = self._allocs[aid]
         need = self._blocks_for(requested + nbytes) - len(blocks)
         self._need(need)
+        state = int(self.blockmap.state[blocks[0]])
+        new = evicted = None
         if need:
-            blocks.extend(self.core.take(need, aid, self.blockmap.state[blocks[0]]))
+            new, evicted = self.core.take(need, aid, state)
+            blocks.extend(new)
             self._plain_blocks += need
         self._allocs[aid] = (requested + nbytes, blocks)
         self._plain_requested += nbytes
         self.counters["extends"] += 1
-        self.events.record("extend", aid, requested + nbytes, len(blocks) * self.block_bytes, False)
+        self.events.record("extend", aid, requested + nbytes, len(blocks) * self.block_bytes, False,
+                           None if new is None else new.tobytes(), None, nbytes, state)
+        if evicted is not None:
+            self.core.removed(evicted, aid)
         return False
 
-    def _truncate(self, aid: int, nbytes: int) -> None:
+    def _truncate(self, aid: int, nbytes: int) -> bytes | None:
         requested, blocks = self._allocs[aid]
         keep = self._blocks_for(nbytes)
         tail = blocks[keep:]
@@ -131,6 +143,7 @@ class PrefixPool(Pool):
             self._plain_blocks -= len(tail)
         self._allocs[aid] = (nbytes, blocks)
         self._plain_requested += nbytes - requested
+        return tail.tobytes() if tail else None
 
     def _release(self, aid: int) -> None:
         requested, blocks = self._allocs.pop(aid)
@@ -138,7 +151,17 @@ class PrefixPool(Pool):
         self._plain_blocks -= len(blocks)
         self._plain_requested -= requested
         self._frees += 1
-        self.events.record("free", aid, len(blocks))
+        self.events.record("free", aid, len(blocks), blocks.tobytes(), requested)
+
+    def allocate_many(self, sizes: list[int], state: int = USED) -> list[int]:
+        """`Pool.allocate_many`, with the blocks needed checked up front: a batch that would
+        run out part-way is refused before it evicts any cached block (a rollback could free
+        the blocks taken, but not bring the evicted prefixes back)."""
+        for nbytes in sizes:
+            if nbytes.__class__ is not int or nbytes <= 0:
+                self._bad_size(nbytes)
+        self._need(sum(self._blocks_for(nbytes) for nbytes in sizes))
+        return super().allocate_many(sizes, state)
 
     def _block_ids(self, aid: int):
         return self._allocs[aid][1]
@@ -177,14 +200,15 @@ class PrefixPool(Pool):
         larger = needed later, inf = never) orders eviction under the `belady` policy.
         Raises InvalidRequest (bad input; nothing changes), PrefixOutOfMemory (every block held).
         """
-        sid = self._last_id + 1
+        sid = self._last_id = self._last_id + 1  # before its events: a keyframe after them reads it
         try:
             seq = self.core.open(sid, tokens, block_hashes, num_tokens, salt, next_use)
         except ValueError as exc:  # the core validates: one pass over the input
+            self._last_id = sid - 1
             raise InvalidRequest(str(exc)) from None
         except MemoryError as exc:
+            self._last_id = sid - 1
             raise self._prefix_oom(exc.args[0]) from None
-        self._last_id = sid
         self._seqs[sid] = seq
         return SequenceInfo(sid, seq.num_tokens, seq.cached_tokens, seq.blocks.tolist())
 

@@ -160,13 +160,21 @@ EVENT_KINDS: dict[str, EventKind] = _by_name(
     # the blocks took, so a history replays stored blocks exactly (-1 in `blocks`: no slot).
     EventKind("stored", ("blocks", "block_hashes", "parent_block_hash", "token_ids", "block_size",
                          "seq_id", "owners", "state"), "prefix"),
-    EventKind("removed", ("blocks", "block_hashes", "reason"), "prefix"),
-    EventKind("cleared", ("blocks", "block_hashes"), "prefix"),
+    # `taken_by` (issue 14): the sequence or allocation that took the evicted blocks, whose
+    # event (just before) names them with their new owner; absent or None: the blocks went free.
+    EventKind("removed", ("blocks", "block_hashes", "reason", "taken_by"), "prefix"),
+    # `freed_ids` (issue 14): the blocks that went free (a prefix-caching pool's idle ones; held
+    # blocks stay with their sequences); absent or None: every block named.
+    EventKind("cleared", ("blocks", "block_hashes", "freed_ids"), "prefix"),
     # Sequences of a prefix-caching pool: `blocks` of open are all its blocks (cached ones first),
-    # of append the blocks newly taken, of close the blocks released.
-    EventKind("open", ("seq_id", "num_tokens", "cached_tokens", "blocks"), "seq"),
-    EventKind("append", ("seq_id", "num_tokens", "blocks"), "seq"),
-    EventKind("close", ("seq_id", "blocks"), "seq"),
+    # of append the blocks newly taken, of close the blocks released. What replay needs (issue
+    # 14): open's blocks become the sequence's (USED) except `shared_ids`, hits on blocks other
+    # sequences hold (SHARED, owner unchanged); append's become the sequence's; close names what
+    # each block became (`freed_ids` free, `cached_ids` idle cached, `used_ids` one holder left;
+    # the rest stay SHARED); `added_bytes`: the change of the pool's requested bytes.
+    EventKind("open", ("seq_id", "num_tokens", "cached_tokens", "blocks", "shared_ids", "added_bytes"), "seq"),
+    EventKind("append", ("seq_id", "num_tokens", "blocks", "added_bytes"), "seq"),
+    EventKind("close", ("seq_id", "blocks", "freed_ids", "cached_ids", "used_ids", "added_bytes"), "seq"),
     # The blocks of allocation `id` took state code `state` (the cache pins and unpins).
     EventKind("state", ("id", "state", "block_ids"), "cache"),
 )

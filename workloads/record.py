@@ -9,7 +9,7 @@ import time
 from allocator import KVCache, create_pool
 from allocator.errors import KVScopeError
 from allocator.recording import Recorder
-from allocator.vocab import SCENARIO_INFO, SCENARIOS, STRATEGIES
+from allocator.vocab import DEFAULT_TOKENS_PER_BLOCK, SCENARIO_INFO, SCENARIOS, STRATEGIES
 
 from .live import build_live_workload
 from .spec import MAX_SPEED
@@ -30,7 +30,11 @@ def record_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-bytes", type=int, default=4096, help="block size in bytes (default 4096)")
     p.add_argument("--seed", type=int, default=0, help="scenario seed")
     p.add_argument("--limit", type=int, default=500, help="trace: replay the first N requests")
-    p.add_argument("--policy", default="lru", help="cache policy for workloads that use the cache")
+    p.add_argument("--policy", default="lru", help="cache policy for workloads that use the cache "
+                   "(or the prefix cache's, for scenarios that open sequences)")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="a scenario that opens sequences (prefix-chat) runs on a prefix-caching "
+                        "paged pool of 16-token blocks (default); --no-prefix-caching: a plain pool")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -38,8 +42,11 @@ def record_parser() -> argparse.ArgumentParser:
 def record(args: argparse.Namespace, out=sys.stdout) -> dict:
     """Build the pool, record the workload to completion, return the recorder's summary.
     Raises KVScopeError (bad sizes, existing file, unknown policy)."""
+    prefix = (args.prefix_caching and args.strategy == "paged" and args.workload != "trace"
+              and SCENARIO_INFO[args.workload].uses_prefix)
+    extra = {"tokens_per_block": DEFAULT_TOKENS_PER_BLOCK, "prefix_caching": {"policy": args.policy}} if prefix else {}
     pool = create_pool(args.strategy, num_blocks=args.blocks, block_bytes=args.block_bytes, device="cpu",
-                       name=args.workload)
+                       name=args.workload, **extra)
     uses_cache = args.workload == "trace" or SCENARIO_INFO[args.workload].uses_cache
     if uses_cache:
         KVCache(pool, pool.capacity_bytes, args.policy)
@@ -56,8 +63,9 @@ def record(args: argparse.Namespace, out=sys.stdout) -> dict:
     finally:
         info = recorder.stop()
     if out is not None and not args.quiet:
+        kind = f"prefix-caching {args.strategy}" if prefix else args.strategy
         print(f"recorded {info['events']} events (seq {info['start_seq']}..{info['last_seq']}) of "
-              f"{args.workload} on a {args.strategy} pool to {info['path']}", file=out)
+              f"{args.workload} on a {kind} pool to {info['path']}", file=out)
     return info
 
 

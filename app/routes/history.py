@@ -10,7 +10,6 @@ from starlette.concurrency import run_in_threadpool
 from allocator import STATE_NAMES
 from allocator.errors import Conflict, InvalidRequest
 from allocator.history import HistoryView, map_runs
-from allocator.prefix import PrefixPool
 from allocator.series import DEFAULT_POINTS, MAX_POINTS, history_series
 
 from ..auth import check_token
@@ -31,17 +30,8 @@ def history_view(handle) -> HistoryView:
     return history.view()
 
 
-def refuse_inexact_replay(handle) -> None:
-    """Raises Conflict on a prefix-caching pool: its open/append/close events do not carry the
-    owner and state of every block they change yet, so a rebuilt past map would be a guess."""
-    if isinstance(handle.pool, PrefixPool):
-        raise Conflict(f"pool {handle.name!r} caches prefixes: its past maps and stats are not "
-                       "rebuilt exactly yet, so at_seq is refused rather than guessed")
-
-
 async def blockmap_at(handle, at_seq: int) -> dict:
     """The block map as the live route answered right after event `at_seq`."""
-    refuse_inexact_replay(handle)
     view = history_view(handle)
     view.check_seq(at_seq)
     rep = await run_in_threadpool(view.replay_to, at_seq)
@@ -51,7 +41,6 @@ async def blockmap_at(handle, at_seq: int) -> dict:
 
 async def stats_at(handle, at_seq: int) -> dict:
     """The pool's stats right after event `at_seq` (without the cache's own figures)."""
-    refuse_inexact_replay(handle)
     view = history_view(handle)
     view.check_seq(at_seq)
     return await run_in_threadpool(view.stats_at, at_seq)
@@ -88,7 +77,6 @@ async def get_history_series(
     per figure). The page's charts draw an opened recording, or a live pool's past, from it.
     Replayed once off the event loop, rolling forward from one point to the next. A seq outside
     the history is 404; from_seq after to_seq 422."""
-    refuse_inexact_replay(handle)
     view = history_view(handle)
     first = view.first_seq if from_seq is None else from_seq
     last = view.last_seq if to_seq is None else to_seq

@@ -36,7 +36,8 @@ export function numbersHtml(s, evictionsPerSec, forest = null) {
     ext,
     cell("largest free", formatBytes(s.largest_free_bytes), `of ${formatBytes(s.free_bytes ?? (s.free_blocks || 0) * (s.block_bytes || 0))} free`),
     cell("OOMs", `${ooms.capacity + ooms.fragmentation}`, `capacity ${ooms.capacity} · fragmentation ${ooms.fragmentation}`, ooms.fragmentation > 0 ? "hot" : ""),
-    cell("hit rate", hr == null ? "—" : pct(hr), prefixSub(s) || (c ? `${c.hits ?? 0} hits · ${c.misses ?? 0} misses` : "no cache on this pool")),
+    cell("hit rate", hr == null ? "—" : pct(hr), prefixSub(s) || (c ? `${c.hits ?? 0} hits · ${c.misses ?? 0} misses`
+      : /** @type {any} */ (s).past ? "not kept for past moments" : "no cache on this pool")),
     cell("evictions/s", Number.isFinite(evictionsPerSec) ? evictionsPerSec.toFixed(1) : "—", c ? `${c.entries ?? c.count ?? "?"} entries · ${formatBytes(c.used_bytes)} / ${formatBytes(c.capacity_bytes)}` : ""),
   ].join("");
 }

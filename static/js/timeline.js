@@ -137,7 +137,8 @@ export function createTimeline(root, opts) {
       past.codes = live.codes;
       past.stateNames = live.stateNames;
       applyRuns(past, map.num_blocks, map.runs);
-      past.stats = stats;
+      // `past`: the numbers panel says the cache's own figures (and a prefix pool's hit counts) are not kept
+      past.stats = { ...stats, past: true };
       past.lastSeq = seq;
       state.shown = seq;
       const ev = at && at.events[0];

@@ -137,3 +137,32 @@ def test_an_untrusted_recording_whose_keyframe_is_not_the_maps_size_is_refused(t
         open_untrusted(tmp_path / "k.kvrec", "bad", 1 << 20, "the file")
     with pytest.raises(InvalidRequest, match="too large"):
         open_untrusted(tmp_path / "k.kvrec", "bad", 8, "the file")
+
+
+def test_recording_of_a_prefix_caching_pool_replays_every_point(tmp_path) -> None:
+    pool = create_pool("paged", num_blocks=12, block_bytes=30, tokens_per_block=4, device="cpu",
+                       prefix_caching={"policy": "lru"}, event_capacity=8)
+    rec = Recorder(pool, tmp_path / "p.kvrec")
+    rng, seqs, captured = random.Random(3), [], {}
+    for i in range(120):
+        try:
+            if rng.random() < 0.55 or not seqs:
+                tokens = [7, 7, 7, 7, 1, 2, 3, 4][: rng.choice([0, 4, 8])] + [rng.randint(0, 40) for _ in range(5)]
+                seqs.append(pool.open_sequence(tokens=tokens).id)
+            else:
+                pool.close_sequence(seqs.pop(rng.randrange(len(seqs))))
+        except OutOfMemory:
+            pass
+        if i % 30 == 29:
+            rec.flush()
+        stats = pool.stats()
+        stats.pop("prefix")
+        captured[pool.events.last_seq] = (pool.blockmap.owners_np().copy(), pool.blockmap.states_np().copy(), stats)
+    rec.stop()
+    assert pool.prefix_stats()["evicted"] > 0
+    meta, view = read_recording(tmp_path / "p.kvrec")
+    assert view.geometry["prefix_caching"] == {"policy": "lru", "kv_cache": False}
+    for seq, (owner, state, stats) in captured.items():
+        rep = view.replay_to(seq)
+        assert np.array_equal(rep.owner, owner) and np.array_equal(rep.state, state)
+        assert view.stats_at(seq) == stats

@@ -84,6 +84,32 @@ def test_scrub_step_and_back_to_live(page, api):
     assert page.console_log.errors == []
 
 
+def test_scrub_a_prefix_caching_pool_shows_shared_and_cached_blocks_as_they_were(page, api):
+    name = "e2e-tl-pfx"
+    make_pool(api, name, num_blocks=32, block_bytes=BLOCK, tokens_per_block=4, prefix_caching={"policy": "lru"})
+    system = list(range(100, 108))  # two full blocks every prompt shares
+    a = api.post(f"/api/pools/{name}/sequences", json={"tokens": system + [1, 2]}).json()
+    b = api.post(f"/api/pools/{name}/sequences", json={"tokens": system + [3]}).json()
+    both = api.get(f"/api/pools/{name}/history").json()["last_seq"]  # a and b share two blocks
+    api.delete(f"/api/pools/{name}/sequences/{a['id']}")
+    api.delete(f"/api/pools/{name}/sequences/{b['id']}")  # the shared blocks idle, cached
+    last = api.get(f"/api/pools/{name}/history").json()["last_seq"]
+    open_pool(page, name)
+    page.wait_for_function(f"window.kvscope.timeline() && window.kvscope.timeline().last === {last}", timeout=30_000)
+    page.evaluate(f"(() => {{ const r = document.querySelector('#tl-range'); r.value = '{both}'; r.dispatchEvent(new Event('input')); }})()")
+    wait_shown(page, both)
+    assert page.evaluate("window.kvscope.owners()") == owners_at(api, name, both) == [a["id"], b["id"]]
+    past = api.get(f"/api/pools/{name}/stats", params={"at_seq": both}).json()
+    assert past["blocks_by_state"]["shared"] == 2 and past["blocks_by_state"]["cached"] == 0
+    shown_stats = page.evaluate("window.kvscope.shownStats()")
+    assert shown_stats["blocks_by_state"] == past["blocks_by_state"] and shown_stats["used_blocks"] == past["used_blocks"]
+    assert "not kept for past moments" in page.locator("#numbers").inner_text()
+    page.click("#tl-live")
+    page.wait_for_function("window.kvscope.timeline().mode === 'live'", timeout=30_000)
+    live = page.evaluate("window.kvscope.stats()")
+    assert live["blocks_by_state"]["cached"] == 2 and live["blocks_by_state"]["shared"] == 0
+
+
 def test_open_a_recording_from_the_pool_tab_and_scrub_it(browser, tmp_path):
     port = free_port()
     base = f"http://127.0.0.1:{port}"

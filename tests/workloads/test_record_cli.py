@@ -64,3 +64,29 @@ def test_open_refuses_what_is_not_a_recording(tmp_path):
     bad.write_text("nope")
     proc = run_cli("open", str(bad))
     assert proc.returncode == 2 and "not a kvscope recording" in proc.stderr
+
+
+def test_record_prefix_chat_on_a_prefix_caching_pool_replays_its_sharing(tmp_path):
+    from workloads.record import record, record_parser
+
+    out = tmp_path / "pc.kvrec"
+    args = record_parser().parse_args(["prefix-chat", "-o", str(out), "--blocks", "96", "--block-bytes", "64", "--quiet"])
+    info = record(args, out=None)
+    assert info["events"] > 0
+    meta, view = read_recording(out)
+    assert meta["config"]["prefix_caching"] == {"policy": "lru"}
+    assert view.geometry["prefix_caching"]["policy"] == "lru"
+    kinds = {e["type"] for e in view.events(limit=1_000_000)}
+    assert {"open", "close", "stored"} <= kinds
+    # some past moment had blocks shared between sequences, and it replays with its stats
+    opens = [e for e in view.events(limit=1_000_000, kinds={"open"}) if e["shared_ids"]]
+    assert opens
+    seq = opens[0]["seq"]
+    rep = view.replay_to(seq)
+    assert (rep.state[opens[0]["shared_ids"]] == 4).all()
+    stats = view.stats_at(seq)
+    assert stats["blocks_by_state"]["shared"] >= len(opens[0]["shared_ids"]) and stats["used_blocks"] > 0
+    plain = record_parser().parse_args(["prefix-chat", "-o", str(tmp_path / "plain.kvrec"), "--blocks", "96",
+                                        "--block-bytes", "64", "--quiet", "--no-prefix-caching"])
+    record(plain, out=None)
+    assert "prefix_caching" not in read_recording(tmp_path / "plain.kvrec")[1].geometry

@@ -3,7 +3,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 
 import { PoolModel, hitRateOf } from "../model.js";
-import { describeEvent } from "../panels.js";
+import { describeEvent, numbersHtml } from "../panels.js";
 
 const [FREE, USED, CACHED, SHARED] = [0, 1, 2, 4];
 const STATES = { 0: "free", 1: "used", 2: "cached", 3: "pinned", 4: "shared" };
@@ -37,4 +37,13 @@ test("log lines for sequence events", () => {
   assert.deepEqual(close, ["seq #9", "3 blocks", "released"]);
   const stored = describeEvent({ seq: 1, ts: 0, type: "stored", blocks: [3, 4], block_hashes: [2 ** 60, 1], parent_block_hash: null, token_ids: null, block_size: 16, seq_id: 7 });
   assert.match(stored[0], /^2 blocks 10000000/);
+});
+
+test("a past moment's numbers say the cache's own figures are not kept, not that there is no cache", () => {
+  const base = { strategy: "paged", total_blocks: 8, used_blocks: 2, blocks_by_state: { cached: 3 }, utilization: 0.25,
+    ooms: { capacity: 0, fragmentation: 0 }, scatter_fails: false };
+  assert.match(numbersHtml({ ...base, past: true }, 0), /not kept for past moments/);
+  assert.match(numbersHtml(base, 0), /no cache on this pool/);
+  const live = numbersHtml({ ...base, prefix: { hits: 8, queries: 16, blocks: { shared: 1 } } }, 0);
+  assert.match(live, /8 of 16 prompt tokens cached/);
 });
