@@ -1,6 +1,7 @@
 # Included by _core.pyx: the cache's per-operation path (put, victim choice, eviction).
 
 cimport cython
+from cpython.dict cimport PyDict_Next
 import heapq
 import time as _time
 
@@ -114,6 +115,8 @@ cdef class CacheCore:
     cdef bint exact, filters, mono
     cdef uint8_t code_put, code_evict
     cdef object _policies, _oom_type
+    cdef str _reason, _policy_named
+    cdef int64_t _reason_sid, _policy_sid
 
     def _bind(self, policies, oom_type) -> None:
         """Cache what the hot path needs from the pool (KVCache.__init__ calls this)."""
@@ -178,6 +181,16 @@ cdef class CacheCore:
             if victim is not None:
                 return victim
         by_priority = self._by_priority
+        cdef Py_ssize_t dpos = 0
+        cdef PyObject *dkey
+        cdef PyObject *dval
+        if len(by_priority) == 1:  # one priority in use: its structure, without an iterator
+            PyDict_Next(by_priority, &dpos, &dkey, &dval)
+            s = <KeyedPolicy>dval
+            if s._slot:
+                key = s.c_victim()
+                if key != exclude:
+                    return key
         for prio in (by_priority if len(by_priority) == 1 else sorted(by_priority)):
             s = by_priority[prio]
             if not s._slot:
@@ -260,8 +273,12 @@ cdef class CacheCore:
         cdef int64_t *v = self.ev.record_keyed(self.code_evict, key, wall)
         v[0] = entry.nbytes
         v[1] = entry.allocated_bytes // self.bb
-        v[2] = self.ev.intern(reason)
-        v[3] = self.ev.intern(self._policy)
+        if reason is not self._reason:  # the string table index of the last reason / policy
+            self._reason, self._reason_sid = reason, self.ev.intern(reason)
+        if self._policy is not self._policy_named:
+            self._policy_named, self._policy_sid = self._policy, self.ev.intern(self._policy)
+        v[2] = self._reason_sid
+        v[3] = self._policy_sid
         v[4] = f2i(now - entry.created_at)
         v[5] = f2i(now - entry.last_access)
         return 0
@@ -332,8 +349,11 @@ cdef class CacheCore:
             # evicting everything evictable: refuse rather than overrun the capacity.
             pool.free(aid)
             raise me._refuse_budget(held)
-        cdef Entry e = Entry(key, aid, nb, held, priority, pin, ttl_s,
-                             None if ttl_s is None else now + ttl_s, now, now)
+        cdef Entry e = Entry.__new__(Entry)  # fields set here: no argument parsing
+        e.key, e.id, e.nbytes, e.allocated_bytes = key, aid, nb, held
+        e.priority, e.pinned, e.ttl_s = priority, pin, ttl_s
+        e.expires_at = None if ttl_s is None else now + ttl_s
+        e.created_at = e.last_access = now
         self._entries[key] = e
         self._key_of[aid] = key
         self.used_bytes += held
@@ -349,4 +369,6 @@ cdef class CacheCore:
         v[0] = e.id
         v[1] = e.nbytes
         v[2] = held // self.bb
-        return PutResult(e, True, evicted)
+        cdef PutResult out = PutResult.__new__(PutResult)
+        out.entry, out.created, out.evicted = e, True, evicted
+        return out
