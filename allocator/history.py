@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._core import replay_columns, rows_of_columns2, validate_columns
 from .blockmap import FREE, NO_OWNER, STATE_NAMES
 from .errors import NotFound
 from .events import event_dict
-from ._core import replay_columns, rows_of_columns2, validate_columns
 from .metrics import fragmentation_stats
 
 DEFAULT_HISTORY_BYTES = 64 << 20

@@ -9,15 +9,16 @@ checked before the C code walks them (a crafted segment is refused, never read o
 from __future__ import annotations
 
 import random
+import zlib
 
 import numpy as np
 import pytest
+from allocator._core import replay_columns, rows_of_columns2, validate_columns
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocator import KVCache, create_pool
-from allocator._core import replay_columns, rows_of_columns2, validate_columns
-from allocator.history import Keyframe, Replayer, Segment, UNREPLAYED_KINDS
+from allocator.history import UNREPLAYED_KINDS, Keyframe, Replayer, Segment
 
 BLOCK = 16
 
@@ -30,7 +31,7 @@ def busy_pool(seed: int, blocks: int = 256):
     cache = KVCache(pool, BLOCK * blocks // 2, "lru")
     rng = random.Random(seed)
     ids, keys = [], []
-    for i in range(300):
+    for _ in range(300):
         r = rng.random()
         if r < 0.3 and len(ids) < 20:
             try:
@@ -79,8 +80,8 @@ def test_runs_of_ids_are_stored_short() -> None:
 def test_compiled_replay_matches_row_by_row(seed) -> None:
     pool = busy_pool(seed)
     n = pool.num_blocks
-    empty = Keyframe(0, (__import__("zlib").compress(np.full(n, -1, np.int32).tobytes()),),
-                     (__import__("zlib").compress(bytes(n)),), 0, 0, 0, 0, (0,) * 7)
+    empty = Keyframe(0, (zlib.compress(np.full(n, -1, np.int32).tobytes()),),
+                     (zlib.compress(bytes(n)),), 0, 0, 0, 0, (0,) * 7)
     cols = Segment.of_columns(pool.events.export(0)).columns()
     rows = pool.events.raw_after(0)
     for upto in (5, len(rows) // 2, len(rows)):
@@ -105,8 +106,8 @@ def test_compiled_replay_matches_row_by_row(seed) -> None:
 def test_unreplayed_kinds_really_change_nothing() -> None:
     """The compiled replay skips these kinds: Replayer.apply must agree that they are no-ops."""
     pool = busy_pool(6)
-    rep = Replayer(Keyframe(0, (__import__("zlib").compress(np.full(pool.num_blocks, -1, np.int32).tobytes()),),
-                            (__import__("zlib").compress(bytes(pool.num_blocks)),), 0, 0, 0, 0, (0,) * 7))
+    rep = Replayer(Keyframe(0, (zlib.compress(np.full(pool.num_blocks, -1, np.int32).tobytes()),),
+                            (zlib.compress(bytes(pool.num_blocks)),), 0, 0, 0, 0, (0,) * 7))
     for r in pool.events.raw_after(0):
         if r[2] in UNREPLAYED_KINDS:
             before = (rep.owner.copy(), rep.state.copy(), rep.requested, rep.allocations, dict(rep.counters))
