@@ -157,16 +157,18 @@ cdef class EventRing:
             pos += 1
         return tuple(vals)
 
-    def export(self, int64_t seq):
+    def export(self, int64_t seq, int64_t block_bytes=1):
         """Events with seq > `seq` in compact columns, for the history to keep without a Python
         object per event (None when there is nothing after `seq`):
 
-        ("cols2", first, last, ts, kind, aux, num, nb, ne, ids, wide, keys, objs, names, strings)
+        ("cols2", first, last, ts, kind, aux, num, nb, ne, ids, wide, keys, objs, names, strings,
+         block_bytes)
 
         - ts float64, kind uint8 (code | FLAG_OBJ / FLAG_KEY), aux uint8: one per event (bytes);
-        - numeric events (allocate, free): `num` int64 values v0..v2 (allocate: id, requested,
-          allocated; free: id, blocks, requested), `nb` int32 block count, `ne` int32 entries in
-          `ids` (-1: the ids were not kept), all bytes;
+        - numeric events (allocate, free): `num` int64 (id, requested bytes), `nb` int32 block
+          count, `ne` int32 entries in `ids` (-1: the ids were not kept), all bytes; an
+          allocate's allocated bytes are its blocks times `block_bytes` (the pool's, which the
+          caller passes: the compiled pool records nothing else);
         - `ids` int32 bytes, each event's block ids in order, runs of 3+ ascending ids written
           as (-length, first): a fresh pool's 16-block allocation costs 8 bytes, not 64;
         - keyed events (put, evict): the key in `keys`, the NVALS values in `wide` (int64 bytes),
@@ -208,7 +210,7 @@ cdef class EventRing:
             slot += 1
             if slot == self.capacity:
                 slot = 0
-        num = np.empty(3 * nnum, dtype=np.int64)
+        num = np.empty(2 * nnum, dtype=np.int64)
         nb = np.empty(nnum, dtype=np.int32)
         ne = np.empty(nnum, dtype=np.int32)
         wide = np.empty(NVALS * nkey, dtype=np.int64)
@@ -235,9 +237,8 @@ cdef class EventRing:
                 _memcpy(&wide_v[m * NVALS], v, NVALS * sizeof(int64_t))
                 m += 1
                 continue
-            num_v[3 * j] = v[0]
-            num_v[3 * j + 1] = v[1]
-            num_v[3 * j + 2] = v[2]
+            num_v[2 * j] = v[0]  # the id, then the requested bytes (allocate's 2nd, free's 3rd)
+            num_v[2 * j + 1] = v[1] if k == alloc_code else v[2]
             # blocks: allocate's 4th value, free's 2nd
             nb_v[j] = <int32_t>(v[3] if k == alloc_code else v[1])
             if self.bn[slot] < 0:
@@ -263,7 +264,7 @@ cdef class EventRing:
             j += 1
         return ("cols2", first, self.last_seq, ts.tobytes(), kd.tobytes(), ax.tobytes(),
                 num.tobytes(), nb.tobytes(), ne.tobytes(), ids[:pos].tobytes(), wide.tobytes(),
-                keys, objs, list(self._names), list(self._strings))
+                keys, objs, list(self._names), list(self._strings), block_bytes)
 
     def code(self, str kind) -> int:
         """The numeric code of `kind` (KeyError for an unknown kind)."""
@@ -514,7 +515,7 @@ def replay_columns(tuple cols, int32_t[::1] owner, uint8_t[::1] state, int64_t a
             if seq > after and ne[j] > 0:
                 c = _decode_ids(&ids[p], ne[j], buf)
                 if k == alloc_code:
-                    aid = <int32_t>num[3 * j]
+                    aid = <int32_t>num[2 * j]
                     for q in range(c):
                         b = buf[q]
                         if 0 <= b < nblocks:
@@ -528,12 +529,12 @@ def replay_columns(tuple cols, int32_t[::1] owner, uint8_t[::1] state, int64_t a
                             state[b] = 0
             if seq > after:
                 if k == alloc_code:
-                    acc[0] += num[3 * j + 1]
+                    acc[0] += num[2 * j + 1]
                     acc[1] += 1
-                    if num[3 * j] > acc[2]:
-                        acc[2] = num[3 * j]
+                    if num[2 * j] > acc[2]:
+                        acc[2] = num[2 * j]
                 else:
-                    acc[0] -= num[3 * j + 2]
+                    acc[0] -= num[2 * j + 1]
                     acc[1] -= 1
                     acc[3] += 1
             if ne[j] > 0:
@@ -564,6 +565,7 @@ def rows_of_columns2(tuple cols) -> list:
     cdef const int32_t[::1] ids = np.frombuffer(cols[9], dtype=np.int32)
     cdef const int64_t[::1] wide = np.frombuffer(cols[10], dtype=np.int64)
     cdef list keys = cols[11], objs = cols[12], names = cols[13], strings = cols[14], out = []
+    cdef int64_t block_bytes = cols[15]
     cdef uint8_t k
     cdef str name, layout
     scratch_arr = _scratch(cols[7])
@@ -598,9 +600,9 @@ def rows_of_columns2(tuple cols) -> list:
         else:
             bid = None
         if name == "free":
-            out.append((first + i, ts[i], name, num[3 * j], num[3 * j + 1], bid, num[3 * j + 2]))
+            out.append((first + i, ts[i], name, num[2 * j], nb[j], bid, num[2 * j + 1]))
         else:
-            out.append((first + i, ts[i], name, num[3 * j], num[3 * j + 1], num[3 * j + 2], nb[j],
+            out.append((first + i, ts[i], name, num[2 * j], num[2 * j + 1], nb[j] * block_bytes, nb[j],
                         bid, aux[i]))
         j += 1
     return out
@@ -610,7 +612,7 @@ def validate_columns(tuple cols) -> object:
     """None when an exported segment ("cols2", e.g. read back from a recording file) is
     consistent, so replay_columns / rows_of_columns2 stay inside its arrays; else what is wrong.
     Block ids themselves are range-checked by the replay."""
-    if len(cols) != 15 or cols[0] != "cols2":
+    if len(cols) != 16 or cols[0] != "cols2":
         return "not a cols2 segment"
     for col in (3, 4, 5, 6, 7, 8, 9, 10):
         if type(cols[col]) is not bytes:
@@ -644,7 +646,9 @@ def validate_columns(tuple cols) -> object:
         return "object or key counts do not match the kinds"
     if any(type(o) is not tuple for o in cols[12]):
         return "an event's values are not a tuple"
-    if len(cols[6]) != 24 * nnum or len(cols[7]) != 4 * nnum or len(cols[8]) != 4 * nnum:
+    if type(cols[15]) is not int or cols[15] <= 0:
+        return "block_bytes is not a positive int"
+    if len(cols[6]) != 16 * nnum or len(cols[7]) != 4 * nnum or len(cols[8]) != 4 * nnum:
         return "numeric columns do not match the numeric events"
     if len(cols[10]) != 8 * NVALS * nkey or len(cols[9]) % 4:
         return "keyed or id columns have the wrong size"

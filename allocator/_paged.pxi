@@ -143,8 +143,8 @@ cdef class PagedCore:
         cdef Py_ssize_t s, i
         if self.slot_free == NIL:
             self.grow_records()
-        if 2 * (self.live + 1) > self.hmask + 1:
-            self.rehash(4 * (self.live + 1))
+        if 2 * (self.live + 1) > self.hmask + 1:  # load above 1/2: double
+            self.rehash(2 * (self.hmask + 1))
         s = self.slot_free
         self.slot_free = self.r_tail[s]
         self.r_aid[s] = aid

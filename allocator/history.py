@@ -224,7 +224,7 @@ class Segment:
             data = safe_loads(self._blob)
             if not (data.__class__ is tuple and data and data[0] == COLUMNS2):
                 return None
-            cols = _objs_loaded(data) if len(data) == 15 and data[12].__class__ in (bytes, list) else data
+            cols = _objs_loaded(data) if len(data) == 16 and data[12].__class__ in (bytes, list) else data
             why = validate_columns(cols)
             if why is not None:
                 raise pickle.UnpicklingError(f"recording segment {self.first}..{self.last}: {why}")
@@ -377,7 +377,7 @@ class History:
     def spill(self) -> None:
         """Pack the ring's unconsumed events; keyframe the live map when one is due."""
         events = self.pool.events
-        cols = events.export(self.consumed)
+        cols = events.export(self.consumed, self.pool.block_bytes)
         if cols is not None and cols[1] != self.consumed + 1:
             # The ring dropped events before they reached us (an event with more block ids
             # than half the id ring): start over from a keyframe of the map now.

@@ -60,7 +60,7 @@ def busy_pool(seed: int, blocks: int = 256):
 def test_columns_decode_to_the_rings_own_rows(seed) -> None:
     pool = busy_pool(seed)
     for after in (0, 17, pool.events.last_seq - 5):
-        cols = pool.events.export(after)
+        cols = pool.events.export(after, BLOCK)
         assert validate_columns(cols) is None
         assert rows_of_columns2(cols) == pool.events.raw_after(after)
     kinds = {r[2] for r in pool.events.raw_after(0)}
@@ -71,7 +71,7 @@ def test_runs_of_ids_are_stored_short() -> None:
     pool = create_pool("paged", num_blocks=1024, block_bytes=BLOCK, device="cpu", history_bytes=0)
     for _ in range(10):
         pool.free(pool.allocate(BLOCK * 16))
-    cols = pool.events.export(0)
+    cols = pool.events.export(0, BLOCK)
     assert len(cols[9]) == 20 * 2 * 4  # each event's 16 ids as one (-16, first) pair
     assert rows_of_columns2(cols) == pool.events.raw_after(0)
 
@@ -82,7 +82,7 @@ def test_compiled_replay_matches_row_by_row(seed) -> None:
     n = pool.num_blocks
     empty = Keyframe(0, (zlib.compress(np.full(n, -1, np.int32).tobytes()),),
                      (zlib.compress(bytes(n)),), 0, 0, 0, 0, (0,) * 7)
-    cols = Segment.of_columns(pool.events.export(0)).columns()
+    cols = Segment.of_columns(pool.events.export(0, BLOCK)).columns()
     rows = pool.events.raw_after(0)
     for upto in (5, len(rows) // 2, len(rows)):
         a, b = Replayer(empty), Replayer(empty)
@@ -120,7 +120,7 @@ def test_unreplayed_kinds_really_change_nothing() -> None:
 
 def _mutations(cols: tuple):
     """Structural damage a crafted file could carry, one at a time."""
-    yield cols[:14]
+    yield cols[:15]
     yield (cols[0], cols[1], cols[2] + 5) + cols[3:]
     yield cols[:4] + (cols[4][:-1],) + cols[5:]
     yield cols[:7] + (cols[7][:-4],) + cols[8:]
@@ -138,10 +138,11 @@ def _mutations(cols: tuple):
     kind = bytearray(cols[4])
     kind[0] = 0x3F
     yield cols[:4] + (bytes(kind),) + cols[5:]
+    yield cols[:15] + (0,)
 
 
 def test_crafted_columns_are_refused() -> None:
-    cols = busy_pool(7).events.export(0)
+    cols = busy_pool(7).events.export(0, BLOCK)
     assert validate_columns(cols) is None
     for bad in _mutations(cols):
         assert isinstance(validate_columns(bad), str)
@@ -150,7 +151,7 @@ def test_crafted_columns_are_refused() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_random_damage_is_refused_or_replays_in_bounds(data) -> None:
-    cols = list(busy_pool(8, blocks=64).events.export(0))
+    cols = list(busy_pool(8, blocks=64).events.export(0, BLOCK))
     col = data.draw(st.sampled_from([4, 6, 7, 8, 9]))
     raw = bytearray(cols[col])
     if raw:
