@@ -82,7 +82,7 @@ class Keyframe:
 
     def __post_init__(self) -> None:
         if self.own_bytes < 0:
-            self.own_bytes = sum(map(len, self.owner_pages)) + sum(map(len, self.state_pages))
+            self.own_bytes = _unique_bytes(self.owner_pages + self.state_pages)
 
     @property
     def nbytes(self) -> int:
@@ -124,17 +124,34 @@ def _blob_pages(blob: bytes) -> tuple:
     return (blob,)
 
 
-def _compress_pages(arr: np.ndarray, dirty, old: tuple | None, page_blocks: int) -> tuple:
+def _compress_pages(arr: np.ndarray, dirty, old: tuple | None, page_blocks: int,
+                    uniform: bool = False) -> tuple:
     """arr cut in pages of `page_blocks`, compressed; pages not in `dirty` reuse `old`'s (None:
-    compress every page)."""
+    compress every page). `uniform`: every element is the same (a new pool's map), so every
+    full page is the same bytes object, compressed once."""
     n = arr.shape[0]
     out = []
+    same = None
     for i, start in enumerate(range(0, n, page_blocks)):
         if old is not None and i not in dirty:
             out.append(old[i])
+        elif uniform and start + page_blocks <= n:
+            if same is None:
+                same = zlib.compress(memoryview(arr[start:start + page_blocks]).cast("B"), 1)
+            out.append(same)
         else:
             out.append(zlib.compress(memoryview(arr[start:start + page_blocks]).cast("B"), 1))
     return tuple(out)
+
+
+def _unique_bytes(pages, exclude=()) -> int:
+    """Bytes of the distinct page objects in `pages` that are not in `exclude` (by identity)."""
+    skip = {id(p) for p in exclude}
+    seen: dict[int, int] = {}
+    for p in pages:
+        if id(p) not in skip:
+            seen[id(p)] = len(p)
+    return sum(seen.values())
 
 
 COLUMNS = "cols1"  # marks a segment stored as EventRing.export() columns
@@ -273,16 +290,15 @@ def _objs_loaded(cols: tuple) -> tuple:
 
 def keyframe_of(seq: int, owner: np.ndarray, state: np.ndarray, requested: int, allocations: int,
                 last_id: int, frees: int, counters, dirty=None, base: Keyframe | None = None,
-                page_blocks: int = PAGE_BLOCKS) -> Keyframe:
+                page_blocks: int = PAGE_BLOCKS, empty: bool = False) -> Keyframe:
     """A keyframe of the map now; with `base` (the previous keyframe), only the pages in `dirty`
-    (page indexes changed since `base`) are compressed, the others shared with it."""
+    (page indexes changed since `base`) are compressed, the others shared with it. `empty`:
+    the map is all free (a new pool)."""
     old_o = base.owner_pages if base is not None else None
     old_s = base.state_pages if base is not None else None
-    owner_pages = _compress_pages(owner, dirty, old_o, page_blocks)
-    state_pages = _compress_pages(state, dirty, old_s, page_blocks)
-    own = 0
-    for pages, old in ((owner_pages, old_o), (state_pages, old_s)):
-        own += sum(len(p) for i, p in enumerate(pages) if old is None or p is not old[i])
+    owner_pages = _compress_pages(owner, dirty, old_o, page_blocks, empty)
+    state_pages = _compress_pages(state, dirty, old_s, page_blocks, empty)
+    own = _unique_bytes(owner_pages + state_pages, (old_o or ()) + (old_s or ()))
     return Keyframe(seq, owner_pages, state_pages, requested, allocations, last_id, frees,
                     tuple(counters), own)
 
@@ -326,7 +342,8 @@ class History:
         else:  # made from Pool.__init__, before the strategy's structures exist: pool empty
             bm = pool.blockmap
             self._add_keyframe(keyframe_of(self.consumed, bm.owners_np(), bm.states_np(), 0, 0, 0, 0,
-                                           [0] * len(COUNTER_NAMES)))
+                                           [0] * len(COUNTER_NAMES), page_blocks=page_blocks,
+                                           empty=True))
         pool.events.sink = self
         self._arm()
 
@@ -414,9 +431,8 @@ class History:
             old = self.keyframes.pop(0)
             nxt = self.keyframes[0]
             # Pages the next keyframe shares with the dropped one stay: they become its own.
-            shared = sum(len(p) for a, b in ((old.owner_pages, nxt.owner_pages),
-                                             (old.state_pages, nxt.state_pages))
-                         for p, q in zip(a, b) if p is q)
+            mine = old.owner_pages + old.state_pages
+            shared = _unique_bytes(mine) - _unique_bytes(mine, nxt.owner_pages + nxt.state_pages)
             nxt.own_bytes += shared
             self.nbytes -= old.nbytes - shared
             keep_from = self.keyframes[0].seq
