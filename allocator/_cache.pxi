@@ -1,7 +1,10 @@
 # Included by _core.pyx: the cache's per-operation path (put, victim choice, eviction).
 
 cimport cython
+from cpython.dict cimport PyDict_Next
 import heapq
+
+from .vocab import EVICTION_REASONS as _REASONS
 import time as _time
 
 
@@ -104,9 +107,8 @@ cdef class CacheCore:
     cdef public int64_t refusals
     cdef public str _policy
     cdef public dict _entries        # key -> Entry
-    cdef public dict _key_of         # allocation id -> key
+    cdef public dict _key_of         # allocation id -> key (other pools; a paged pool tags its records)
     cdef public dict _by_priority    # priority -> policy structure (non-empty ones)
-    cdef public dict evictions       # reason -> count
     cdef public list _ttl_heap       # (expires_at, key, id), stale records skipped lazily
     cdef PagedCore pcore
     cdef EventRing ev
@@ -114,6 +116,19 @@ cdef class CacheCore:
     cdef bint exact, filters, mono
     cdef uint8_t code_put, code_evict
     cdef object _policies, _oom_type
+    cdef str _reason, _policy_named
+    cdef int64_t _reason_sid, _policy_sid, _reason_idx
+    cdef int64_t _evicted[8]         # per EVICTION_REASONS (the `evictions` property)
+
+    @property
+    def evictions(self) -> dict:
+        """Evictions so far by reason (EVICTION_REASONS)."""
+        return {r: self._evicted[i] for i, r in enumerate(_REASONS)}
+
+    @evictions.setter
+    def evictions(self, dict counts) -> None:
+        for i, r in enumerate(_REASONS):
+            self._evicted[i] = counts.get(r, 0)
 
     def _bind(self, policies, oom_type) -> None:
         """Cache what the hot path needs from the pool (KVCache.__init__ calls this)."""
@@ -178,6 +193,16 @@ cdef class CacheCore:
             if victim is not None:
                 return victim
         by_priority = self._by_priority
+        cdef Py_ssize_t dpos = 0
+        cdef PyObject *dkey
+        cdef PyObject *dval
+        if len(by_priority) == 1:  # one priority in use: its structure, without an iterator
+            PyDict_Next(by_priority, &dpos, &dkey, &dval)
+            s = <KeyedPolicy>dval
+            if s._slot:
+                key = s.c_victim()
+                if key != exclude:
+                    return key
         for prio in (by_priority if len(by_priority) == 1 else sorted(by_priority)):
             s = by_priority[prio]
             if not s._slot:
@@ -256,12 +281,17 @@ cdef class CacheCore:
     cdef int c_evict_entry(self, Entry entry, str reason, double now, double wall) except -1:
         cdef str key = entry.key
         self.c_drop(entry, True, wall)
-        self.evictions[reason] += 1
         cdef int64_t *v = self.ev.record_keyed(self.code_evict, key, wall)
         v[0] = entry.nbytes
         v[1] = entry.allocated_bytes // self.bb
-        v[2] = self.ev.intern(reason)
-        v[3] = self.ev.intern(self._policy)
+        if reason is not self._reason:  # the string table index of the last reason / policy
+            self._reason_idx = _REASONS.index(reason)
+            self._reason, self._reason_sid = reason, self.ev.intern(reason)
+        self._evicted[self._reason_idx] += 1
+        if self._policy is not self._policy_named:
+            self._policy_named, self._policy_sid = self._policy, self.ev.intern(self._policy)
+        v[2] = self._reason_sid
+        v[3] = self._policy_sid
         v[4] = f2i(now - entry.created_at)
         v[5] = f2i(now - entry.last_access)
         return 0
@@ -271,7 +301,8 @@ cdef class CacheCore:
 
     cdef int c_drop(self, Entry entry, bint evicted, double wall) except -1:
         del self._entries[entry.key]
-        del self._key_of[entry.id]
+        if self.pcore is None:
+            del self._key_of[entry.id]
         if entry.pinned:
             self.pinned_bytes -= entry.allocated_bytes
         else:
@@ -288,6 +319,16 @@ cdef class CacheCore:
 
     def _drop(self, Entry entry, bint evicted) -> None:
         self.c_drop(entry, evicted, wall_time())
+
+    def key_of(self, aid):
+        """The key of the entry held in allocation `aid`, or None."""
+        if self.pcore is not None:
+            return self.pcore.tag_of(aid)
+        return self._key_of.get(aid)
+
+    def _keys_by_id(self) -> dict:
+        """{allocation id: key} of every entry, as the id map holds it (for check())."""
+        return self.pcore.tagged() if self.pcore is not None else dict(self._key_of)
 
     # -- put -----------------------------------------------------------------------------
     def put(self, key, nbytes, priority=None, ttl_s=None, pinned=None):
@@ -332,10 +373,16 @@ cdef class CacheCore:
             # evicting everything evictable: refuse rather than overrun the capacity.
             pool.free(aid)
             raise me._refuse_budget(held)
-        cdef Entry e = Entry(key, aid, nb, held, priority, pin, ttl_s,
-                             None if ttl_s is None else now + ttl_s, now, now)
+        cdef Entry e = Entry.__new__(Entry)  # fields set here: no argument parsing
+        e.key, e.id, e.nbytes, e.allocated_bytes = key, aid, nb, held
+        e.priority, e.pinned, e.ttl_s = priority, pin, ttl_s
+        e.expires_at = None if ttl_s is None else now + ttl_s
+        e.created_at = e.last_access = now
         self._entries[key] = e
-        self._key_of[aid] = key
+        if self.pcore is not None:
+            self.pcore.set_tag(aid, key)
+        else:
+            self._key_of[aid] = key
         self.used_bytes += held
         if pin:
             self.pinned_bytes += held
@@ -349,4 +396,6 @@ cdef class CacheCore:
         v[0] = e.id
         v[1] = e.nbytes
         v[2] = held // self.bb
-        return PutResult(e, True, evicted)
+        cdef PutResult out = PutResult.__new__(PutResult)
+        out.entry, out.created, out.evicted = e, True, evicted
+        return out

@@ -223,6 +223,9 @@ cdef class PagedCore:
     cdef public int64_t frees
     cdef public int64_t requested_total
     cdef object _oom, _bad_size, _not_found
+    cdef list tags                       # one object per record slot (a cache's keys), or None
+    cdef Py_ssize_t last_slot            # record slot of the newest allocation
+    cdef int set_tag(self, int64_t aid, object tag) except -1
     cdef inline Py_ssize_t home(self, int64_t aid) noexcept
     cdef Py_ssize_t find(self, int64_t aid) noexcept
     cdef Py_ssize_t slot_of(self, object aid) except -1

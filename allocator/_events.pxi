@@ -157,56 +157,114 @@ cdef class EventRing:
             pos += 1
         return tuple(vals)
 
-    def export(self, int64_t seq):
-        """Events with seq > `seq` in columns, for the history to pack without a Python object
-        per event: (first_seq, last_seq, ts, kind, vals, aux, nids, ids) as bytes of float64,
-        uint8 (code | FLAG_OBJ), int64 (NVALS per event), uint8, int32 (-1: ids not kept) and
-        int32 (every numeric event's ids, in order), then the value tuples of the Python-recorded
-        events in order, and the kind names by code. None when there is nothing after `seq`."""
+    def export(self, int64_t seq, int64_t block_bytes=1):
+        """Events with seq > `seq` in compact columns, for the history to keep without a Python
+        object per event (None when there is nothing after `seq`):
+
+        ("cols2", first, last, ts, kind, aux, num, nb, ne, ids, wide, keys, objs, names, strings,
+         block_bytes)
+
+        - ts float64, kind uint8 (code | FLAG_OBJ / FLAG_KEY), aux uint8: one per event (bytes);
+        - numeric events (allocate, free): `num` int64 (id, requested bytes), `nb` int32 block
+          count, `ne` int32 entries in `ids` (-1: the ids were not kept), all bytes; an
+          allocate's allocated bytes are its blocks times `block_bytes` (the pool's, which the
+          caller passes: the compiled pool records nothing else);
+        - `ids` int32 bytes, each event's block ids in order, runs of 3+ ascending ids written
+          as (-length, first): a fresh pool's 16-block allocation costs 8 bytes, not 64;
+        - keyed events (put, evict): the key in `keys`, the NVALS values in `wide` (int64 bytes),
+          read per the kind's COMPILED_LAYOUTS (strings index `strings`);
+        - Python-recorded events: their value tuple in `objs`.
+        `names` are the kind names by code."""
         cdef int64_t first = max(seq + 1, self.last_seq - self.count + 1)
-        cdef Py_ssize_t n = <Py_ssize_t>(self.last_seq - first + 1), i, j, slot, m, total = 0, pos
+        cdef Py_ssize_t n = <Py_ssize_t>(self.last_seq - first + 1), i, j, slot, m, b, e
+        cdef Py_ssize_t nnum = 0, nkey = 0, total = 0, pos, run
+        cdef uint8_t k
+        cdef int32_t *src
+        cdef int alloc_code = self._codes.get("allocate", -1)
         if n <= 0:
             return None
         ts = np.empty(n, dtype=np.float64)
         kd = np.empty(n, dtype=np.uint8)
-        vs = np.empty(n * NVALS, dtype=np.int64)
         ax = np.empty(n, dtype=np.uint8)
-        nb = np.empty(n, dtype=np.int32)
         cdef double[::1] ts_v = ts
         cdef uint8_t[::1] kd_v = kd
-        cdef int64_t[::1] vs_v = vs
         cdef uint8_t[::1] ax_v = ax
-        cdef int32_t[::1] nb_v = nb
-        cdef list objs = []
+        cdef list objs = [], keys = []
+        cdef Py_ssize_t slot0 = self._slot(first)
+        cdef object held = self._objs
+        slot = slot0
         for i in range(n):
-            slot = self._slot(first + i)
+            k = self.kind[slot]
             ts_v[i] = self.ts[slot]
-            kd_v[i] = self.kind[slot]
+            kd_v[i] = k
             ax_v[i] = self.aux[slot]
-            for j in range(NVALS):
-                vs_v[i * NVALS + j] = self.vals[slot * NVALS + j]
-            if self.kind[slot] & FLAG_OBJ:
-                objs.append(self._objs[slot])
-                nb_v[i] = 0
-            elif self._names[self.kind[slot] & CODE_MASK] not in ("allocate", "free"):
-                objs.append(self._decoded(slot, self.kind[slot]))  # put / evict: as values
-                kd_v[i] = self.kind[slot] | FLAG_OBJ
-                nb_v[i] = 0
+            if k & FLAG_OBJ:
+                objs.append((<list>held)[slot])
+            elif k & FLAG_KEY:
+                keys.append((<list>held)[slot])
+                nkey += 1
             else:
-                nb_v[i] = self.bn[slot]
+                nnum += 1
                 if self.bn[slot] > 0:
                     total += self.bn[slot]
-        ids = np.empty(total, dtype=np.int32)
-        cdef int32_t[::1] ids_v = ids
+            slot += 1
+            if slot == self.capacity:
+                slot = 0
+        num = np.empty(2 * nnum, dtype=np.int64)
+        nb = np.empty(nnum, dtype=np.int32)
+        ne = np.empty(nnum, dtype=np.int32)
+        wide = np.empty(NVALS * nkey, dtype=np.int64)
+        ids = np.empty(total, dtype=np.int32)  # the encoding is never longer than the ids
+        cdef int64_t[::1] num_v = num
+        cdef int32_t[::1] nb_v = nb
+        cdef int32_t[::1] ne_v = ne
+        cdef int64_t[::1] wide_v = wide
+        cdef int32_t *out = i32_ptr(ids) if total else NULL
+        cdef int64_t *v
         pos = 0
+        j = 0
+        m = 0
+        slot = slot0 - 1
         for i in range(n):
-            m = nb_v[i]
-            if m > 0:
-                slot = self._slot(first + i)
-                memcpy(&ids_v[pos], &self.bring[<Py_ssize_t>(self.boff[slot] % self.bcap)], m * sizeof(int32_t))
-                pos += m
-        return (first, self.last_seq, ts.tobytes(), kd.tobytes(), vs.tobytes(), ax.tobytes(),
-                nb.tobytes(), ids.tobytes(), objs, list(self._names))
+            slot += 1
+            if slot == self.capacity:
+                slot = 0
+            k = self.kind[slot]
+            if k & FLAG_OBJ:
+                continue
+            v = &self.vals[slot * NVALS]
+            if k & FLAG_KEY:
+                _memcpy(&wide_v[m * NVALS], v, NVALS * sizeof(int64_t))
+                m += 1
+                continue
+            num_v[2 * j] = v[0]  # the id, then the requested bytes (allocate's 2nd, free's 3rd)
+            num_v[2 * j + 1] = v[1] if k == alloc_code else v[2]
+            # blocks: allocate's 4th value, free's 2nd
+            nb_v[j] = <int32_t>(v[3] if k == alloc_code else v[1])
+            if self.bn[slot] < 0:
+                ne_v[j] = -1
+            else:
+                src = &self.bring[<Py_ssize_t>(self.boff[slot] % self.bcap)]
+                e = pos
+                b = 0
+                while b < self.bn[slot]:
+                    run = 1
+                    while b + run < self.bn[slot] and src[b + run] == src[b] + run:
+                        run += 1
+                    if run >= 3:
+                        out[pos] = <int32_t>(-run)
+                        out[pos + 1] = src[b]
+                        pos += 2
+                        b += run
+                    else:
+                        out[pos] = src[b]
+                        pos += 1
+                        b += 1
+                ne_v[j] = <int32_t>(pos - e)
+            j += 1
+        return ("cols2", first, self.last_seq, ts.tobytes(), kd.tobytes(), ax.tobytes(),
+                num.tobytes(), nb.tobytes(), ne.tobytes(), ids[:pos].tobytes(), wide.tobytes(),
+                keys, objs, list(self._names), list(self._strings), block_bytes)
 
     def code(self, str kind) -> int:
         """The numeric code of `kind` (KeyError for an unknown kind)."""
@@ -389,3 +447,257 @@ cdef class EventRing:
 
     def __len__(self) -> int:
         return self.count
+
+
+# -- reading exported columns (allocator/history.py keeps them as its segments) ----------------
+cdef inline Py_ssize_t _decode_ids(const int32_t *enc, Py_ssize_t ne, int32_t *out) noexcept:
+    """Expand `ne` encoded entries (see EventRing.export) into `out`; returns the id count."""
+    cdef Py_ssize_t i = 0, n = 0, r
+    while i < ne:
+        if enc[i] < 0:
+            for r in range(-enc[i]):
+                out[n + r] = enc[i + 1] + <int32_t>r
+            n += -enc[i]
+            i += 2
+        else:
+            out[n] = enc[i]
+            n += 1
+            i += 1
+    return n
+
+
+def replay_columns(tuple cols, int32_t[::1] owner, uint8_t[::1] state, int64_t after, int64_t upto,
+                   int64_t[::1] acc, int64_t[::1] pos, const uint8_t[::1] python_kinds):
+    """Apply the numeric events of an exported segment ("cols2") with after < seq <= upto to the
+    map (owner/state) and to acc = [requested, allocations, last_id, frees], in order.
+
+    Resumable: pos = [event, numeric, ids, keyed, obj] positions (zeros at the start). Returns the
+    index of the next Python-recorded event in range whose kind code is flagged in
+    `python_kinds` (pos is then past it: the caller applies objs[pos[4] - 1] and calls again),
+    or -1 when the range (or the segment) is done. Keyed events change no block: skipped."""
+    cdef int64_t first = cols[1], last = cols[2], seq
+    cdef const uint8_t[::1] kind = cols[4]
+    cdef const uint8_t[::1] aux = cols[5]
+    cdef const int64_t[::1] num = np.frombuffer(cols[6], dtype=np.int64)
+    cdef const int32_t[::1] nb = np.frombuffer(cols[7], dtype=np.int32)
+    cdef const int32_t[::1] ne = np.frombuffer(cols[8], dtype=np.int32)
+    cdef const int32_t[::1] ids = np.frombuffer(cols[9], dtype=np.int32)
+    cdef Py_ssize_t n = <Py_ssize_t>(last - first + 1), i = pos[0], j = pos[1], p = pos[2]
+    cdef Py_ssize_t m = pos[3], o = pos[4], q, c, nblocks = min(owner.shape[0], state.shape[0])
+    cdef int alloc_code = cols[13].index("allocate") if "allocate" in cols[13] else -1
+    cdef uint8_t k
+    cdef int32_t aid, b
+    cdef int32_t[::1] scratch
+    cdef int32_t *buf = NULL
+    cdef Py_ssize_t bufcap = 0
+    if upto < first + i:
+        return -1
+    scratch_arr = _scratch(cols[7])
+    scratch = scratch_arr
+    buf = &scratch[0]
+    bufcap = scratch.shape[0]
+    try:
+        while i < n:
+            seq = first + i
+            if seq > upto:
+                return -1
+            k = kind[i]
+            if k & FLAG_OBJ:
+                o += 1
+                i += 1
+                if seq > after and python_kinds[k & CODE_MASK]:
+                    return i - 1
+                continue
+            if k & FLAG_KEY:
+                m += 1
+                i += 1
+                continue
+            if seq > after and ne[j] > 0:
+                c = _decode_ids(&ids[p], ne[j], buf)
+                if k == alloc_code:
+                    aid = <int32_t>num[2 * j]
+                    for q in range(c):
+                        b = buf[q]
+                        if 0 <= b < nblocks:
+                            owner[b] = aid
+                            state[b] = aux[i]
+                else:
+                    for q in range(c):
+                        b = buf[q]
+                        if 0 <= b < nblocks:
+                            owner[b] = -1
+                            state[b] = 0
+            if seq > after:
+                if k == alloc_code:
+                    acc[0] += num[2 * j + 1]
+                    acc[1] += 1
+                    if num[2 * j] > acc[2]:
+                        acc[2] = num[2 * j]
+                else:
+                    acc[0] -= num[2 * j + 1]
+                    acc[1] -= 1
+                    acc[3] += 1
+            if ne[j] > 0:
+                p += ne[j]
+            j += 1
+            i += 1
+        return -1
+    finally:
+        pos[0], pos[1], pos[2], pos[3], pos[4] = i, j, p, m, o
+
+
+def _scratch(bytes nb):
+    """Room for the largest event's block ids (nb: the segment's int32 block counts)."""
+    counts = np.frombuffer(nb, dtype=np.int32)
+    return np.empty(max(1, int(counts.max()) if counts.size else 1), dtype=np.int32)
+
+
+def rows_of_columns2(tuple cols) -> list:
+    """An exported segment ("cols2") as the flat tuples EventRing.raw_after() makes."""
+    cdef int64_t first = cols[1], last = cols[2]
+    cdef Py_ssize_t n = <Py_ssize_t>(last - first + 1), i, j = 0, p = 0, m = 0, o = 0, c, x, pos
+    ts = np.frombuffer(cols[3], dtype=np.float64).tolist()
+    cdef const uint8_t[::1] kind = cols[4]
+    cdef const uint8_t[::1] aux = cols[5]
+    cdef const int64_t[::1] num = np.frombuffer(cols[6], dtype=np.int64)
+    cdef const int32_t[::1] nb = np.frombuffer(cols[7], dtype=np.int32)
+    cdef const int32_t[::1] ne = np.frombuffer(cols[8], dtype=np.int32)
+    cdef const int32_t[::1] ids = np.frombuffer(cols[9], dtype=np.int32)
+    cdef const int64_t[::1] wide = np.frombuffer(cols[10], dtype=np.int64)
+    cdef list keys = cols[11], objs = cols[12], names = cols[13], strings = cols[14], out = []
+    cdef int64_t block_bytes = cols[15]
+    cdef uint8_t k
+    cdef str name, layout
+    scratch_arr = _scratch(cols[7])
+    cdef int32_t[::1] scratch = scratch_arr
+    for i in range(n):
+        k = kind[i]
+        name = names[k & CODE_MASK]
+        if k & FLAG_OBJ:
+            out.append((first + i, ts[i], name) + tuple(objs[o]))
+            o += 1
+            continue
+        if k & FLAG_KEY:
+            layout = COMPILED_LAYOUTS[name]
+            vals = [keys[m]]
+            pos = 0
+            for x in range(1, len(layout)):
+                ch = layout[x]
+                if ch == "i":
+                    vals.append(wide[m * NVALS + pos])
+                elif ch == "f":
+                    vals.append(i2f(wide[m * NVALS + pos]))
+                else:
+                    vals.append(strings[wide[m * NVALS + pos]])
+                pos += 1
+            out.append((first + i, ts[i], name) + tuple(vals))
+            m += 1
+            continue
+        if ne[j] > 0:
+            c = _decode_ids(&ids[p], ne[j], &scratch[0])
+            bid = scratch[0] if c == 1 else scratch_arr[:c].tobytes()
+            p += ne[j]
+        else:
+            bid = None
+        if name == "free":
+            out.append((first + i, ts[i], name, num[2 * j], nb[j], bid, num[2 * j + 1]))
+        else:
+            out.append((first + i, ts[i], name, num[2 * j], num[2 * j + 1], nb[j] * block_bytes, nb[j],
+                        bid, aux[i]))
+        j += 1
+    return out
+
+
+def validate_columns(tuple cols) -> object:
+    """None when an exported segment ("cols2", e.g. read back from a recording file) is
+    consistent, so replay_columns / rows_of_columns2 stay inside its arrays; else what is wrong.
+    Block ids themselves are range-checked by the replay."""
+    if len(cols) != 16 or cols[0] != "cols2":
+        return "not a cols2 segment"
+    for col in (3, 4, 5, 6, 7, 8, 9, 10):
+        if type(cols[col]) is not bytes:
+            return f"column {col} is not bytes"
+    for col in (11, 12, 13, 14):
+        if type(cols[col]) is not list:
+            return f"column {col} is not a list"
+    if type(cols[1]) is not int or type(cols[2]) is not int:
+        return "first/last are not ints"
+    cdef int64_t first = cols[1], last = cols[2]
+    cdef Py_ssize_t n = <Py_ssize_t>(last - first + 1), i, nnum = 0, nkey = 0, nobj = 0, j, p = 0
+    cdef Py_ssize_t q, c
+    if n <= 0 or len(cols[3]) != 8 * n or len(cols[4]) != n or len(cols[5]) != n:
+        return "per-event columns do not hold last - first + 1 events"
+    cdef const uint8_t[::1] kind = cols[4]
+    cdef list names = cols[13]
+    for i in range(n):
+        if (kind[i] & CODE_MASK) >= len(names) or type(names[kind[i] & CODE_MASK]) is not str:
+            return f"event {first + i} has an unknown kind code"
+        if kind[i] & FLAG_OBJ:
+            nobj += 1
+        elif kind[i] & FLAG_KEY:
+            nkey += 1
+            if names[kind[i] & CODE_MASK] not in COMPILED_LAYOUTS:
+                return f"event {first + i}: keyed kind without a layout"
+        else:
+            nnum += 1
+            if names[kind[i] & CODE_MASK] not in ("allocate", "free"):
+                return f"event {first + i}: numeric kind {names[kind[i] & CODE_MASK]!r}"
+    if nobj != len(cols[12]) or nkey != len(cols[11]):
+        return "object or key counts do not match the kinds"
+    if any(type(o) is not tuple for o in cols[12]):
+        return "an event's values are not a tuple"
+    if type(cols[15]) is not int or cols[15] <= 0:
+        return "block_bytes is not a positive int"
+    if len(cols[6]) != 16 * nnum or len(cols[7]) != 4 * nnum or len(cols[8]) != 4 * nnum:
+        return "numeric columns do not match the numeric events"
+    if len(cols[10]) != 8 * NVALS * nkey or len(cols[9]) % 4:
+        return "keyed or id columns have the wrong size"
+    for s in cols[14]:
+        if type(s) is not str:
+            return "the string table holds a non-string"
+    cdef const int32_t[::1] nb = np.frombuffer(cols[7], dtype=np.int32)
+    cdef const int32_t[::1] ne = np.frombuffer(cols[8], dtype=np.int32)
+    cdef const int32_t[::1] ids = np.frombuffer(cols[9], dtype=np.int32)
+    for j in range(nnum):
+        if ne[j] < -1 or nb[j] < 0:
+            return "negative counts"
+        if ne[j] <= 0:
+            continue
+        if p + ne[j] > ids.shape[0]:
+            return "the id column is shorter than its counts"
+        c = 0
+        q = p
+        while q < p + ne[j]:
+            if ids[q] < 0:
+                if q + 1 >= p + ne[j] or ids[q + 1] < 0:
+                    return "a run of ids is cut short"
+                c += -<Py_ssize_t>ids[q]
+                q += 2
+            else:
+                c += 1
+                q += 1
+        if c != nb[j]:
+            return "an event's ids do not add up to its block count"
+        p += ne[j]
+    if p != ids.shape[0]:
+        return "the id column is longer than its counts"
+    return _check_wide(cols)
+
+
+cdef object _check_wide(tuple cols):
+    cdef const int64_t[::1] wide = np.frombuffer(cols[10], dtype=np.int64)
+    cdef const uint8_t[::1] kind = cols[4]
+    cdef Py_ssize_t i, m = 0, pos, x
+    cdef list names = cols[13]
+    cdef Py_ssize_t nstr = len(cols[14])
+    for i in range(kind.shape[0]):
+        if not (kind[i] & FLAG_KEY) or (kind[i] & FLAG_OBJ):
+            continue
+        layout = COMPILED_LAYOUTS[names[kind[i] & CODE_MASK]]
+        pos = 0
+        for x in range(1, len(layout)):
+            if layout[x] == "s" and not 0 <= wide[m * NVALS + pos] < nstr:
+                return "a string index points outside the table"
+            pos += 1
+        m += 1
+    return None

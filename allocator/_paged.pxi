@@ -70,6 +70,8 @@ cdef class PagedCore:
         self._rec = None
         self.rcap = 0
         self.slot_free = NIL
+        self.tags = None
+        self.last_slot = 0
         self.grow_records()
         self.rehash(64)
 
@@ -96,6 +98,8 @@ cdef class PagedCore:
         self.r_tail[cap - 1] = NIL
         self.slot_free = <int32_t>old
         self.rcap = cap
+        if self.tags is not None:
+            self.tags.extend([None] * (cap - old))
         return 0
 
     cdef int rehash(self, Py_ssize_t cap) except -1:
@@ -143,8 +147,8 @@ cdef class PagedCore:
         cdef Py_ssize_t s, i
         if self.slot_free == NIL:
             self.grow_records()
-        if 2 * (self.live + 1) > self.hmask + 1:
-            self.rehash(4 * (self.live + 1))
+        if 2 * (self.live + 1) > self.hmask + 1:  # load above 1/2: double
+            self.rehash(2 * (self.hmask + 1))
         s = self.slot_free
         self.slot_free = self.r_tail[s]
         self.r_aid[s] = aid
@@ -153,12 +157,15 @@ cdef class PagedCore:
             i = (i + 1) & self.hmask
         self.htab[i] = <int32_t>s
         self.live += 1
+        self.last_slot = s
         return s
 
     cdef void drop_record(self, Py_ssize_t pos) noexcept:
         """Remove the table entry at `pos` and free its slot (backward-shift deletion)."""
         cdef Py_ssize_t s = self.htab[pos], i = pos, j = pos, k
         self.r_aid[s] = 0
+        if self.tags is not None:
+            self.tags[s] = None
         self.r_tail[s] = self.slot_free
         self.slot_free = <int32_t>s
         self.live -= 1
@@ -173,6 +180,30 @@ cdef class PagedCore:
                 self.htab[i] = self.htab[j]
                 self.htab[j] = -1
                 i = j
+
+    # -- tags: one object per live allocation, for its owner (the cache's key) -------------
+    cdef int set_tag(self, int64_t aid, object tag) except -1:
+        """Attach `tag` to live allocation `aid` (dropped with its record). The list is made
+        on first use: a pool nobody tags pays nothing."""
+        cdef Py_ssize_t s = self.last_slot
+        if self.r_aid[s] != aid:
+            s = self.htab[self.find(aid)]
+        if self.tags is None:
+            self.tags = [None] * self.rcap
+        self.tags[s] = tag
+        return 0
+
+    def tag_of(self, aid):
+        """The tag of allocation `aid`, or None (untagged, or no such allocation)."""
+        cdef int64_t a = exact_int(aid)
+        cdef Py_ssize_t pos = self.find(a) if 0 < a <= self.last_id and self.tags is not None else -1
+        return None if pos < 0 else self.tags[self.htab[pos]]
+
+    def tagged(self) -> dict:
+        """{allocation id: tag} of every tagged live allocation."""
+        if self.tags is None:
+            return {}
+        return {self.r_aid[s]: t for s, t in enumerate(self.tags) if t is not None and self.r_aid[s]}
 
     # -- blocks --------------------------------------------------------------------------
     cdef int32_t take(self, Py_ssize_t n, int64_t aid, uint8_t state, int32_t *ids,

@@ -27,7 +27,9 @@ class KVCache(CacheCore):
 
     Invariants (see `check`): `used_bytes` == sum of entries' allocated bytes <= capacity; each
     entry's allocation exists in the pool with that size; the policy structures hold exactly
-    the unpinned keys, each under its own priority; `_key_of` maps allocation id -> key.
+    the unpinned keys, each under its own priority; allocation id -> key is known for exactly
+    the entries (`key_of`: a paged pool's records carry the key as their tag, other pools
+    use the `_key_of` dict).
 
     NOTE: a put that cannot fit even after evicting every unpinned entry is refused before any
     eviction when the shortfall is visible up front (pinned bytes, or free + evictable memory
@@ -209,8 +211,6 @@ class KVCache(CacheCore):
             out.extend(e for e in self._entries.values() if e.pinned)
         return out if limit is None else out[:limit]
 
-    def key_of(self, aid: int) -> str | None:
-        return self._key_of.get(aid)
 
     def write(self, key: str, payload: bytes) -> None:
         """Store `payload` in the entry's device blocks. Raises NotFound, InvalidRequest."""
@@ -251,6 +251,7 @@ class KVCache(CacheCore):
         """Every cache invariant; returns the problems found (empty = ok)."""
         problems: list[str] = []
         total = pinned = 0
+        id_map = self._keys_by_id()
         for key, e in self._entries.items():
             if e.key != key:
                 problems.append(f"entry stored under {key!r} names itself {e.key!r}")
@@ -260,8 +261,8 @@ class KVCache(CacheCore):
             held = len(self.pool._block_ids(e.id)) * self.pool.block_bytes
             if held != e.allocated_bytes:
                 problems.append(f"entry {key!r} records {e.allocated_bytes} bytes, its allocation holds {held}")
-            if self._key_of.get(e.id) != key:
-                problems.append(f"id map sends allocation {e.id} to {self._key_of.get(e.id)!r}, not {key!r}")
+            if id_map.get(e.id) != key:
+                problems.append(f"id map sends allocation {e.id} to {id_map.get(e.id)!r}, not {key!r}")
             want = PINNED if e.pinned else CACHED
             if self.pool.state_of(e.id) != want:
                 problems.append(f"entry {key!r}: blocks are in state {self.pool.state_of(e.id)}, expected {want}")
@@ -273,8 +274,8 @@ class KVCache(CacheCore):
             problems.append(f"pinned_bytes is {self.pinned_bytes}, pinned entries add up to {pinned}")
         if self.used_bytes > self.capacity_bytes:
             problems.append(f"used_bytes {self.used_bytes} exceeds capacity {self.capacity_bytes}")
-        if len(self._key_of) != len(self._entries):
-            problems.append(f"id map has {len(self._key_of)} ids for {len(self._entries)} entries")
+        if len(id_map) != len(self._entries):
+            problems.append(f"id map has {len(id_map)} ids for {len(self._entries)} entries")
         held: set[str] = set()
         for prio, s in self._by_priority.items():
             keys = s.keys()

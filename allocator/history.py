@@ -11,18 +11,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._core import replay_columns, rows_of_columns2, validate_columns
 from .blockmap import CACHED, FREE, NO_OWNER, SHARED, STATE_NAMES, USED
 from .errors import Conflict, NotFound
 from .events import event_dict
 from .metrics import fragmentation_stats
 
 DEFAULT_HISTORY_BYTES = 64 << 20
-# Events between keyframes: num_blocks / KEYFRAME_BLOCKS_PER_EVENT, at least one ring's worth,
-# at most KEYFRAME_EVENTS. A keyframe costs ~15 ns per block (copy + zlib), replay ~1 us per
-# event, the compiled hot path ~0.1 us per event: one keyframe per num_blocks events keeps
-# keyframes under ~15% of the hot path and a read under ~100 ms (65,536 blocks: ~50 ms worst).
+# Events between keyframes: EVENTS_PER_KEYFRAME_BLOCK per block of the pool (a quarter of that
+# for Python-recorded strategies), at least one ring's worth, at most KEYFRAME_EVENTS. A
+# keyframe costs ~5 ns per block of the pages that changed since the previous one (zlib level
+# 1; unchanged pages are shared); a read replays up to one interval: ~20 ns per compiled event
+# (allocate, free, put, evict), ~1 us per Python-recorded one. 4 events per block keeps a small
+# pool's keyframes near 1 ns an event; the cap keeps a read within ~100 ms.
 KEYFRAME_EVENTS = 131_072
-KEYFRAME_BLOCKS_PER_EVENT = 1
+EVENTS_PER_KEYFRAME_BLOCK = 4
 COUNTER_NAMES = ("extends", "truncates", "moves", "moved_blocks", "defragmentations",
                  "ooms_capacity", "ooms_fragmentation")
 
@@ -56,38 +59,117 @@ def safe_loads(blob: bytes):
     return _PlainUnpickler(io.BytesIO(blob)).load()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Keyframe:
-    """The block map and the numbers right after event `seq` (owner int32 and state uint8
-    arrays, zlib-compressed), from which events after `seq` replay."""
+    """The block map and the numbers right after event `seq`, from which events after `seq`
+    replay. The owner (int32) and state (uint8) arrays are cut in pages of PAGE_BLOCKS blocks,
+    each zlib-compressed; a keyframe shares (the same bytes object) every page that did not
+    change since the keyframe before it, so a keyframe costs what changed, not the whole map.
+
+    `own_bytes`: the compressed bytes this keyframe holds that no older kept keyframe holds
+    (what dropping the oldest keyframe frees is recomputed when it goes; see History._trim).
+    """
 
     seq: int
-    owner_z: bytes
-    state_z: bytes
+    owner_pages: tuple
+    state_pages: tuple
     requested: int
     allocations: int  # live allocation count
     last_id: int
     frees: int
     counters: tuple  # values of COUNTER_NAMES
+    own_bytes: int = -1
+
+    def __post_init__(self) -> None:
+        if self.own_bytes < 0:
+            self.own_bytes = _unique_bytes(self.owner_pages + self.state_pages)
 
     @property
     def nbytes(self) -> int:
-        return len(self.owner_z) + len(self.state_z) + 200
+        return self.own_bytes + 200
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        owner = np.frombuffer(zlib.decompress(self.owner_z), dtype=np.int32).copy()
-        state = np.frombuffer(zlib.decompress(self.state_z), dtype=np.uint8).copy()
+        owner = np.frombuffer(b"".join(map(zlib.decompress, self.owner_pages)), dtype=np.int32).copy()
+        state = np.frombuffer(b"".join(map(zlib.decompress, self.state_pages)), dtype=np.uint8).copy()
         return owner, state
 
+    def size_problem(self, num_blocks: int) -> str | None:
+        """None when the pages inflate to exactly `num_blocks` owners and states; else what is
+        wrong. Bounded: no page inflates past what is still due plus one byte (a zlib bomb
+        stops there), so a file from elsewhere cannot make this allocate more than the map."""
+        for pages, width in ((self.owner_pages, 4), (self.state_pages, 1)):
+            due = num_blocks * width
+            for page in pages:
+                try:
+                    got = len(zlib.decompressobj().decompress(page, due + 1))
+                except (zlib.error, TypeError) as exc:
+                    return f"keyframe {self.seq}: {exc}"
+                due -= got
+                if due < 0:
+                    break
+            if due != 0:
+                return f"keyframe {self.seq} does not hold {num_blocks} blocks"
+        return None
+
     def to_row(self) -> dict:
-        return {"seq": self.seq, "owner_z": self.owner_z, "state_z": self.state_z,
+        return {"seq": self.seq, "owner_z": _pages_blob(self.owner_pages),
+                "state_z": _pages_blob(self.state_pages),
                 "scalars": pickle.dumps((self.requested, self.allocations, self.last_id, self.frees,
                                          self.counters), 4)}
 
     @classmethod
     def from_row(cls, seq: int, owner_z: bytes, state_z: bytes, scalars: bytes) -> Keyframe:
         requested, allocations, last_id, frees, counters = safe_loads(scalars)
-        return cls(seq, owner_z, state_z, requested, allocations, last_id, frees, tuple(counters))
+        return cls(seq, _blob_pages(owner_z), _blob_pages(state_z), requested, allocations, last_id,
+                   frees, tuple(counters))
+
+
+PAGE_BLOCKS = 16_384  # blocks per keyframe page (64 KiB of owners before compression)
+
+
+def _pages_blob(pages: tuple) -> bytes:
+    """One page as its zlib stream (what recordings always held); several as a pickled tuple
+    (a pickle starts with 0x80, a zlib stream with 0x78: the reader tells them apart)."""
+    return pages[0] if len(pages) == 1 else pickle.dumps(tuple(pages), 4)
+
+
+def _blob_pages(blob: bytes) -> tuple:
+    if blob[:1] == b"\x80":
+        pages = safe_loads(blob)
+        if not (isinstance(pages, tuple) and all(isinstance(p, bytes) for p in pages)):
+            raise pickle.UnpicklingError("a keyframe's pages are not bytes")
+        return pages
+    return (blob,)
+
+
+def _compress_pages(arr: np.ndarray, dirty, old: tuple | None, page_blocks: int,
+                    uniform: bool = False) -> tuple:
+    """arr cut in pages of `page_blocks`, compressed; pages not in `dirty` reuse `old`'s (None:
+    compress every page). `uniform`: every element is the same (a new pool's map), so every
+    full page is the same bytes object, compressed once."""
+    n = arr.shape[0]
+    out = []
+    same = None
+    for i, start in enumerate(range(0, n, page_blocks)):
+        if old is not None and i not in dirty:
+            out.append(old[i])
+        elif uniform and start + page_blocks <= n:
+            if same is None:
+                same = zlib.compress(memoryview(arr[start:start + page_blocks]).cast("B"), 1)
+            out.append(same)
+        else:
+            out.append(zlib.compress(memoryview(arr[start:start + page_blocks]).cast("B"), 1))
+    return tuple(out)
+
+
+def _unique_bytes(pages, exclude=()) -> int:
+    """Bytes of the distinct page objects in `pages` that are not in `exclude` (by identity)."""
+    skip = {id(p) for p in exclude}
+    seen: dict[int, int] = {}
+    for p in pages:
+        if id(p) not in skip:
+            seen[id(p)] = len(p)
+    return sum(seen.values())
 
 
 COLUMNS = "cols1"  # marks a segment stored as EventRing.export() columns
@@ -97,7 +179,7 @@ CODE_MASK = 0x3F
 
 
 def rows_of_columns(data: tuple) -> list[tuple]:
-    """Columns (see Segment.pack_columns) back to flat tuples in the vocabulary's layout, as
+    """Older "cols1" columns (recordings of an earlier build) back to flat tuples in the vocabulary's layout, as
     EventRing.raw_after() makes them: numeric allocate (id, requested, allocated, blocks,
     block_ids, state), free (id, blocks, block_ids, requested_bytes)."""
     _, first, last, ts, kind, vals, aux, nids, ids, objs, names = data
@@ -132,33 +214,80 @@ def rows_of_columns(data: tuple) -> list[tuple]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """Events first..last (contiguous seqs) as a pickle of the stored tuples (not compressed:
-    zlib would double the packing cost on the allocator's hot path for ~3x less memory)."""
+COLUMNS2 = "cols2"  # EventRing.export()'s compact columns (allocator/_events.pxi)
+# Kinds Replayer.apply leaves the map and numbers alone for: the compiled replay skips them.
+# Every other Python-recorded kind goes through Replayer.apply (the safe default for new kinds).
+UNREPLAYED_KINDS = frozenset({"put", "hit", "miss", "remove", "evict", "policy", "workload"})
 
-    first: int
-    last: int
-    blob: bytes
+
+class Segment:
+    """Events first..last (contiguous seqs).
+
+    Written by the history: EventRing.export()'s columns as they came (`cols`, no Python
+    object per event; the value tuples of Python-recorded events pickled once into bytes, as
+    pickling ranges and lists is what those strategies' events cost anyway). Read back from a
+    recording or an older build: `blob`, a pickle of those columns, of "cols1" columns or of
+    row tuples. `rows()` gives row tuples for any of them; `columns()` the "cols2" columns
+    (objects unpickled) or None.
+    """
+
+    __slots__ = ("first", "last", "_blob", "_cols", "nbytes")
+
+    def __init__(self, first: int, last: int, blob: bytes | None = None, cols: tuple | None = None) -> None:
+        self.first, self.last, self._blob, self._cols = first, last, blob, cols
+        if cols is not None:
+            self.nbytes = 200 + sum(len(cols[i]) for i in (3, 4, 5, 6, 7, 8, 9, 10, 12)) + 64 * len(cols[11])
+        else:
+            self.nbytes = len(blob) + 100
 
     @property
-    def nbytes(self) -> int:
-        return len(self.blob) + 100
+    def blob(self) -> bytes:
+        """The pickled form (what a recording stores)."""
+        if self._blob is None:
+            buf = io.BytesIO()
+            pickler = pickle.Pickler(buf, 5)
+            pickler.fast = True
+            pickler.dump(self._cols)
+            return buf.getvalue()
+        return self._blob
+
+    def columns(self) -> tuple | None:
+        """The "cols2" columns with the Python-recorded values as a list, or None for a segment
+        in another form. Raises pickle.UnpicklingError for a file's inconsistent columns."""
+        cols = self._cols
+        if cols is None:
+            data = safe_loads(self._blob)
+            if not (data.__class__ is tuple and data and data[0] == COLUMNS2):
+                return None
+            cols = _objs_loaded(data) if len(data) == 16 and data[12].__class__ in (bytes, list) else data
+            why = validate_columns(cols)
+            if why is not None:
+                raise pickle.UnpicklingError(f"recording segment {self.first}..{self.last}: {why}")
+            return cols
+        return _objs_loaded(cols)
 
     def rows(self) -> list[tuple]:
-        data = safe_loads(self.blob)
+        cols = self.columns()
+        if cols is not None:
+            return rows_of_columns2(cols)
+        data = safe_loads(self._blob)
         if data.__class__ is tuple and data and data[0] == COLUMNS:
             return rows_of_columns(data)
         return data
 
     @classmethod
-    def pack_columns(cls, cols: tuple) -> Segment:
-        """From `EventRing.export()`: the columns as they come (bytes), no object per event."""
-        buf = io.BytesIO()
-        pickler = pickle.Pickler(buf, 5)
-        pickler.fast = True
-        pickler.dump((COLUMNS,) + cols)
-        return cls(cols[0], cols[1], buf.getvalue())
+    def of_columns(cls, cols: tuple) -> Segment:
+        """From `EventRing.export()`: kept as they come, the Python-recorded values pickled."""
+        objs = cols[12]
+        if objs:
+            buf = io.BytesIO()
+            pickler = pickle.Pickler(buf, 5)
+            pickler.fast = True  # no memo: events hold no shared or cyclic objects
+            pickler.dump(objs)
+            objs = buf.getvalue()
+        else:
+            objs = b""
+        return cls(cols[1], cols[2], cols=cols[:12] + (objs,) + cols[13:])
 
     @classmethod
     def pack(cls, rows: list[tuple]) -> Segment:
@@ -169,19 +298,38 @@ class Segment:
         return cls(rows[0][0], rows[-1][0], buf.getvalue())
 
 
+def _objs_loaded(cols: tuple) -> tuple:
+    """Columns with the Python-recorded values as a list (they are kept pickled)."""
+    objs = cols[12]
+    if objs.__class__ is bytes:
+        return cols[:12] + (safe_loads(objs) if objs else [],) + cols[13:]
+    return cols
+
+
 def keyframe_of(seq: int, owner: np.ndarray, state: np.ndarray, requested: int, allocations: int,
-                last_id: int, frees: int, counters) -> Keyframe:
-    return Keyframe(seq, zlib.compress(owner.tobytes(), 1), zlib.compress(state.tobytes(), 1),
-                    requested, allocations, last_id, frees, tuple(counters))
+                last_id: int, frees: int, counters, dirty=None, base: Keyframe | None = None,
+                page_blocks: int = PAGE_BLOCKS, empty: bool = False) -> Keyframe:
+    """A keyframe of the map now; with `base` (the previous keyframe), only the pages in `dirty`
+    (page indexes changed since `base`) are compressed, the others shared with it. `empty`:
+    the map is all free (a new pool)."""
+    old_o = base.owner_pages if base is not None else None
+    old_s = base.state_pages if base is not None else None
+    owner_pages = _compress_pages(owner, dirty, old_o, page_blocks, empty)
+    state_pages = _compress_pages(state, dirty, old_s, page_blocks, empty)
+    own = _unique_bytes(owner_pages + state_pages, (old_o or ()) + (old_s or ()))
+    return Keyframe(seq, owner_pages, state_pages, requested, allocations, last_id, frees,
+                    tuple(counters), own)
 
 
 class History:
     """Every event of one pool since it was made (or since the oldest kept keyframe), packed.
 
-    The pool's EventLog ring holds the newest events as tuples; before it would drop one, the
-    log calls `spill()`, which packs the ring's unconsumed events into a `Segment` and, every
-    `keyframe_every` events, snapshots the live block map and counters as a `Keyframe`. The
-    hot path pays one comparison per event; the packing (~0.3 us an event) is amortised.
+    The pool's EventLog ring holds the newest events; before it would drop one, the log calls
+    `spill()`, which takes the ring's unconsumed events as compact columns into a `Segment`
+    (EventRing.export: ~20 ns an event, no Python object per compiled event) and, every
+    `keyframe_every` events, snapshots the live block map and counters as a `Keyframe` (only
+    the pages that changed since the previous one are compressed). The hot path pays one
+    comparison per event; the rest is amortised.
 
     Invariants: `keyframes[0].seq == first_seq`; segments cover first_seq+1..consumed
     contiguously and the ring holds consumed+1..events.last_seq; `nbytes <= max_bytes` after
@@ -190,26 +338,30 @@ class History:
     """
 
     def __init__(self, pool, max_bytes: int = DEFAULT_HISTORY_BYTES,
-                 keyframe_every: int | None = None) -> None:
+                 keyframe_every: int | None = None, page_blocks: int = PAGE_BLOCKS) -> None:
         self.pool = pool
+        self.page_blocks = page_blocks
         self.max_bytes = max_bytes
-        # Events recorded from Python (contiguous, tiered) cost ~10x a compiled one: keyframes
-        # four times as often cost them the same share and halve the reads.
-        per_event = KEYFRAME_BLOCKS_PER_EVENT * (1 if hasattr(type(pool), "_core") else 4)
+        # Events recorded from Python (contiguous, tiered) replay ~50x slower than compiled
+        # ones: keyframes four times as often keep their reads as fast.
+        per_block = EVENTS_PER_KEYFRAME_BLOCK if hasattr(type(pool), "_core") else 1
         self.keyframe_every = keyframe_every or max(
-            pool.events.capacity, min(KEYFRAME_EVENTS, pool.num_blocks // per_event))
+            pool.events.capacity, min(KEYFRAME_EVENTS, pool.num_blocks * per_block))
         self._has_ranges = pool.strategy == "contiguous"  # its events name runs as ranges
         self.keyframes: list[Keyframe] = []
         self.segments: list[Segment] = []
         self.nbytes = 0
         self.dropped_events = 0
         self.consumed = self.origin_seq = pool.events.last_seq
+        self._base: Keyframe | None = None  # the keyframe the next one may share pages with
+        self._since = 0  # the block map's change-tracking token taken with _base
         if hasattr(pool, "_allocs"):
             self._add_keyframe(self._snapshot())
         else:  # made from Pool.__init__, before the strategy's structures exist: pool empty
             bm = pool.blockmap
             self._add_keyframe(keyframe_of(self.consumed, bm.owners_np(), bm.states_np(), 0, 0, 0, 0,
-                                           [0] * len(COUNTER_NAMES)))
+                                           [0] * len(COUNTER_NAMES), page_blocks=page_blocks,
+                                           empty=True))
         pool.events.sink = self
         self._arm()
 
@@ -225,16 +377,33 @@ class History:
         events.spill_at = self.consumed + events.capacity - 1
         events.spill_bpos = events.bpos + events.bcap // 2
 
-    def _snapshot(self) -> Keyframe:
+    def _snapshot(self, reuse: bool = False) -> Keyframe:
+        """A keyframe of the pool now. With `reuse` (the history's own keyframes, taken in
+        order), pages unchanged since the previous one are shared with it: the block map's
+        chunk stamps (BlockMap.changes_since, a reader of its own) say which changed."""
         p = self.pool
         last_id = p._last_id
         newest = p.events.raw_after(p.events.last_seq - 1) if len(p.events) else ()
         if newest and newest[0][2] == "allocate":
             # Strategies other than paged record the allocate before Pool.allocate stores the id.
             last_id = max(last_id, newest[0][3])
-        return keyframe_of(p.events.last_seq, p.blockmap.owners_np(), p.blockmap.states_np(),
-                           p.requested_total, len(p), last_id, p._frees,
-                           [p.counters[n] for n in COUNTER_NAMES])
+        bm = p.blockmap
+        dirty = base = None
+        if reuse:
+            if self._base is not None:
+                base = self._base
+                self._since, runs = bm.changes_since(self._since)
+                dirty = set()
+                for start, count in runs:
+                    dirty.update(range(start // self.page_blocks, (start + count - 1) // self.page_blocks + 1))
+            else:
+                self._since = bm.checkpoint()
+        kf = keyframe_of(p.events.last_seq, bm.owners_np(), bm.states_np(), p.requested_total, len(p),
+                         last_id, p._frees, [p.counters[n] for n in COUNTER_NAMES], dirty, base,
+                         self.page_blocks)
+        if reuse:
+            self._base = kf
+        return kf
 
     def _add_keyframe(self, kf: Keyframe) -> None:
         self.keyframes.append(kf)
@@ -243,29 +412,30 @@ class History:
     def spill(self) -> None:
         """Pack the ring's unconsumed events; keyframe the live map when one is due."""
         events = self.pool.events
-        cols = events.export(self.consumed)
-        if cols is not None and cols[0] != self.consumed + 1:
+        cols = events.export(self.consumed, self.pool.block_bytes)
+        if cols is not None and cols[1] != self.consumed + 1:
             # The ring dropped events before they reached us (an event with more block ids
             # than half the id ring): start over from a keyframe of the map now.
             self._restart()
             return
         if cols is not None:
             if self._has_ranges:
-                cols = cols[:8] + ([_packable_values(v) for v in cols[8]],) + cols[9:]
-            seg = Segment.pack_columns(cols)
+                cols = cols[:12] + ([_packable_values(v) for v in cols[12]],) + cols[13:]
+            seg = Segment.of_columns(cols)
             self.segments.append(seg)
             self.nbytes += seg.nbytes
             self.consumed = seg.last
             # Keyframe now unless the next spill would still be within the interval.
             if self.consumed + events.capacity - self.keyframes[-1].seq > self.keyframe_every:
-                self._add_keyframe(self._snapshot())
+                self._add_keyframe(self._snapshot(reuse=True))
             if self.nbytes > self.max_bytes:
                 self._trim()
         self._arm()
 
     def _restart(self) -> None:
         """Forget everything kept (counted as dropped) and keep from a keyframe of now."""
-        kf = self._snapshot()
+        self._base = None
+        kf = self._snapshot(reuse=True)
         self.dropped_events = kf.seq - self.origin_seq
         self.keyframes, self.segments = [kf], []
         self.nbytes = kf.nbytes
@@ -274,10 +444,15 @@ class History:
 
     def _trim(self) -> None:
         if len(self.keyframes) < 2 and self.consumed > self.keyframes[-1].seq:
-            self._add_keyframe(self._snapshot())  # so the older one can go
+            self._add_keyframe(self._snapshot(reuse=True))  # so the older one can go
         while self.nbytes > self.max_bytes and len(self.keyframes) >= 2:
             old = self.keyframes.pop(0)
-            self.nbytes -= old.nbytes
+            nxt = self.keyframes[0]
+            # Pages the next keyframe shares with the dropped one stay: they become its own.
+            mine = old.owner_pages + old.state_pages
+            shared = _unique_bytes(mine) - _unique_bytes(mine, nxt.owner_pages + nxt.state_pages)
+            nxt.own_bytes += shared
+            self.nbytes -= old.nbytes - shared
             keep_from = self.keyframes[0].seq
             while self.segments and self.segments[0].first <= keep_from:
                 seg = self.segments[0]
@@ -292,11 +467,13 @@ class History:
 
     def rollback(self, seq: int) -> None:
         """Forget what was consumed after `seq` (the EventLog truncated a rolled-back batch)."""
+        if self.keyframes[-1].seq > seq:
+            self._base = None  # the next keyframe shares nothing with a dropped one
         while self.keyframes[-1].seq > seq and len(self.keyframes) > 1:
             self.nbytes -= self.keyframes.pop().nbytes
         if self.keyframes[-1].seq > seq:  # the only keyframe is newer: retake it now
             self.nbytes -= self.keyframes.pop().nbytes
-            self._add_keyframe(self._snapshot())
+            self._add_keyframe(self._snapshot(reuse=True))
         while self.segments and self.segments[-1].last > seq:
             seg = self.segments.pop()
             self.nbytes -= seg.nbytes
@@ -400,6 +577,29 @@ class Replayer:
             kf.requested, kf.allocations, kf.last_id, kf.frees)
         self.counters = dict(zip(COUNTER_NAMES, kf.counters))
         self.seq = kf.seq
+
+    def apply_columns(self, cols: tuple, after: int, upto: int) -> None:
+        """Apply the events of a "cols2" segment with after < seq <= upto: allocate and free
+        in compiled code (allocator/_events.pxi replay_columns), Python-recorded events that
+        change the map through `apply`, in order. Same result as `apply` row by row."""
+        acc = np.array([self.requested, self.allocations, self.last_id, self.frees], dtype=np.int64)
+        pos = np.zeros(5, dtype=np.int64)
+        names = cols[13]
+        mask = np.frombuffer(bytes(n not in UNREPLAYED_KINDS for n in names) + bytes(64 - len(names)),
+                             dtype=np.uint8)
+        ts = None
+        while True:
+            i = replay_columns(cols, self.owner, self.state, after, upto, acc, pos, mask)
+            if i < 0:
+                break
+            self.requested, self.allocations, self.last_id, self.frees = acc.tolist()
+            if ts is None:
+                ts = np.frombuffer(cols[3], dtype=np.float64)
+            kind = names[cols[4][i] & CODE_MASK]
+            self.apply((cols[1] + i, float(ts[i]), kind) + tuple(cols[12][pos[4] - 1]))
+            acc[:] = (self.requested, self.allocations, self.last_id, self.frees)
+        self.requested, self.allocations, self.last_id, self.frees = acc.tolist()
+        self.seq = min(upto, cols[2])
 
     def apply(self, row: tuple) -> None:
         kind = row[2]
@@ -662,12 +862,22 @@ class HistoryView:
         self.check_seq(seq)
         k = bisect_right([kf.seq for kf in self.keyframes], seq) - 1
         rep = Replayer(self.keyframes[k])
-        # Unpickled segments make ~10k short-lived tuples each: a full collection triggered
-        # by them would scan every object of the process (torch's too) for nothing.
+        after = rep.seq
+        # Row tuples (older segments, the ring's tail) make short-lived tuples: a full
+        # collection triggered by them would scan every object of the process for nothing.
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            rep.apply_rows(self.rows(rep.seq, seq))
+            segs = self.segments
+            for seg in segs[bisect_right([s.last for s in segs], after):]:
+                if seg.first > seq:
+                    break
+                cols = seg.columns()
+                if cols is not None:
+                    rep.apply_columns(cols, after, seq)
+                else:
+                    rep.apply_rows(r for r in seg.rows() if after < r[0] <= seq)
+            rep.apply_rows(r for r in self.tail if after < r[0] <= seq)
         finally:
             if was_enabled:
                 gc.enable()

@@ -116,3 +116,28 @@ def walk(strategy: str, fit: str | None, policy: str, seed: int, steps: int) -> 
 @given(seed=st.integers(0, 2**32 - 1))
 def test_cache_rules_hold_on_every_pool(strategy, fit, policy, seed):
     walk(strategy, fit, policy, seed, 300)
+
+
+@pytest.mark.parametrize("strategy", ["paged", "tiered", "contiguous"])
+def test_key_of_follows_entries_and_forgets_them(strategy) -> None:
+    """allocation id -> key: a paged pool tags its records, the others keep a dict; either way
+    it names exactly the live entries, and forgets an entry evicted, removed or reset away."""
+    pool = create_pool(strategy, num_blocks=64, block_bytes=64, device="cpu")
+    cache = KVCache(pool, 64 * 16, "lru")
+    raw = pool.allocate(64)
+    a = cache.put("a", 100).entry.id
+    b = cache.put("b", 100).entry.id
+    assert (cache.key_of(a), cache.key_of(b), cache.key_of(raw)) == ("a", "b", None)
+    assert cache.key_of(10**9) is None and cache.key_of("a") is None
+    for i in range(16):
+        cache.put(f"fill{i}", 64 * 3)
+        if "a" not in cache:
+            break
+    assert cache.key_of(a) is None and cache.check() == []
+    d = cache.put("d", 10).entry.id
+    cache.remove("d")
+    assert cache.key_of(d) is None and cache.check() == []
+    c = cache.put("c", 10).entry.id
+    pool.reset()
+    assert cache.key_of(c) is None and len(cache) == 0
+    assert cache.evictions["capacity"] >= 1 and set(cache.evictions) >= {"capacity", "ttl", "manual"}

@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from allocator import KVCache, NotFound, OutOfMemory, OutsideHistory, create_pool
 from allocator.blockmap import CACHED, PINNED, USED
-from allocator.history import History, Replayer, map_runs
+from allocator.history import PAGE_BLOCKS, History, Replayer, _unique_bytes, map_runs
 
 BLOCK = 16
 UNITS = 96
@@ -40,7 +40,8 @@ def make_pool(strategy: str, fit: str = "first"):
     pool = create_pool(strategy, num_blocks=UNITS, block_bytes=BLOCK, device="cpu",
                        fit=fit if strategy == "contiguous" else None, event_capacity=8)
     # Small keyframe interval: several keyframes (and replays that start mid-history) per run.
-    pool.history = History(pool, max_bytes=1 << 30, keyframe_every=12)
+    # Pages of 16 blocks: keyframes share the pages of chunks (64 blocks) nothing touched.
+    pool.history = History(pool, max_bytes=1 << 30, keyframe_every=12, page_blocks=16)
     return pool
 
 
@@ -216,6 +217,49 @@ def test_budget_drops_oldest_first_and_says_so() -> None:
     for seq in range(h.first_seq, view.last_seq + 1, 7):
         if seq in live:
             assert np.array_equal(view.replay_to(seq).owner, live[seq])
+
+
+def test_keyframes_share_unchanged_pages_and_replay_exactly() -> None:
+    """A pool whose activity stays in a few chunks: later keyframes reuse the untouched pages
+    (the same bytes object), the budget counts each page once, and every point replays."""
+    pool = create_pool("paged", num_blocks=4096, block_bytes=BLOCK, device="cpu", event_capacity=8)
+    pool.history = History(pool, max_bytes=1 << 30, keyframe_every=16, page_blocks=256)
+    rng = random.Random(3)
+    live, ids = {}, []
+    far = pool.allocate(BLOCK * 3000)  # pushes later allocations past the first pages
+    for _ in range(600):
+        if ids and rng.random() < 0.5:
+            pool.free(ids.pop(rng.randrange(len(ids))))
+        else:
+            ids.append(pool.allocate(BLOCK * rng.randint(1, 12)))
+        if rng.random() < 0.01:
+            pool.free(far)
+            far = pool.allocate(BLOCK * 3000)
+        live[pool.events.last_seq] = (pool.blockmap.owners_np().copy(), pool.blockmap.states_np().copy())
+    h = pool.history
+    kfs = h.keyframes
+    shared = sum(p is q for a, b in zip(kfs, kfs[1:]) for p, q in zip(a.owner_pages, b.owner_pages))
+    assert len(kfs) > 10 and shared > len(kfs)  # most pages are shared between neighbours
+    unique = {id(p): len(p) for kf in kfs for p in kf.owner_pages + kf.state_pages}
+    assert sum(kf.own_bytes for kf in kfs) == sum(unique.values())
+    # A new pool's keyframe: every full page is the same bytes, compressed once.
+    fresh = create_pool("paged", num_blocks=3 * PAGE_BLOCKS + 5, block_bytes=BLOCK, device="cpu")
+    first = fresh.history.keyframes[0]
+    assert len(first.owner_pages) == 4 and len({id(p) for p in first.owner_pages}) == 2
+    assert first.own_bytes == _unique_bytes(first.owner_pages + first.state_pages)
+    view = h.view()
+    for seq, (owner, state) in live.items():
+        rep = view.replay_to(seq)
+        assert np.array_equal(rep.owner, owner) and np.array_equal(rep.state, state), seq
+    # Dropping the oldest keyframes hands their shared pages to the next: still counted once.
+    h.max_bytes = h.nbytes // 2
+    h._trim()
+    unique = {id(p): len(p) for kf in h.keyframes for p in kf.owner_pages + kf.state_pages}
+    assert sum(kf.own_bytes for kf in h.keyframes) == sum(unique.values())
+    view = h.view()
+    for seq in range(view.first_seq, view.last_seq + 1):
+        if seq in live:
+            assert np.array_equal(view.replay_to(seq).owner, live[seq][0])
 
 
 def test_rollback_of_a_batch_past_a_spill_leaves_no_trace() -> None:
