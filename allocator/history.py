@@ -18,7 +18,7 @@ from .events import event_dict
 from .metrics import fragmentation_stats
 
 DEFAULT_HISTORY_BYTES = 64 << 20
-# Events between keyframes: EVENTS_PER_KEYFRAME_BLOCK per block of the pool (a quarter of that
+# Events between keyframes: EVENTS_PER_KEYFRAME_BLOCK per block of the pool (one per four blocks
 # for Python-recorded strategies), at least one ring's worth, at most KEYFRAME_EVENTS. A
 # keyframe costs ~5 ns per block of the pages that changed since the previous one (zlib level
 # 1; unchanged pages are shared); a read replays up to one interval: ~20 ns per compiled event
@@ -344,9 +344,9 @@ class History:
         self.max_bytes = max_bytes
         # Events recorded from Python (contiguous, tiered) replay ~50x slower than compiled
         # ones: keyframes four times as often keep their reads as fast.
-        per_block = EVENTS_PER_KEYFRAME_BLOCK if hasattr(type(pool), "_core") else 1
-        self.keyframe_every = keyframe_every or max(
-            pool.events.capacity, min(KEYFRAME_EVENTS, pool.num_blocks * per_block))
+        span = (pool.num_blocks * EVENTS_PER_KEYFRAME_BLOCK if hasattr(type(pool), "_core")
+                else pool.num_blocks // 4)
+        self.keyframe_every = keyframe_every or max(pool.events.capacity, min(KEYFRAME_EVENTS, span))
         self._has_ranges = pool.strategy == "contiguous"  # its events name runs as ranges
         self.keyframes: list[Keyframe] = []
         self.segments: list[Segment] = []
@@ -582,9 +582,15 @@ class Replayer:
         """Apply the events of a "cols2" segment with after < seq <= upto: allocate and free
         in compiled code (allocator/_events.pxi replay_columns), Python-recorded events that
         change the map through `apply`, in order. Same result as `apply` row by row."""
+        names = cols[13]
+        if len(cols[12]) * 4 > cols[2] - cols[1] + 1:
+            # Mostly Python-recorded events (contiguous, tiered, prefix pools): stopping the C
+            # loop at each costs more than decoding the rows and writing them vectorised.
+            self.apply_rows(r for r in rows_of_columns2(cols) if after < r[0] <= upto)
+            self.seq = min(upto, cols[2])
+            return
         acc = np.array([self.requested, self.allocations, self.last_id, self.frees], dtype=np.int64)
         pos = np.zeros(5, dtype=np.int64)
-        names = cols[13]
         mask = np.frombuffer(bytes(n not in UNREPLAYED_KINDS for n in names) + bytes(64 - len(names)),
                              dtype=np.uint8)
         ts = None
