@@ -868,27 +868,66 @@ class HistoryView:
         self.check_seq(seq)
         k = bisect_right([kf.seq for kf in self.keyframes], seq) - 1
         rep = Replayer(self.keyframes[k])
+        self.advance(rep, seq)
+        return rep
+
+    def advance(self, rep: Replayer, upto: int, count: tuple = (), columns: dict | None = None):
+        """Roll `rep` forward to right after event `upto` (> rep.seq, within the history).
+        Returns (events of each kind in `count` among those applied, ts of event `upto` or
+        None when it is a keyframe's). `columns`: a dict the caller keeps across calls, so
+        each segment is decoded once (Segment.columns() unpickles a file's segment)."""
         after = rep.seq
+        counts = dict.fromkeys(count, 0)
+        ts = None
         # Row tuples (older segments, the ring's tail) make short-lived tuples: a full
         # collection triggered by them would scan every object of the process for nothing.
         was_enabled = gc.isenabled()
         gc.disable()
         try:
             segs = self.segments
+            memo = {} if columns is None else columns
             for seg in segs[bisect_right([s.last for s in segs], after):]:
-                if seg.first > seq:
+                if seg.first > upto:
                     break
-                cols = seg.columns()
-                if cols is not None:
-                    rep.apply_columns(cols, after, seq)
-                else:
-                    rep.apply_rows(r for r in seg.rows() if after < r[0] <= seq)
-            rep.apply_rows(r for r in self.tail if after < r[0] <= seq)
+                lo, hi = max(after + 1, seg.first) - seg.first, min(upto, seg.last) - seg.first + 1
+                got = memo.get(id(seg))
+                if got is None:
+                    cols = seg.columns()
+                    if cols is None or len(cols[12]) * 4 > cols[2] - cols[1] + 1:
+                        # Row segments, and mostly Python-recorded events (contiguous, tiered,
+                        # prefix pools): rows written vectorised beat stopping the C loop at each.
+                        got = ("rows", seg.rows() if cols is None else rows_of_columns2(cols))
+                    else:
+                        got = ("cols", cols)
+                    memo[id(seg)] = got
+                if got[0] == "rows":  # seqs are contiguous: row i is event first + i
+                    ts = self._apply_rows(rep, got[1][lo:hi], counts, ts)
+                    continue
+                cols = got[1]
+                if count:
+                    kinds = np.frombuffer(cols[4], dtype=np.uint8)[lo:hi] & CODE_MASK
+                    for name in count:
+                        if name in cols[13]:
+                            counts[name] += int(np.count_nonzero(kinds == cols[13].index(name)))
+                if hi > lo:
+                    ts = float(np.frombuffer(cols[3], dtype=np.float64)[hi - 1])
+                rep.apply_columns(cols, after, upto)
+            ts = self._apply_rows(rep, [r for r in self.tail if after < r[0] <= upto], counts, ts)
         finally:
             if was_enabled:
                 gc.enable()
-        rep.seq = seq
-        return rep
+        rep.seq = upto
+        return counts, ts
+
+    @staticmethod
+    def _apply_rows(rep: Replayer, rows: list, counts: dict, ts):
+        if not rows:
+            return ts
+        for r in rows:
+            if r[2] in counts:
+                counts[r[2]] += 1
+        rep.apply_rows(rows)
+        return rows[-1][1]
 
     def stats_at(self, seq: int) -> dict:
         """The pool's stats as they were right after event `seq` (without cache stats)."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-
 from .errors import InvalidRequest
 from .history import HistoryView, stats_of
 
@@ -44,30 +42,13 @@ def history_series(view: HistoryView, from_seq: int, to_seq: int, points: int = 
         raise InvalidRequest(f"points must be 1..{MAX_POINTS}, not {points}")
     seqs = sample_seqs(from_seq, to_seq, points)
     cols: dict[str, list] = {name: [] for name in FIELDS}
-    # Unpickled segments make many short-lived tuples: a full collection would scan every
-    # object of the process for nothing (as in HistoryView.replay_to).
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        rep = view.replay_to(seqs[0])
-        head = next(view.rows(seqs[0] - 1, seqs[0]), None) if seqs[0] > view.first_seq else None
-        _add_point(cols, view.geometry, rep, head[1] if head else None, dict.fromkeys(COUNT_KINDS, 0))
-        rows = view.rows(seqs[0], seqs[-1])
-        pending = next(rows, None)
-        for target in seqs[1:]:
-            batch = []
-            counts = dict.fromkeys(COUNT_KINDS, 0)
-            while pending is not None and pending[0] <= target:
-                batch.append(pending)
-                if pending[2] in counts:
-                    counts[pending[2]] += 1
-                pending = next(rows, None)
-            rep.apply_rows(batch)
-            rep.seq = target
-            _add_point(cols, view.geometry, rep, batch[-1][1] if batch else None, counts)
-    finally:
-        if was_enabled:
-            gc.enable()
+    rep = view.replay_to(seqs[0])
+    columns: dict = {}  # each segment decoded once for the whole series
+    head = next(view.rows(seqs[0] - 1, seqs[0]), None) if seqs[0] > view.first_seq else None
+    _add_point(cols, view.geometry, rep, head[1] if head else None, dict.fromkeys(COUNT_KINDS, 0))
+    for target in seqs[1:]:
+        counts, ts = view.advance(rep, target, tuple(COUNT_KINDS), columns)
+        _add_point(cols, view.geometry, rep, ts, counts)
     return {"from_seq": from_seq, "to_seq": to_seq, "points": len(seqs), "first_seq": view.first_seq,
             "last_seq": view.last_seq, "columns": cols}
 
