@@ -13,6 +13,11 @@ from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
 import numpy as np
+from array import array as _array
+from cpython.array cimport clone as _clone_ints
+from cpython.array cimport array as _carray
+
+cdef _carray _EMPTY_INTS = _array("i")
 
 
 cdef double wall_time() noexcept nogil:
@@ -72,6 +77,44 @@ cdef class FreeStack:
     def tolist(self) -> list:
         """Held ids, bottom first."""
         return self.items[:self.s.top].tolist()
+
+    def held(self):
+        """The held ids, bottom first, as a numpy view (valid until the next change)."""
+        return self.items[:self.s.top]
+
+    def pop_many(self, Py_ssize_t n):
+        """Pop `n` ids: an array('i') in pop order (what n single pops return). IndexError
+        (and nothing popped) when fewer than n are held."""
+        if n < 0 or n > self.s.top:
+            raise IndexError(f"pop {n} from a stack of {self.s.top}")
+        out = _clone_ints(_EMPTY_INTS, n, False)
+        cdef int32_t[::1] o = out
+        cdef Py_ssize_t i
+        for i in range(n):
+            o[i] = self.s.items[self.s.top - 1 - i]
+        self.s.top -= n
+        return out
+
+    def push_many(self, ids) -> None:
+        """Push each id of `ids` (int32 buffer or iterable) in order. OverflowError (and
+        nothing pushed) when they do not fit."""
+        cdef int32_t[::1] v = ids if isinstance(ids, _array) and ids.typecode == "i" else _array("i", ids)
+        cdef Py_ssize_t i, n = v.shape[0]
+        if self.s.top + n > self.s.capacity:
+            raise OverflowError(f"pushing {n} onto a stack of {self.s.top} exceeds its capacity of {self.s.capacity}")
+        for i in range(n):
+            self.s.items[self.s.top + i] = v[i]
+        self.s.top += n
+
+    def refill(self, Py_ssize_t lo) -> None:
+        """Hold exactly the ids capacity-1 .. lo, bottom to top, so pops hand out lo, lo+1, ...
+        (a fresh full stack is refill(0))."""
+        if lo < 0 or lo > self.s.capacity:
+            raise ValueError(f"refill from {lo}: outside 0..{self.s.capacity}")
+        cdef Py_ssize_t i, n = self.s.capacity - lo
+        for i in range(n):
+            self.s.items[i] = <int32_t>(self.s.capacity - 1 - i)
+        self.s.top = n
 
 
 # -- LinkedList ------------------------------------------------------------------------------

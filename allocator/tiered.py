@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._core import FreeStack
 from .blockmap import FREE, NO_OWNER
 from .errors import InvalidRequest
 from .pool import Pool, free_mismatch, pair_runs
@@ -24,14 +25,16 @@ DEFAULT_TIERS = (
 class Tier:
     """One block pool: `count` blocks of `units` units each, from unit `start`.
 
-    `free` is an array('i') stack of tier-local block indices, highest first.
+    `free` is the compiled fixed-capacity stack (allocator/_core.pxd `Stack`) of tier-local
+    block indices, the lowest on top: never resized, so a long-lived pool never pays a realloc
+    copy when a big request takes many blocks and later frees give them back.
     """
 
     name: str
     units: int
     start: int
     count: int
-    free: array
+    free: FreeStack
 
     def unit_rows(self, blocks) -> list[int]:
         u, s = self.units, self.start
@@ -87,8 +90,7 @@ class TieredPool(Pool):
         for (name, units, _), count in zip(rows, counts):
             if count <= 0:
                 raise InvalidRequest(f"tier {name!r} gets no blocks in a pool of {self.num_blocks} units")
-            free = array("i", np.arange(count - 1, -1, -1, dtype=np.int32).tobytes())
-            tiers.append(Tier(name, units, start, count, free))
+            tiers.append(Tier(name, units, start, count, FreeStack(count, full=True)))
             start += count * units
         if start < self.num_blocks:
             raise InvalidRequest("tier layout leaves units unused; adjust shares")
@@ -97,7 +99,7 @@ class TieredPool(Pool):
     def _reset_free_structure(self) -> None:
         self.used_blocks = 0
         for t in self.tiers:
-            t.free = array("i", np.arange(t.count - 1, -1, -1, dtype=np.int32).tobytes())
+            t.free.refill(0)
 
     # -- placement ------------------------------------------------------------------------
     def _first_tier(self, nbytes: int) -> int:
@@ -120,9 +122,7 @@ class TieredPool(Pool):
             tier = self.tiers[i]
             n = self._blocks_needed(tier, nbytes)
             if n <= len(tier.free):
-                blocks = tier.free[-n:]
-                del tier.free[-n:]
-                blocks.reverse()
+                blocks = tier.free.pop_many(n)
                 break
         else:
             raise self._tier_oom(nbytes)
@@ -156,9 +156,7 @@ class TieredPool(Pool):
         state = self.blockmap.state[tier.unit_rows(blocks[:1])[0]]
         rows = None
         if need > 0:
-            new = tier.free[-need:]
-            del tier.free[-need:]
-            new.reverse()
+            new = tier.free.pop_many(need)
             rows = tier.unit_rows(new)
             self.blockmap.assign(rows, aid, state)
             blocks.extend(new)
@@ -182,7 +180,7 @@ class TieredPool(Pool):
             rows = tier.unit_rows(tail)
             self.blockmap.assign(rows, NO_OWNER, FREE)
             tail.reverse()
-            tier.free.extend(tail)
+            tier.free.push_many(tail)
             self.used_blocks -= len(tail) * tier.units
         rec[0] = nbytes
         self.requested_total += nbytes - requested
@@ -206,7 +204,7 @@ class TieredPool(Pool):
         rows = tier.unit_rows(blocks)
         self.blockmap.assign(rows, NO_OWNER, FREE)
         blocks.reverse()
-        tier.free.extend(blocks)
+        tier.free.push_many(blocks)
         held = len(blocks) * tier.units
         self.requested_total -= requested
         self.used_blocks -= held
@@ -248,7 +246,7 @@ class TieredPool(Pool):
             states[dst_rows] = states[src_rows]
             owners[src_rows] = NO_OWNER
             states[src_rows] = 0
-            tier.free = array("i", np.arange(tier.count - 1, used - 1, -1, dtype=np.int32).tobytes())
+            tier.free.refill(used)
             runs += pair_runs(src_rows, dst_rows)
             moved += len(touched)
         self.counters["moves"] += moved
@@ -269,7 +267,7 @@ class TieredPool(Pool):
         problems = []
         in_free = np.zeros(self.num_blocks, dtype=bool)
         for t in self.tiers:
-            free = np.frombuffer(t.free, dtype=np.int32)
+            free = t.free.held()
             if np.unique(free).size != free.size:
                 problems.append(f"tier {t.name}: a block appears twice in its free stack")
             if free.size and (free.min() < 0 or free.max() >= t.count):

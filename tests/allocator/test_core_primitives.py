@@ -43,6 +43,34 @@ def test_stack_matches_a_list(ops):
         assert s.tolist() == model
 
 
+@settings(deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["push_many", "pop_many", "refill"]),
+                          st.lists(st.integers(0, N - 1), max_size=N + 2)), max_size=40))
+def test_bulk_stack_operations_match_a_list(ops):
+    """pop_many / push_many / refill (the tiered pool's free stacks): all or nothing, in order."""
+    s, model = FreeStack(N, full=True), list(range(N - 1, -1, -1))
+    for op, xs in ops:
+        if op == "push_many":
+            if len(model) + len(xs) > N:
+                with pytest.raises(OverflowError):
+                    s.push_many(xs)
+            else:
+                s.push_many(xs)
+                model += xs
+        elif op == "pop_many":
+            n = len(xs)
+            if n > len(model):
+                with pytest.raises(IndexError):
+                    s.pop_many(n)
+            else:
+                assert list(s.pop_many(n)) == [model.pop() for _ in range(n)]
+        else:
+            lo = len(xs) % (N + 1)
+            s.refill(lo)
+            model = list(range(N - 1, lo - 1, -1))
+        assert s.tolist() == model == s.held().tolist()
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["back", "front", "remove", "pop", "touch"]),
                           st.integers(0, N - 1)), max_size=80))
