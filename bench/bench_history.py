@@ -5,8 +5,9 @@
    alternating windows of the same run; ratio on/off (aim: >= 0.5, i.e. never halved).
 2. A 1,000,000-event history (churn of 1-32-block requests on a 65,536-block paged pool, the
    same on a contiguous pool, and on a 1,000,000-block paged pool): time to rebuild the block map and stats at 200 random
-   points (median and worst CPU ms of the reading thread; aim: worst <= 100 ms), and the
-   history's bytes per event.
+   points (median and worst CPU ms of the reading thread; aim: worst <= 100 ms), the
+   history's bytes per event, and the charts' series (`GET .../history/series`) over the whole
+   history at 300 and 2000 points.
 
 Run: .venv/bin/python -m bench history   (or python bench/bench_history.py); ~60 s.
 """
@@ -23,6 +24,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from allocator import KVCache, create_pool
+from allocator.series import history_series
 
 BLOCK = 256
 POOL_BLOCKS = 65_536
@@ -133,11 +135,18 @@ def run() -> None:
         pool, secs = build(strategy, EVENTS, blocks)
         h = pool.history
         times = read_points(pool)
+        view = h.view()
+        series_ms = []
+        for points in (300, 2000):
+            t0 = time.thread_time()
+            history_series(view, view.first_seq, view.last_seq, points)
+            series_ms.append((time.thread_time() - t0) * 1e3)
         print(f"{strategy:10s} {blocks:>9,} blocks, {pool.events.last_seq:,} events built in {secs:.1f} s; "
               f"{len(h.keyframes)} keyframes, "
               f"{h.nbytes / pool.events.last_seq:.1f} B/event ({h.nbytes / 2**20:.1f} MiB); "
               f"map+stats at {POINTS} random points: median {statistics.median(times):.1f} ms, "
-              f"worst {max(times):.1f} ms  (aim <= 100 ms)")
+              f"worst {max(times):.1f} ms  (aim <= 100 ms); the charts' series over the whole "
+              f"history, 300 / 2000 points: {series_ms[0]:.0f} / {series_ms[1]:.0f} ms")
 
 
 if __name__ == "__main__":
