@@ -129,3 +129,31 @@ cdef class BlockMap:
         from .vocab import STATE_NAMES
         counts = np.bincount(np.frombuffer(self.state, dtype=np.uint8), minlength=max(STATE_NAMES) + 1)
         return {STATE_NAMES[i]: int(counts[i]) for i in STATE_NAMES}
+
+
+def map_summary(const int32_t[::1] owner, const uint8_t[::1] state):
+    """One pass over a block map: (blocks with an owner, count of each state code 0..7 as an
+    int64 array, the lengths of the maximal runs of FREE blocks in block order as int64).
+    What Pool.stats() derives from the map, for a map rebuilt from history (allocator/history.py
+    stats_of) without numpy's several passes over a 1M-block map."""
+    cdef Py_ssize_t n = min(owner.shape[0], state.shape[0]), b, used = 0, run = 0, nruns = 0
+    counts = np.zeros(8, dtype=np.int64)
+    cdef int64_t[::1] c = counts
+    lengths = np.empty(n // 2 + 1, dtype=np.int64)  # at most every other block starts a run
+    cdef int64_t[::1] L = lengths
+    cdef uint8_t s
+    for b in range(n):
+        if owner[b] != -1:
+            used += 1
+        s = state[b]
+        c[s & 7] += 1
+        if s == 0:
+            run += 1
+        elif run:
+            L[nruns] = run
+            nruns += 1
+            run = 0
+    if run:
+        L[nruns] = run
+        nruns += 1
+    return used, counts, lengths[:nruns].copy()

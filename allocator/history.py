@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._core import replay_columns, rows_of_columns2, validate_columns
+from ._core import map_summary, replay_columns, rows_of_columns2, validate_columns
 from .blockmap import CACHED, FREE, NO_OWNER, SHARED, STATE_NAMES, USED
 from .errors import Conflict, NotFound
 from .events import event_dict
@@ -967,8 +967,7 @@ def free_lengths(geometry: dict, owner: np.ndarray, state: np.ndarray) -> np.nda
 def stats_of(geometry: dict, rep: Replayer) -> dict:
     """Pool.stats() fields rebuilt from a replayed map (the cache's own figures are not kept)."""
     n, bb = geometry["num_blocks"], geometry["block_bytes"]
-    used = int((rep.owner != NO_OWNER).sum())
-    counts = np.bincount(rep.state, minlength=max(STATE_NAMES) + 1)
+    used, counts, free_runs = map_summary(rep.owner, rep.state)  # one compiled pass
     prefix = geometry.get("prefix_caching")
     if prefix is not None:  # a prefix-caching pool's idle cached blocks are not used
         if prefix.get("kv_cache"):
@@ -977,7 +976,8 @@ def stats_of(geometry: dict, rep: Replayer) -> dict:
                            "rebuilt (the block map is: ask for blockmap?at_seq=)")
         used -= int(counts[CACHED])
     allocated = used * bb
-    frag = fragmentation_stats(free_lengths(geometry, rep.owner, rep.state), bb, rep.requested, allocated)
+    lengths = free_runs if geometry["strategy"] != "tiered" else free_lengths(geometry, rep.owner, rep.state)
+    frag = fragmentation_stats(lengths, bb, rep.requested, allocated)
     out = {
         "strategy": geometry["strategy"],
         "total_blocks": n,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kvtest_util import FakeClock
 
 from allocator import CACHED, FREE, PINNED, USED, EventLog, KVCache, create_pool
@@ -106,3 +109,20 @@ def test_block_map_states_follow_the_cache() -> None:
     assert [states[b] for b in pool.block_ids(cache.peek("a").id)] == [CACHED]
     assert [states[b] for b in pool.block_ids(cache.peek("p").id)] == [PINNED]
     assert list(states).count(FREE) == 5
+
+
+@settings(deadline=None)
+@given(st.lists(st.integers(0, 4), max_size=200))
+def test_map_summary_matches_numpy(states):
+    """The compiled one-pass summary history replays use for stats: owner count, state counts
+    and free runs, as numpy derives them from the same map."""
+    from allocator._core import map_summary
+
+    state = np.array(states, dtype=np.uint8)
+    owner = np.where(state == 0, -1, np.arange(state.size) // 3).astype(np.int32)
+    used, counts, runs = map_summary(owner, state)
+    assert used == int((owner != -1).sum())
+    assert counts[:5].tolist() == np.bincount(state, minlength=5)[:5].tolist()
+    free = np.concatenate(([0], (state == 0).astype(np.int8), [0]))
+    edges = np.diff(free)
+    assert runs.tolist() == (np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)).tolist()
