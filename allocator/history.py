@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._core import map_summary, replay_columns, rows_of_columns2, validate_columns
-from .blockmap import CACHED, FREE, NO_OWNER, SHARED, STATE_NAMES, USED
+from .blockmap import CACHED, FREE, NO_OWNER, PINNED, SHARED, STATE_NAMES, USED
 from .errors import Conflict, NotFound
 from .events import event_dict
 from .metrics import fragmentation_stats
+from .vocab import EVICTION_REASONS
 
 DEFAULT_HISTORY_BYTES = 64 << 20
 # Events between keyframes: EVENTS_PER_KEYFRAME_BLOCK per block of the pool (one per four blocks
@@ -79,6 +80,9 @@ class Keyframe:
     frees: int
     counters: tuple  # values of COUNTER_NAMES
     own_bytes: int = -1
+    # The KV cache's own figures then (policy, capacity_bytes, hits, misses, evictions by
+    # EVICTION_REASONS, its entries' allocation ids as int64 bytes), or None: no cache.
+    cache: tuple | None = None
 
     def __post_init__(self) -> None:
         if self.own_bytes < 0:
@@ -115,16 +119,28 @@ class Keyframe:
         return {"seq": self.seq, "owner_z": _pages_blob(self.owner_pages),
                 "state_z": _pages_blob(self.state_pages),
                 "scalars": pickle.dumps((self.requested, self.allocations, self.last_id, self.frees,
-                                         self.counters), 4)}
+                                         self.counters) + ((self.cache,) if self.cache else ()), 4)}
 
     @classmethod
     def from_row(cls, seq: int, owner_z: bytes, state_z: bytes, scalars: bytes) -> Keyframe:
-        requested, allocations, last_id, frees, counters = safe_loads(scalars)
+        requested, allocations, last_id, frees, counters, *cache = safe_loads(scalars)
         return cls(seq, _blob_pages(owner_z), _blob_pages(state_z), requested, allocations, last_id,
-                   frees, tuple(counters))
+                   frees, tuple(counters), cache=_cache_scalars(cache[0]) if cache else None)
 
 
 PAGE_BLOCKS = 16_384  # blocks per keyframe page (64 KiB of owners before compression)
+
+
+def _cache_scalars(value) -> tuple:
+    """A keyframe's cache figures as read back from a file, checked to be what _snapshot writes."""
+    ok = (isinstance(value, tuple) and len(value) == 6 and isinstance(value[0], str)
+          and all(isinstance(v, int) for v in value[1:4]) and isinstance(value[4], tuple)
+          and len(value[4]) == len(EVICTION_REASONS) and all(isinstance(v, int) for v in value[4])
+          and isinstance(value[5], bytes) and len(value[5]) % 8 == 0)
+    if not ok:
+        raise pickle.UnpicklingError("a keyframe's cache figures are not (policy, capacity, hits, "
+                                     "misses, evictions, entry ids)")
+    return value
 
 
 def _pages_blob(pages: tuple) -> bytes:
@@ -175,6 +191,7 @@ def _unique_bytes(pages, exclude=()) -> int:
 COLUMNS = "cols1"  # marks a segment stored as EventRing.export() columns
 NVALS = 6  # int64 values per numeric event (allocator/_events.pxi)
 FLAG_OBJ = 0x80
+FLAG_KEY = 0x40
 CODE_MASK = 0x3F
 
 
@@ -218,6 +235,8 @@ COLUMNS2 = "cols2"  # EventRing.export()'s compact columns (allocator/_events.px
 # Kinds Replayer.apply leaves the map and numbers alone for: the compiled replay skips them.
 # Every other Python-recorded kind goes through Replayer.apply (the safe default for new kinds).
 UNREPLAYED_KINDS = frozenset({"put", "hit", "miss", "remove", "evict", "policy", "workload"})
+# Kinds that move the cache's own figures (counted from the kind column on the compiled path).
+CACHE_KINDS = frozenset({"hit", "miss", "evict", "policy", "put"})
 
 
 class Segment:
@@ -308,7 +327,7 @@ def _objs_loaded(cols: tuple) -> tuple:
 
 def keyframe_of(seq: int, owner: np.ndarray, state: np.ndarray, requested: int, allocations: int,
                 last_id: int, frees: int, counters, dirty=None, base: Keyframe | None = None,
-                page_blocks: int = PAGE_BLOCKS, empty: bool = False) -> Keyframe:
+                page_blocks: int = PAGE_BLOCKS, empty: bool = False, cache: tuple | None = None) -> Keyframe:
     """A keyframe of the map now; with `base` (the previous keyframe), only the pages in `dirty`
     (page indexes changed since `base`) are compressed, the others shared with it. `empty`:
     the map is all free (a new pool)."""
@@ -318,7 +337,7 @@ def keyframe_of(seq: int, owner: np.ndarray, state: np.ndarray, requested: int, 
     state_pages = _compress_pages(state, dirty, old_s, page_blocks, empty)
     own = _unique_bytes(owner_pages + state_pages, (old_o or ()) + (old_s or ()))
     return Keyframe(seq, owner_pages, state_pages, requested, allocations, last_id, frees,
-                    tuple(counters), own)
+                    tuple(counters), own, cache)
 
 
 class History:
@@ -398,9 +417,14 @@ class History:
                     dirty.update(range(start // self.page_blocks, (start + count - 1) // self.page_blocks + 1))
             else:
                 self._since = bm.checkpoint()
+        cache = p.cache
+        figures = None if cache is None else (
+            cache.policy, cache.capacity_bytes, cache.hits, cache.misses,
+            tuple(cache.evictions[r] for r in EVICTION_REASONS),
+            np.fromiter((e.id for e in cache._entries.values()), dtype=np.int64).tobytes())
         kf = keyframe_of(p.events.last_seq, bm.owners_np(), bm.states_np(), p.requested_total, len(p),
                          last_id, p._frees, [p.counters[n] for n in COUNTER_NAMES], dirty, base,
-                         self.page_blocks)
+                         self.page_blocks, cache=figures)
         if reuse:
             self._base = kf
         return kf
@@ -569,14 +593,80 @@ PREFIX_KINDS = frozenset(("stored", "removed", "cleared", "open", "append", "clo
 class Replayer:
     """Block map and numbers being rolled forward one stored event at a time."""
 
-    __slots__ = ("owner", "state", "requested", "allocations", "last_id", "frees", "counters", "seq")
+    __slots__ = ("owner", "state", "requested", "allocations", "last_id", "frees", "counters", "seq",
+                 "cache")
 
     def __init__(self, kf: Keyframe) -> None:
         self.owner, self.state = kf.arrays()
         self.requested, self.allocations, self.last_id, self.frees = (
             kf.requested, kf.allocations, kf.last_id, kf.frees)
         self.counters = dict(zip(COUNTER_NAMES, kf.counters))
+        # The cache's figures (None: the pool had no cache at the keyframe): rolled forward by
+        # hit / miss / evict / policy events.
+        self.cache = None if kf.cache is None else {
+            "policy": kf.cache[0], "capacity_bytes": kf.cache[1], "hits": kf.cache[2],
+            "misses": kf.cache[3], "evictions": dict(zip(EVICTION_REASONS, kf.cache[4])),
+            # allocation ids that held an entry since the keyframe (ids are never reused: one
+            # whose blocks are gone was evicted or removed)
+            "ids": set(np.frombuffer(kf.cache[5], dtype=np.int64).tolist())}
         self.seq = kf.seq
+
+    def _count_cache(self, row: tuple) -> None:
+        c, kind = self.cache, row[2]
+        if kind == "hit":
+            c["hits"] += 1
+        elif kind == "miss":
+            c["misses"] += 1
+        elif kind == "evict":
+            _count_eviction(c, _field(row, 6))
+        elif kind == "put":
+            _add_id(c, _field(row, 4))
+        elif isinstance(_field(row, 3), str):
+            c["policy"] = row[3]
+
+    def _count_cache_columns(self, cols: tuple, after: int, upto: int) -> None:
+        """The cache's figures over a "cols2" segment's events after < seq <= upto, counted
+        from the kind column (the compiled replay skips these kinds)."""
+        first = cols[1]
+        lo, hi = max(after + 1, first) - first, min(upto, cols[2]) - first + 1
+        if hi <= lo:
+            return
+        names, c = cols[13], self.cache
+        kind = np.frombuffer(cols[4], dtype=np.uint8)
+        codes = kind[lo:hi] & CODE_MASK
+        for name, figure in (("hit", "hits"), ("miss", "misses")):
+            if name in names:
+                c[figure] += int(np.count_nonzero(codes == names.index(name)))
+        is_obj = (kind & FLAG_OBJ) != 0
+        is_key = ((kind & FLAG_KEY) != 0) & ~is_obj
+        if "evict" in names:
+            at = np.flatnonzero(codes == names.index("evict")) + lo
+            if at.size:
+                key_index = np.cumsum(is_key) - 1
+                obj_index = np.cumsum(is_obj) - 1
+                wide = np.frombuffer(cols[10], dtype=np.int64)
+                for i in at.tolist():
+                    if is_key[i]:  # the compiled evict: reason is a string-table index
+                        _count_eviction(c, cols[14][int(wide[key_index[i] * NVALS + 2])])
+                    else:
+                        _count_eviction(c, _field(cols[12][obj_index[i]], 3))
+        if "put" in names:
+            at = np.flatnonzero(codes == names.index("put")) + lo
+            if at.size:
+                key_index = np.cumsum(is_key) - 1
+                obj_index = np.cumsum(is_obj) - 1
+                wide = np.frombuffer(cols[10], dtype=np.int64)
+                keyed = at[is_key[at]]
+                c["ids"].update(wide[key_index[keyed] * NVALS].tolist())  # the compiled put's id
+                for i in at[is_obj[at]].tolist():
+                    _add_id(c, _field(cols[12][obj_index[i]], 1))
+        if "policy" in names:
+            at = np.flatnonzero(codes == names.index("policy"))
+            if at.size:
+                i = int(at[-1]) + lo
+                policy = _field(cols[12][int(np.count_nonzero(is_obj[:i]))], 0)
+                if isinstance(policy, str):
+                    c["policy"] = policy
 
     def apply_columns(self, cols: tuple, after: int, upto: int) -> None:
         """Apply the events of a "cols2" segment with after < seq <= upto: allocate and free
@@ -589,6 +679,8 @@ class Replayer:
             self.apply_rows(r for r in rows_of_columns2(cols) if after < r[0] <= upto)
             self.seq = min(upto, cols[2])
             return
+        if self.cache is not None:
+            self._count_cache_columns(cols, after, upto)
         acc = np.array([self.requested, self.allocations, self.last_id, self.frees], dtype=np.int64)
         pos = np.zeros(5, dtype=np.int64)
         mask = np.frombuffer(bytes(n not in UNREPLAYED_KINDS for n in names) + bytes(64 - len(names)),
@@ -667,6 +759,9 @@ class Replayer:
             self.allocations = 0
         elif kind == "oom":
             self.counters["ooms_" + row[6]] += 1
+        elif kind in CACHE_KINDS:
+            if self.cache is not None:
+                self._count_cache(row)
         elif kind in PREFIX_KINDS:
             self._apply_prefix(row)
         self.seq = row[0]
@@ -790,6 +885,9 @@ class Replayer:
                 write(row[5], None, row[4])
             elif kind == "oom":
                 counters["ooms_" + row[6]] += 1
+            elif kind in CACHE_KINDS:
+                if self.cache is not None:
+                    self._count_cache(row)
             elif kind in PREFIX_KINDS:
                 self._prefix_writes(row, write)
             elif kind in ("defragment", "reset"):
@@ -998,6 +1096,8 @@ def stats_of(geometry: dict, rep: Replayer) -> dict:
                  "fragmentation": rep.counters["ooms_fragmentation"]},
         "last_event_seq": rep.seq,
     }
+    if rep.cache is not None:
+        out["cache"] = cache_stats_of(geometry, rep, counts)
     if geometry["strategy"] == "contiguous":
         out["fit"] = geometry["fit"]
     if geometry["strategy"] == "tiered":
@@ -1008,6 +1108,43 @@ def stats_of(geometry: dict, rep: Replayer) -> dict:
                                  == NO_OWNER).sum())}
             for t in geometry["tiers"]]
     return out
+
+
+def _field(values: tuple, i: int):
+    """values[i], or None when a (recorded) event is shorter than its kind."""
+    return values[i] if len(values) > i else None
+
+
+def _count_eviction(cache: dict, reason) -> None:
+    if isinstance(reason, str):  # a file's event may name anything: count only a reason
+        cache["evictions"][reason] = cache["evictions"].get(reason, 0) + 1
+
+
+def _add_id(cache: dict, aid) -> None:
+    if type(aid) is int and 0 < aid < 1 << 63:  # an allocation id (a file's event may hold anything)
+        cache["ids"].add(aid)
+
+
+def cache_stats_of(geometry: dict, rep: Replayer, counts: np.ndarray) -> dict:
+    """KVCache.stats() as it was: its entries are the live allocations a put named since the
+    keyframe (or held then), their bytes those of their blocks (an entry holds whole blocks on
+    every strategy); hits, misses, evictions and the policy are rolled forward too. `refusals` (puts
+    refused for want of room, which record no event) is not kept."""
+    bb, c = geometry["block_bytes"], rep.cache
+    ids = np.fromiter(c["ids"], dtype=np.int64, count=len(c["ids"]))
+    held = np.isin(rep.owner, ids)  # blocks of an allocation that holds an entry
+    lookups = c["hits"] + c["misses"]
+    return {
+        "policy": c["policy"],
+        "capacity_bytes": c["capacity_bytes"],
+        "used_bytes": int(np.count_nonzero(held)) * bb,
+        "pinned_bytes": int(np.count_nonzero(held & (rep.state == PINNED))) * bb,
+        "entries": int(np.unique(rep.owner[held]).size),
+        "hits": c["hits"],
+        "misses": c["misses"],
+        "hit_rate": c["hits"] / lookups if lookups else 0.0,
+        "evictions": dict(c["evictions"]),
+    }
 
 
 def map_runs(owner: np.ndarray, state: np.ndarray) -> list[list[int]]:

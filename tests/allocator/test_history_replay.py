@@ -32,8 +32,10 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-# The live stats the history rebuilds (the cache keeps its own figures, not replayed).
+# The live stats the history rebuilds: the cache's figures apart (they are rebuilt from the first
+# keyframe taken with the cache on; `refusals` records no event and is not kept).
 COMPARED = lambda stats: {k: v for k, v in stats.items() if k != "cache"}  # noqa: E731
+CACHE_COMPARED = lambda cache: {k: v for k, v in cache.items() if k != "refusals"}  # noqa: E731
 
 
 def make_pool(strategy: str, fit: str = "first"):
@@ -128,6 +130,16 @@ class ReplayMachine(RuleBasedStateMachine):
         if self.cache is not None and f"k{k}" in self.cache:
             self.cache.pin(f"k{k}", pinned)
 
+    @rule(k=st.integers(0, 14))
+    def get(self, k: int) -> None:
+        if self.cache is not None:
+            self.cache.get(f"k{k}")  # a hit or a miss (k13, k14 never exist)
+
+    @rule(policy=st.sampled_from(["lru", "fifo", "lfu", "s3fifo"]))
+    def switch_policy(self, policy: str) -> None:
+        if self.cache is not None:
+            self.cache.policy = policy
+
     @rule(k=st.integers(0, 12))
     def evict(self, k: int) -> None:
         if self.cache is not None and f"k{k}" in self.cache:
@@ -148,7 +160,9 @@ class ReplayMachine(RuleBasedStateMachine):
         assert self.pool.check() == []
         seq = self.pool.events.last_seq
         bm = self.pool.blockmap
-        self.captured[seq] = (bm.owners_np().copy(), bm.states_np().copy(), COMPARED(self.pool.stats()))
+        stats = self.pool.stats()
+        self.captured[seq] = (bm.owners_np().copy(), bm.states_np().copy(), COMPARED(stats),
+                              CACHE_COMPARED(stats["cache"]) if "cache" in stats else None)
         self.steps += 1
         if self.steps % 10 == 0:
             self.compare_all()
@@ -156,12 +170,17 @@ class ReplayMachine(RuleBasedStateMachine):
     def compare_all(self) -> None:
         view = self.pool.history.view()
         assert view.last_seq == self.pool.events.last_seq
-        for seq, (owner, state, stats) in self.captured.items():
+        cached_since = min((k.seq for k in view.keyframes if k.cache is not None), default=None)
+        for seq, (owner, state, stats, cache) in self.captured.items():
             rep = view.replay_to(seq)
             assert np.array_equal(rep.owner, owner), f"owner differs at seq {seq}"
             assert np.array_equal(rep.state, state), f"state differs at seq {seq}"
             assert map_runs(rep.owner, rep.state) == map_runs(owner, state)
-            assert view.stats_at(seq) == stats, f"stats differ at seq {seq}"
+            rebuilt = view.stats_at(seq)
+            assert COMPARED(rebuilt) == stats, f"stats differ at seq {seq}"
+            # The cache's figures: exact wherever a keyframe with the cache precedes the point.
+            if cached_since is not None and seq >= cached_since and seq >= view.first_seq:
+                assert rebuilt.get("cache") == cache, f"cache figures differ at seq {seq}"
             # The vectorised replay agrees with the plain one, row by row from the keyframe.
             kf = max((k for k in view.keyframes if k.seq <= seq), key=lambda k: k.seq)
             ref = Replayer(kf)
@@ -305,3 +324,55 @@ def test_mirror_pool_prefix_events_replay_exactly() -> None:
     for seq, (owner, state) in live.items():
         rep = view.replay_to(seq)
         assert np.array_equal(rep.owner, owner) and np.array_equal(rep.state, state), seq
+
+
+@pytest.mark.parametrize("strategy", ["paged", "tiered", "contiguous"])
+def test_cache_figures_at_past_points(strategy, tmp_path) -> None:
+    """The past stats' `cache` section (all but refusals) equals what the live cache said, at
+    every point from the first keyframe that saw the cache, through hits, misses, evictions,
+    pins, policy switches, raw allocations in CACHED state and a recording of it all."""
+    from allocator.recording import Recorder, read_recording
+
+    pool = create_pool(strategy, num_blocks=UNITS, block_bytes=BLOCK, device="cpu",
+                       fit="first" if strategy == "contiguous" else None, event_capacity=8)
+    pool.history = History(pool, max_bytes=1 << 30, keyframe_every=12, page_blocks=16)
+    cache = KVCache(pool, UNITS * BLOCK // 2, "lru")
+    rec = Recorder(pool, tmp_path / "c.kvrec")
+    rng = random.Random(11)
+    live = {}
+    for i in range(400):
+        r = rng.random()
+        try:
+            if r < 0.45:
+                cache.put(f"k{rng.randrange(14)}", rng.randint(1, 6 * BLOCK))
+            elif r < 0.7:
+                cache.get(f"k{rng.randrange(16)}")
+            elif r < 0.78 and len(cache):
+                key = rng.choice([e.key for e in cache.entries()])
+                cache.pin(key, not cache.peek(key).pinned)
+            elif r < 0.82:
+                cache.policy = rng.choice(["lru", "fifo", "lfu", "s3fifo"])
+            elif r < 0.9:
+                pool.free(pool.allocate(BLOCK, rng.choice([1, 2])))  # raw, even in CACHED state
+            elif len(cache):
+                key = rng.choice([e.key for e in cache.entries()])
+                if not cache.peek(key).pinned:
+                    cache.evict(key)
+        except OutOfMemory:
+            pass
+        if i % 50 == 49:
+            rec.flush()
+        figures = dict(pool.stats()["cache"])
+        figures.pop("refusals")
+        live[pool.events.last_seq] = figures
+    rec.stop()
+    assert sum(cache.evictions.values()) > 0 and cache.hits > 0 and cache.misses > 0
+    _, recorded = read_recording(tmp_path / "c.kvrec")
+    for view in (pool.history.view(), recorded):
+        since = min(k.seq for k in view.keyframes if k.cache is not None)
+        compared = 0
+        for seq, figures in live.items():
+            if seq >= max(since, view.first_seq):
+                assert view.stats_at(seq)["cache"] == figures, seq
+                compared += 1
+        assert compared > 300

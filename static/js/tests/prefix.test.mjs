@@ -43,6 +43,11 @@ test("a past moment's numbers say the cache's own figures are not kept, not that
   const base = { strategy: "paged", total_blocks: 8, used_blocks: 2, blocks_by_state: { cached: 3 }, utilization: 0.25,
     ooms: { capacity: 0, fragmentation: 0 }, scatter_fails: false };
   assert.match(numbersHtml({ ...base, past: true }, 0), /not kept for past moments/);
+  // once the history holds the cache's figures, a past moment shows them like a live one
+  const pastCache = { hits: 3, misses: 1, hit_rate: 0.75, entries: 2, used_bytes: 64, capacity_bytes: 128 };
+  const past = numbersHtml({ ...base, past: true, cache: pastCache }, 0);
+  assert.match(past, /3 hits · 1 misses/);
+  assert.match(past, /2 entries/);
   assert.match(numbersHtml(base, 0), /no cache on this pool/);
   const live = numbersHtml({ ...base, prefix: { hits: 8, queries: 16, blocks: { shared: 1 } } }, 0);
   assert.match(live, /8 of 16 prompt tokens cached/);
