@@ -326,6 +326,12 @@ cdef class CacheCore:
             return self.pcore.tag_of(aid)
         return self._key_of.get(aid)
 
+    def entry_ids(self):
+        """The allocation ids of every entry, as an int64 numpy array (no order)."""
+        if self.pcore is not None:
+            return self.pcore.tagged_ids()
+        return np.fromiter(self._key_of, dtype=np.int64, count=len(self._key_of))
+
     def _keys_by_id(self) -> dict:
         """{allocation id: key} of every entry, as the id map holds it (for check())."""
         return self.pcore.tagged() if self.pcore is not None else dict(self._key_of)

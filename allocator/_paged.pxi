@@ -199,6 +199,20 @@ cdef class PagedCore:
         cdef Py_ssize_t pos = self.find(a) if 0 < a <= self.last_id and self.tags is not None else -1
         return None if pos < 0 else self.tags[self.htab[pos]]
 
+    def tagged_ids(self):
+        """The ids of the tagged live allocations, as an int64 numpy array (slot order)."""
+        cdef Py_ssize_t s, n = 0
+        out = np.empty(self.live, dtype=np.int64)
+        cdef int64_t[::1] o = out
+        if self.tags is None:
+            return out[:0]
+        cdef list tags = self.tags
+        for s in range(min(self.rcap, len(tags))):
+            if self.r_aid[s] and tags[s] is not None and n < o.shape[0]:
+                o[n] = self.r_aid[s]
+                n += 1
+        return out[:n]
+
     def tagged(self) -> dict:
         """{allocation id: tag} of every tagged live allocation."""
         if self.tags is None:

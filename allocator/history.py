@@ -421,7 +421,7 @@ class History:
         figures = None if cache is None else (
             cache.policy, cache.capacity_bytes, cache.hits, cache.misses,
             tuple(cache.evictions[r] for r in EVICTION_REASONS),
-            np.fromiter((e.id for e in cache._entries.values()), dtype=np.int64).tobytes())
+            cache.entry_ids().tobytes())
         kf = keyframe_of(p.events.last_seq, bm.owners_np(), bm.states_np(), p.requested_total, len(p),
                          last_id, p._frees, [p.counters[n] for n in COUNTER_NAMES], dirty, base,
                          self.page_blocks, cache=figures)
