@@ -639,27 +639,28 @@ class Replayer:
                 c[figure] += int(np.count_nonzero(codes == names.index(name)))
         is_obj = (kind & FLAG_OBJ) != 0
         is_key = ((kind & FLAG_KEY) != 0) & ~is_obj
-        if "evict" in names:
-            at = np.flatnonzero(codes == names.index("evict")) + lo
-            if at.size:
-                key_index = np.cumsum(is_key) - 1
-                obj_index = np.cumsum(is_obj) - 1
-                wide = np.frombuffer(cols[10], dtype=np.int64)
-                for i in at.tolist():
-                    if is_key[i]:  # the compiled evict: reason is a string-table index
-                        _count_eviction(c, cols[14][int(wide[key_index[i] * NVALS + 2])])
-                    else:
-                        _count_eviction(c, _field(cols[12][obj_index[i]], 3))
-        if "put" in names:
-            at = np.flatnonzero(codes == names.index("put")) + lo
-            if at.size:
-                key_index = np.cumsum(is_key) - 1
-                obj_index = np.cumsum(is_obj) - 1
-                wide = np.frombuffer(cols[10], dtype=np.int64)
-                keyed = at[is_key[at]]
-                c["ids"].update(wide[key_index[keyed] * NVALS].tolist())  # the compiled put's id
-                for i in at[is_obj[at]].tolist():
-                    _add_id(c, _field(cols[12][obj_index[i]], 1))
+        key_index = np.cumsum(is_key) - 1  # of each event: its place among the keyed events
+        obj_index = np.cumsum(is_obj) - 1  # ... and among the Python-recorded ones
+        wide = np.frombuffer(cols[10], dtype=np.int64)
+        for name, field_at in (("evict", 2), ("put", 0)):  # reason (a string index), the id
+            if name not in names:
+                continue
+            at = np.flatnonzero(codes == names.index(name)) + lo
+            keyed = at[is_key[at]]
+            values = wide[key_index[keyed] * NVALS + field_at]
+            objs = [_field(cols[12][obj_index[i]], 3 if name == "evict" else 1)
+                    for i in at[is_obj[at]].tolist()]
+            if name == "evict":
+                sids, n = np.unique(values, return_counts=True)
+                for sid, k in zip(sids.tolist(), n.tolist()):
+                    reason = cols[14][sid]
+                    c["evictions"][reason] = c["evictions"].get(reason, 0) + k
+                for reason in objs:
+                    _count_eviction(c, reason)
+            else:
+                c["ids"].update(values.tolist())
+                for aid in objs:
+                    _add_id(c, aid)
         if "policy" in names:
             at = np.flatnonzero(codes == names.index("policy"))
             if at.size:
