@@ -29,6 +29,7 @@ cdef class Entry:
     cdef public double last_access
     cdef public int64_t hits
     cdef public int64_t data_bytes  # length of the payload last written; reads return exactly that
+    cdef public int32_t pslot       # slot in its priority's policy structure (-1: not filed)
 
     def __init__(self, str key, int64_t id, int64_t nbytes, int64_t allocated_bytes,
                  priority=0, bint pinned=False, ttl_s=None, expires_at=None,
@@ -37,6 +38,7 @@ cdef class Entry:
         self.key, self.id, self.nbytes, self.allocated_bytes = key, id, nbytes, allocated_bytes
         self.priority, self.pinned, self.ttl_s, self.expires_at = priority, pinned, ttl_s, expires_at
         self.created_at, self.last_access, self.hits, self.data_bytes = created_at, last_access, hits, data_bytes
+        self.pslot = -1
 
     def __repr__(self) -> str:
         return (f"Entry(key={self.key!r}, id={self.id}, nbytes={self.nbytes}, "
@@ -150,24 +152,39 @@ cdef class CacheCore:
     # -- policy structures ---------------------------------------------------------------
     cdef KeyedPolicy c_struct(self, priority):
         s = self._by_priority.get(priority)
-        if s is None:
-            s = self._by_priority[priority] = self._policies[self._policy]()
+        if s is None:  # slotted: the entries keep their slots, the policy keeps no key dict
+            s = self._by_priority[priority] = self._policies[self._policy](slotted=True)
         return <KeyedPolicy>s
 
-    cdef int c_unfile(self, str key, priority, bint evicted) except -1:
-        cdef KeyedPolicy s = self._by_priority[priority]
-        s.c_remove(key, evicted)
-        if not len(s._slot):
-            del self._by_priority[priority]
+    cdef int c_file(self, Entry e, int64_t freq=0) except -1:
+        cdef KeyedPolicy s = self.c_struct(e.priority)
+        e.pslot = (<LFU>s).insert_freq_slot(e.key, freq) if freq > 0 and isinstance(s, LFU) \
+            else s.c_insert_slot(e.key)
+        return 0
+
+    cdef int c_unfile(self, Entry e, bint evicted) except -1:
+        cdef KeyedPolicy s = self._by_priority[e.priority]
+        s.c_remove_slot(e.pslot, evicted)
+        e.pslot = -1
+        if s.count == 0:
+            del self._by_priority[e.priority]
         return 0
 
     def _struct(self, priority):
         return self.c_struct(priority)
 
-    def _unfile(self, str key, priority, bint evicted=False) -> None:
-        """Take `key` out of its priority's policy structure; an emptied structure goes too, so
+    def _file(self, Entry entry, int64_t freq=0) -> None:
+        """File `entry` in its priority's policy structure (lfu: at frequency `freq` if > 0)."""
+        self.c_file(entry, freq)
+
+    def _unfile(self, Entry entry, bint evicted=False) -> None:
+        """Take `entry` out of its priority's policy structure; an emptied structure goes too, so
         the priorities scanned for a victim are only those that hold entries."""
-        self.c_unfile(key, priority, evicted)
+        self.c_unfile(entry, evicted)
+
+    def _touch(self, Entry entry) -> None:
+        """A hit on unpinned `entry`, for its policy."""
+        (<KeyedPolicy>self._by_priority[entry.priority]).c_touch_slot(entry.pslot)
 
     # -- eviction ------------------------------------------------------------------------
     cdef object c_next_victim(self, exclude):
@@ -199,13 +216,13 @@ cdef class CacheCore:
         if len(by_priority) == 1:  # one priority in use: its structure, without an iterator
             PyDict_Next(by_priority, &dpos, &dkey, &dval)
             s = <KeyedPolicy>dval
-            if s._slot:
+            if s.count:
                 key = s.c_victim()
                 if key != exclude:
                     return key
         for prio in (by_priority if len(by_priority) == 1 else sorted(by_priority)):
             s = by_priority[prio]
-            if not s._slot:
+            if not s.count:
                 continue
             key = s.c_victim()
             if key == exclude:  # the entry being resized is never its own victim
@@ -306,7 +323,7 @@ cdef class CacheCore:
         if entry.pinned:
             self.pinned_bytes -= entry.allocated_bytes
         else:
-            self.c_unfile(entry.key, entry.priority, evicted)
+            self.c_unfile(entry, evicted)
         self.used_bytes -= entry.allocated_bytes
         cdef Py_ssize_t pos
         if self.pcore is not None:
@@ -380,6 +397,7 @@ cdef class CacheCore:
             pool.free(aid)
             raise me._refuse_budget(held)
         cdef Entry e = Entry.__new__(Entry)  # fields set here: no argument parsing
+        e.pslot = -1
         e.key, e.id, e.nbytes, e.allocated_bytes = key, aid, nb, held
         e.priority, e.pinned, e.ttl_s = priority, pin, ttl_s
         e.expires_at = None if ttl_s is None else now + ttl_s
@@ -393,7 +411,7 @@ cdef class CacheCore:
         if pin:
             self.pinned_bytes += held
         else:
-            self.c_struct(priority).c_insert(key)
+            e.pslot = self.c_struct(priority).c_insert_slot(key)
         if ttl_s is not None:
             heapq.heappush(self._ttl_heap, (e.expires_at, key, aid))
         if held > need:  # a tiered pool fell back to a larger tier than estimated

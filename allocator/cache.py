@@ -92,11 +92,7 @@ class KVCache(CacheCore):
                         key=(lambda e: e.created_at) if by_insertion else (lambda e: e.last_access)):
             if e.pinned:
                 continue
-            s = self._struct(e.priority)
-            if name == "lfu":
-                s.insert(e.key, freq=e.hits + 1)
-            else:
-                s.insert(e.key)
+            self._file(e, e.hits + 1 if name == "lfu" else 0)
         self.pool.events.record("policy", name)
 
     # -- public API -----------------------------------------------------------------------
@@ -133,7 +129,7 @@ class KVCache(CacheCore):
         entry.hits += 1
         entry.last_access = self.clock()
         if not entry.pinned:
-            self._by_priority[entry.priority].touch(key)
+            self._touch(entry)
         self.pool.events.record("hit", key)
         return entry
 
@@ -160,10 +156,10 @@ class KVCache(CacheCore):
         entry = self.peek(key)
         if entry.pinned != pinned:
             if pinned:
-                self._unfile(key, entry.priority)
+                self._unfile(entry)
                 self.pinned_bytes += entry.allocated_bytes
             else:
-                self._struct(entry.priority).insert(key)
+                self._file(entry)
                 self.pinned_bytes -= entry.allocated_bytes
             entry.pinned = pinned
             self.pool.set_state(entry.id, PINNED if pinned else CACHED)
@@ -289,6 +285,8 @@ class KVCache(CacheCore):
                     problems.append(f"pinned entry {k!r} is in the policy structure")
                 elif e.priority != prio:
                     problems.append(f"entry {k!r} of priority {e.priority} is filed under {prio}")
+                elif s.key_at(e.pslot) != k:
+                    problems.append(f"entry {k!r} says slot {e.pslot}, which holds {s.key_at(e.pslot)!r}")
             if held & keys:
                 problems.append(f"keys filed under two priorities: {sorted(held & keys)[:3]}")
             held |= keys
@@ -356,13 +354,14 @@ class KVCache(CacheCore):
             self._resize(entry, nbytes, evicted)
         if priority is not None and priority != entry.priority:
             if not entry.pinned:
-                self._unfile(key, entry.priority)
-                self._struct(priority).insert(key)
+                self._unfile(entry)
             entry.priority = priority
+            if not entry.pinned:
+                self._file(entry)
         if pinned is not None and pinned != entry.pinned:
             self.pin(key, pinned)
         elif not entry.pinned:
-            self._by_priority[entry.priority].touch(key)
+            self._touch(entry)
         entry.last_access = now
         if ttl_s is not None:
             entry.ttl_s, entry.expires_at = ttl_s, now + ttl_s
