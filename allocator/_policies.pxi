@@ -164,6 +164,16 @@ cdef class KeyedPolicy:
             return None
         return self._keys[self.c_victim_slot()]
 
+    # Slot API from Python (tests; the cache calls the c_* methods).
+    def _insert_slot(self, key) -> int:
+        return self.c_insert_slot(key)
+
+    def _touch_slot(self, int32_t s) -> None:
+        self.c_touch_slot(s)
+
+    def _remove_slot(self, int32_t s, bint evicted=False) -> None:
+        self.c_remove_slot(s, evicted)
+
     def insert(self, key) -> None:
         if self.slotted:
             raise TypeError(f"a slotted {self.name} policy is driven by slot, not by key")

@@ -60,3 +60,51 @@ def test_lfu_insert_with_frequency_orders_by_it():
     p.insert("hot", freq=5)
     p.insert("cold")
     assert p.order() == ["cold", "hot"] and p.victim() == "cold"
+
+
+class SlotDriver:
+    """Drives a slotted policy (the cache's way: it keeps each key's slot) by key, for the test."""
+
+    def __init__(self, policy) -> None:
+        self.p, self.slots = policy, {}
+
+    def insert(self, key) -> None:
+        self.slots[key] = self.p._insert_slot(key)
+
+    def touch(self, key) -> None:
+        self.p._touch_slot(self.slots[key])
+
+    def remove(self, key, evicted=False) -> None:
+        self.p._remove_slot(self.slots.pop(key), evicted)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@settings(max_examples=100, deadline=None)
+@given(steps=ops)
+def test_slotted_policy_matches_the_keyed_one(name, steps):
+    """The cache runs policies slotted (no key -> slot dict): same victims and orders as keyed."""
+    keyed, slotted = POLICIES[name](), POLICIES[name](slotted=True)
+    drive = SlotDriver(slotted)
+    for op, key in steps:
+        held = key in keyed
+        if op == "insert" and not held:
+            keyed.insert(key)
+            drive.insert(key)
+        elif op == "touch" and held:
+            keyed.touch(key)
+            drive.touch(key)
+        elif op in ("remove", "evict") and held:
+            keyed.remove(key, op == "evict")
+            drive.remove(key, op == "evict")
+        elif op == "victim" and len(keyed):
+            victim = keyed.victim()
+            assert slotted.victim() == victim
+            keyed.remove(victim, True)
+            drive.remove(victim, True)
+        assert slotted.order() == keyed.order() and len(slotted) == len(keyed)
+        assert slotted.keys() == keyed.keys() and slotted.check() == []
+    with pytest.raises(TypeError, match="slotted"):
+        slotted.insert("fresh")
+    if len(keyed):
+        with pytest.raises(TypeError, match="slotted"):
+            slotted.touch(next(iter(keyed.keys())))
