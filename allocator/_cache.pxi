@@ -218,7 +218,7 @@ cdef class CacheCore:
             s = <KeyedPolicy>dval
             if s.count:
                 key = s.c_victim()
-                if key != exclude:
+                if exclude is None or key != exclude:  # (str != None is a slow compare)
                     return key
         for prio in (by_priority if len(by_priority) == 1 else sorted(by_priority)):
             s = by_priority[prio]
