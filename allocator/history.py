@@ -576,16 +576,6 @@ def _packable_values(values: tuple) -> tuple:
     return values
 
 
-def _packable(rows: list[tuple]) -> list[tuple]:
-    """Rows with ranges turned into (start, stop) tuples (a range pickles ~30x slower)."""
-    out = []
-    for r in rows:
-        if range in map(type, r):
-            r = tuple((v.start, v.stop) if v.__class__ is range else v for v in r)
-        out.append(r)
-    return out
-
-
 # Kinds `Replayer._prefix_writes` applies (prefix caching and mirrors).
 PREFIX_KINDS = frozenset(("stored", "removed", "cleared", "open", "append", "close"))
 
