@@ -22,6 +22,9 @@ SUFFIX = ".kvrec"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"
 
 
+STALE_PART_S = 3600.0  # an upload part file untouched this long belongs to a killed server
+
+
 class Recordings:
     """At most one recorder per pool, each flushed every FLUSH_S by one task; files live in
     `directory` (KVSCOPE_RECORDINGS_DIR) and are named `<name>.kvrec`. A recorder stops when
@@ -33,6 +36,22 @@ class Recordings:
         self.active: dict[str, tuple[Recorder, object]] = {}  # pool name -> (recorder, handle)
         self.failed: dict[str, str] = {}  # pool name -> why its last recording stopped on its own
         self._task: asyncio.Task | None = None
+        self.sweep_parts()
+
+    def sweep_parts(self, older_than_s: float = STALE_PART_S) -> int:
+        """Delete upload part files (`incoming()`) a killed server left behind: those untouched
+        for `older_than_s` (a live upload writes its part at least every few seconds, so
+        another server sharing the directory keeps its own). Returns how many went."""
+        gone = 0
+        cutoff = time.time() - older_than_s
+        for part in self.directory.glob(".upload-*.part*"):
+            try:
+                if part.stat().st_mtime < cutoff:
+                    part.unlink()
+                    gone += 1
+            except OSError:
+                pass  # raced with its owner, or not ours to delete: leave it
+        return gone
 
     def file_of(self, name: str) -> Path:
         name = name.removesuffix(SUFFIX)

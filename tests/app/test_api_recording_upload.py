@@ -242,3 +242,24 @@ def test_with_no_room_for_another_pool_the_upload_is_409_and_keeps_nothing(c, sr
     finally:
         for name in fillers:
             c.delete(f"/api/pools/{name}")
+
+
+def test_a_killed_servers_upload_parts_are_swept_at_start(tmp_path) -> None:
+    """Part files untouched for an hour (a server killed mid-upload) go when the next server
+    starts on the directory; a fresh one (another server's upload in flight) stays."""
+    import os
+    import time
+
+    from app.recordings import STALE_PART_S, Recordings
+
+    old = tmp_path / ".upload-0123456789abcdef.part"
+    old_wal = tmp_path / ".upload-0123456789abcdef.part-wal"
+    fresh = tmp_path / ".upload-fedcba9876543210.part"
+    kept = tmp_path / "run1.kvrec"
+    for f in (old, old_wal, fresh, kept):
+        f.write_bytes(b"x")
+    stale = time.time() - STALE_PART_S - 60
+    for f in (old, old_wal, kept):
+        os.utime(f, (stale, stale))
+    Recordings(tmp_path, registry=None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [fresh.name, kept.name]
