@@ -592,14 +592,20 @@ class Replayer:
             kf.requested, kf.allocations, kf.last_id, kf.frees)
         self.counters = dict(zip(COUNTER_NAMES, kf.counters))
         # The cache's figures (None: the pool had no cache at the keyframe): rolled forward by
-        # hit / miss / evict / policy events.
-        self.cache = None if kf.cache is None else {
-            "policy": kf.cache[0], "capacity_bytes": kf.cache[1], "hits": kf.cache[2],
-            "misses": kf.cache[3], "evictions": dict(zip(EVICTION_REASONS, kf.cache[4])),
-            # allocation ids that held an entry since the keyframe (ids are never reused: one
-            # whose blocks are gone was evicted or removed)
-            "ids": set(np.frombuffer(kf.cache[5], dtype=np.int64).tolist())}
+        # hit / miss / evict / policy / put events.
+        self.cache = self.cache_of(kf)
         self.seq = kf.seq
+
+    @staticmethod
+    def cache_of(kf: Keyframe) -> dict | None:
+        """A keyframe's cache figures as the replay rolls them, or None."""
+        if kf.cache is None:
+            return None
+        return {"policy": kf.cache[0], "capacity_bytes": kf.cache[1], "hits": kf.cache[2],
+                "misses": kf.cache[3], "evictions": dict(zip(EVICTION_REASONS, kf.cache[4])),
+                # allocation ids that held an entry since the keyframe (ids are never reused:
+                # one whose blocks are gone was evicted or removed)
+                "ids": set(np.frombuffer(kf.cache[5], dtype=np.int64).tolist())}
 
     def _count_cache(self, row: tuple) -> None:
         c, kind = self.cache, row[2]
@@ -964,7 +970,21 @@ class HistoryView:
         """Roll `rep` forward to right after event `upto` (> rep.seq, within the history).
         Returns (events of each kind in `count` among those applied, ts of event `upto` or
         None when it is a keyframe's). `columns`: a dict the caller keeps across calls, so
-        each segment is decoded once (Segment.columns() unpickles a file's segment)."""
+        each segment is decoded once (Segment.columns() unpickles a file's segment). A replay
+        that started before the cache existed takes the cache's figures from the first
+        keyframe it passes that holds them."""
+        if rep.cache is None:
+            for kf in self.keyframes:
+                if rep.seq < kf.seq <= upto and kf.cache is not None:
+                    counts, ts = self._roll(rep, kf.seq, count, columns)
+                    rep.cache = Replayer.cache_of(kf)
+                    if upto > kf.seq:
+                        more, ts = self._roll(rep, upto, count, columns)
+                        counts = {k: counts[k] + more[k] for k in counts}
+                    return counts, ts
+        return self._roll(rep, upto, count, columns)
+
+    def _roll(self, rep: Replayer, upto: int, count: tuple, columns: dict | None):
         after = rep.seq
         counts = dict.fromkeys(count, 0)
         ts = None

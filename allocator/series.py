@@ -14,7 +14,10 @@ DEFAULT_POINTS = 300
 STATS_FIELDS = ("utilization", "internal_fragmentation", "external_fragmentation", "requested_bytes",
                 "allocated_bytes", "used_blocks", "free_blocks", "largest_free_bytes", "allocation_count")
 COUNT_KINDS = {"evict": "evictions", "hit": "hits", "miss": "misses"}
-FIELDS = ("seq", "ts", *STATS_FIELDS, "ooms_capacity", "ooms_fragmentation", *COUNT_KINDS.values())
+# The cache's lifetime hit rate at each point (what the live chart plots), null where the history
+# holds no cache figures (before the first keyframe taken with the cache on).
+FIELDS = ("seq", "ts", *STATS_FIELDS, "ooms_capacity", "ooms_fragmentation", *COUNT_KINDS.values(),
+          "cache_hit_rate")
 
 
 def sample_seqs(first: int, last: int, points: int) -> list[int]:
@@ -63,6 +66,7 @@ def _add_point(cols: dict, geometry: dict, rep, ts: float | None, counts: dict) 
     cols["ooms_fragmentation"].append(stats["ooms"]["fragmentation"])
     for kind, name in COUNT_KINDS.items():
         cols[name].append(counts[kind])
+    cols["cache_hit_rate"].append(stats["cache"]["hit_rate"] if "cache" in stats else None)
 
 
 __all__ = ["DEFAULT_POINTS", "FIELDS", "MAX_POINTS", "history_series", "sample_seqs"]

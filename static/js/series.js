@@ -17,7 +17,7 @@ export const SERIES_MIN_INTERVAL_MS = 400;
  * @property {number} to_seq
  * @property {{seq:number[], ts:(number|null)[], utilization:number[], internal_fragmentation:number[],
  *   external_fragmentation:number[], ooms_capacity:number[], ooms_fragmentation:number[],
- *   evictions:number[], hits:number[], misses:number[]}} columns
+ *   evictions:number[], hits:number[], misses:number[], cache_hit_rate?:(number|null)[]}} columns
  */
 /** @typedef {{from:number, to:number}} SeriesRange */
 
@@ -39,8 +39,9 @@ export const isRecording = (config) => Boolean(config && (config.device === "rec
 /**
  * The answer as chart columns in model.HISTORY_SERIES order (x = the events' unix times). Points
  * without a time (the keyframe the history starts at) are left out. Evictions/s is the evictions
- * since the previous point over the time between them; the hit rate is hits over lookups from
- * the first point on (the live chart's is the cache's lifetime rate), null before any lookup.
+ * since the previous point over the time between them; the hit rate is the cache's lifetime
+ * rate (`cache_hit_rate`, what the live chart plots) where the history holds it, else hits over
+ * lookups from the first point on, null before any lookup.
  * @param {SeriesBody} body
  * @returns {(number|null)[][]}
  */
@@ -62,7 +63,7 @@ export function seriesColumns(body) {
       c.internal_fragmentation[i],
       c.external_fragmentation[i],
       dt > 0 ? c.evictions[i] / dt : null,
-      lookups > 0 ? hits / lookups : null,
+      c.cache_hit_rate && c.cache_hit_rate[i] != null ? c.cache_hit_rate[i] : lookups > 0 ? hits / lookups : null,
       c.ooms_capacity[i],
       c.ooms_fragmentation[i],
     ];

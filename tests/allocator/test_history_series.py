@@ -67,11 +67,16 @@ def test_each_point_equals_the_live_stats_then_and_counts_the_events_between(str
                 assert cols[name][i] == want[name], (name, seq)
             assert cols["ooms_capacity"][i] == want["ooms"]["capacity"]
             assert cols["ooms_fragmentation"][i] == want["ooms"]["fragmentation"]
+            # the cache's lifetime hit rate, once a keyframe holds the cache's figures
+            if cols["cache_hit_rate"][i] is not None:
+                assert cols["cache_hit_rate"][i] == want["cache"]["hit_rate"], seq
         assert cols["utilization"][i] == view.stats_at(seq)["utilization"]
         assert cols["ts"][i] == (events[seq]["ts"] if seq in events else None)
         between = [] if prev is None else [events[s]["type"] for s in range(prev + 1, seq + 1)]
         assert cols["evictions"][i] == between.count("evict")
         assert cols["hits"][i] == between.count("hit") and cols["misses"][i] == between.count("miss")
+        cached = any(k.cache is not None and k.seq <= seq for k in view.keyframes)
+        assert (cols["cache_hit_rate"][i] is not None) == cached, seq
         prev = seq
 
 

@@ -33,6 +33,17 @@ test("seriesColumns gives the chart columns, drops untimed points, rates evictio
   assert.deepEqual(col("oomFragmentation"), [0, 1, 0]);
 });
 
+test("the cache's lifetime hit rate wins where the history holds it", () => {
+  const b = body([
+    { seq: 1, ts: 100, hits: 1, misses: 1 },
+    { seq: 2, ts: 101, hits: 1 },
+    { seq: 3, ts: 102, misses: 1 },
+  ]);
+  b.columns.cache_hit_rate = [null, 0.9, 0.8];  // no cache keyframe yet at the first point
+  const cols = seriesColumns(b);
+  assert.deepEqual(cols[HISTORY_SERIES.indexOf("hitRate")], [0.5, 0.9, 0.8]);
+});
+
 test("seriesRange: a recording is shown whole, a live pool up to the chosen moment, live none", () => {
   assert.deepEqual(seriesRange({ mode: "live", seq: 0, first: 3, last: 90 }, true), { from: 3, to: 90 });
   assert.deepEqual(seriesRange({ mode: "past", seq: 40, first: 3, last: 90 }, true), { from: 3, to: 90 });
