@@ -1074,16 +1074,22 @@ def free_lengths(geometry: dict, owner: np.ndarray, state: np.ndarray) -> np.nda
 
 
 def stats_of(geometry: dict, rep: Replayer) -> dict:
-    """Pool.stats() fields rebuilt from a replayed map (the cache's own figures are not kept)."""
+    """Pool.stats() fields rebuilt from a replayed map, with the cache's figures where the
+    replay holds them (`cache_stats_of`); a prefix pool's `prefix` section is not kept."""
     n, bb = geometry["num_blocks"], geometry["block_bytes"]
     used, counts, free_runs = map_summary(rep.owner, rep.state)  # one compiled pass
     prefix = geometry.get("prefix_caching")
     if prefix is not None:  # a prefix-caching pool's idle cached blocks are not used
-        if prefix.get("kv_cache"):
-            raise Conflict("this prefix-caching pool has a KV cache: its past used blocks cannot be "
-                           "told from its idle cached prefix blocks, so its past stats are not "
-                           "rebuilt (the block map is: ask for blockmap?at_seq=)")
-        used -= int(counts[CACHED])
+        if not prefix.get("kv_cache"):
+            used -= int(counts[CACHED])
+        elif rep.cache is None:
+            raise Conflict("this prefix-caching pool has a KV cache, and its history holds the "
+                           "cache's entries only from its first keyframe taken with the cache on: "
+                           "before that its used blocks cannot be told from its idle cached prefix "
+                           "blocks (the block map is rebuilt: ask for blockmap?at_seq=)")
+        else:  # idle prefix blocks: CACHED blocks that are no KV cache entry's
+            kv = np.isin(rep.owner, np.fromiter(rep.cache["ids"], dtype=np.int64, count=len(rep.cache["ids"])))
+            used -= int(np.count_nonzero((rep.state == CACHED) & ~kv))
     allocated = used * bb
     lengths = free_runs if geometry["strategy"] != "tiered" else free_lengths(geometry, rep.owner, rep.state)
     frag = fragmentation_stats(lengths, bb, rep.requested, allocated)

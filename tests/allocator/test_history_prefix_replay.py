@@ -14,6 +14,7 @@ captured point is rebuilt from the history (vectorised, and row by row) and comp
 from __future__ import annotations
 
 import os
+import random
 
 import numpy as np
 import pytest
@@ -262,17 +263,45 @@ def test_a_batch_that_would_run_out_evicts_nothing() -> None:
     assert pool.core.n_evictable == 3 and pool.check() == []
 
 
-def test_past_stats_of_a_prefix_pool_with_a_kv_cache_are_refused_but_the_map_replays() -> None:
+def test_past_stats_of_a_prefix_pool_with_a_kv_cache() -> None:
+    """Its KV entries and idle prefix blocks are both CACHED on the map: past stats are exact
+    from the first keyframe that holds the cache's entries (a 409 before it); the map always."""
     pool = make_pool("lru")
     cache = KVCache(pool, BLOCKS * BLOCK_BYTES // 2, "lru")
     cache.put("k", BLOCK_BYTES * 2)
     s = pool.open_sequence(tokens=list(range(8)))
     pool.close_sequence(s.id)
     live = (pool.blockmap.owners_np().copy(), pool.blockmap.states_np().copy())
+    early = pool.events.last_seq
     view = pool.history.view()
     rep = view.replay_to(view.last_seq)
     assert np.array_equal(rep.owner, live[0]) and np.array_equal(rep.state, live[1])
     with pytest.raises(Conflict, match="KV cache"):
-        view.stats_at(view.last_seq)
+        view.stats_at(early)
     with pytest.raises(NotFound):
         view.replay_to(view.last_seq + 1)
+    rng = random.Random(4)
+    captured, seqs = {}, []
+    for _ in range(120):  # past keyframe_every: keyframes now hold the cache's entries
+        try:
+            r = rng.random()
+            if r < 0.4:
+                seqs.append(pool.open_sequence(tokens=[7, 7, 7, 7] + [rng.randint(0, 30) for _ in range(6)]).id)
+            elif r < 0.7 and seqs:
+                pool.close_sequence(seqs.pop(rng.randrange(len(seqs))))
+            else:
+                cache.put(f"k{rng.randrange(5)}", BLOCK_BYTES * rng.randint(1, 2))
+        except OutOfMemory:
+            pass
+        stats = pool.stats()
+        stats.pop("prefix")
+        stats["cache"].pop("refusals")
+        captured[pool.events.last_seq] = stats
+    view = pool.history.view()
+    since = min(k.seq for k in view.keyframes if k.cache is not None)
+    checked = 0
+    for seq, stats in captured.items():
+        if seq >= since:
+            assert view.stats_at(seq) == stats, seq
+            checked += 1
+    assert checked > 60 and cache.evictions["capacity"] + pool.prefix_stats()["evicted"] > 0
