@@ -317,6 +317,13 @@ class Segment:
         return cls(rows[0][0], rows[-1][0], buf.getvalue())
 
 
+def mostly_python(cols: tuple) -> bool:
+    """Whether a "cols2" segment is mostly Python-recorded events (contiguous, tiered, prefix
+    pools): stopping the compiled replay at each costs more than decoding the rows and writing
+    them vectorised (Replayer.apply_rows)."""
+    return len(cols[12]) * 4 > cols[2] - cols[1] + 1
+
+
 def _objs_loaded(cols: tuple) -> tuple:
     """Columns with the Python-recorded values as a list (they are kept pickled)."""
     objs = cols[12]
@@ -670,9 +677,7 @@ class Replayer:
         in compiled code (allocator/_events.pxi replay_columns), Python-recorded events that
         change the map through `apply`, in order. Same result as `apply` row by row."""
         names = cols[13]
-        if len(cols[12]) * 4 > cols[2] - cols[1] + 1:
-            # Mostly Python-recorded events (contiguous, tiered, prefix pools): stopping the C
-            # loop at each costs more than decoding the rows and writing them vectorised.
+        if mostly_python(cols):
             self.apply_rows(r for r in rows_of_columns2(cols) if after < r[0] <= upto)
             self.seq = min(upto, cols[2])
             return
@@ -1002,9 +1007,7 @@ class HistoryView:
                 got = memo.get(id(seg))
                 if got is None:
                     cols = seg.columns()
-                    if cols is None or len(cols[12]) * 4 > cols[2] - cols[1] + 1:
-                        # Row segments, and mostly Python-recorded events (contiguous, tiered,
-                        # prefix pools): rows written vectorised beat stopping the C loop at each.
+                    if cols is None or mostly_python(cols):  # row segments too: vectorised rows
                         got = ("rows", seg.rows() if cols is None else rows_of_columns2(cols))
                     else:
                         got = ("cols", cols)
