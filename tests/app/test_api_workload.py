@@ -200,3 +200,21 @@ def test_real_engine_runs_against_the_pool(client, spec):
     assert_ok_check(client)
     stats = client.get("/api/pools/default/stats").json()
     assert stats["allocation_count"] == stats.get("cache", {}).get("entries", 0)  # raw ones freed
+
+
+def test_a_scenario_past_the_pools_size_fails_with_the_cores_reason_and_no_traceback(client, caplog):
+    pytest.importorskip("workloads.live")
+    assert client.post("/api/pools", json={"name": "tiny", "num_blocks": 1, "block_bytes": 16}).status_code == 201
+    before = state_of(client, "tiny")
+    with caplog.at_level("WARNING", logger="kvscope"):
+        r = client.post("/api/pools/tiny/workload", json={"kind": "scenario", "name": "burst", "speed": 1000})
+        assert r.status_code == 202, r.text
+        deadline = time.monotonic() + 60
+        while (wl := client.get("/api/pools/tiny/workload").json()["workload"])["state"] == "running":
+            assert time.monotonic() < deadline, wl
+            time.sleep(0.02)
+    assert wl["state"] == "failed" and "more than the pool's whole capacity of 16 bytes" in wl["error"]
+    failed = [rec for rec in caplog.records if "workload on pool tiny failed" in rec.getMessage()]
+    assert failed and all(rec.exc_info is None for rec in failed)  # a refusal, not a bug
+    assert state_of(client, "tiny") == before
+    assert_ok_check(client, "tiny")
