@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from allocator.vocab import (
     FITS,
@@ -86,7 +86,19 @@ class PrefixCachingSpec(Strict):
                                  "belady needs next_use on each sequence")
 
 
-ZMQ_ENDPOINT = r"^(tcp://[^\s/]+:\d{1,5}|ipc://[^\s]+|inproc://[^\s]+)$"
+# An engine's endpoint as its --kv-events-config names it: tcp:// (another host or container) or
+# ipc:// (a Unix socket on this host). inproc:// reaches only sockets of this server's own
+# process, where no engine publishes: refused with that reason rather than followed in silence.
+ZMQ_ENDPOINT = r"^(tcp://[^\s/]+:\d{1,5}|ipc://[^\s]+)$"
+
+
+def _not_inproc(endpoint):
+    if isinstance(endpoint, str) and endpoint.startswith("inproc://"):
+        raise ValueError(f"{endpoint!r}: inproc:// reaches only sockets inside this server's process, "
+                         "where no engine publishes; give the engine's tcp:// or ipc:// endpoint")
+    return endpoint
+
+
 def _tcp_port(endpoint: str) -> str:
     """A tcp:// endpoint's port must be a real one (the pattern allows five digits)."""
     if endpoint.startswith("tcp://") and not 0 < int(endpoint.rsplit(":", 1)[1]) <= 65535:
@@ -94,8 +106,8 @@ def _tcp_port(endpoint: str) -> str:
     return endpoint
 
 
-Endpoint = Annotated[str, Field(max_length=256, pattern=ZMQ_ENDPOINT,
-                                examples=["tcp://127.0.0.1:5557"]), AfterValidator(_tcp_port)]
+Endpoint = Annotated[str, Field(max_length=256, pattern=ZMQ_ENDPOINT, examples=["tcp://127.0.0.1:5557"]),
+                     BeforeValidator(_not_inproc), AfterValidator(_tcp_port)]
 Topic = Annotated[str, Field(max_length=256)]
 # A publisher binds: over the API only TCP, so that a request cannot make the server create a
 # socket file at a path of its choosing (ipc://).

@@ -30,12 +30,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from allocator import create_pool
+from bench.quick import sized
 
 BLOCKS = 4096
 SEQ_BLOCKS = 16
 BS = 16
-ROUNDS = 7
-OPS = 2000
+ROUNDS = sized(7, 1)
+OPS = sized(2000, 100)
 TARGET = 3.0
 
 

@@ -93,6 +93,11 @@ def test_mirror_pool_follows_vllm(ipc, vllm_kv, metrics_url):
     ({"strategy": "mirror", "num_blocks": 8, "mirror": {"endpoint": "tcp://h:1"},
       "publish": {"endpoint": "ipc:///tmp/x.sock"}}, "publish"),
     ({"strategy": "mirror", "num_blocks": 8, "mirror": {"endpoint": "tcp://h:1", "extra": 1}}, "extra"),
+    ({"strategy": "mirror", "num_blocks": 8, "mirror": {"endpoint": "inproc://engine"}},
+     "inproc:// reaches only sockets inside this server's process"),
+    ({"strategy": "mirror", "num_blocks": 8, "mirror": {"endpoint": "tcp://h:1", "replay_endpoint": "inproc://r"}},
+     "give the engine's tcp:// or ipc:// endpoint"),
+    ({"strategy": "mirror", "num_blocks": 8, "mirror": {"endpoint": "ipc://"}}, "endpoint"),
 ])
 def test_bad_mirror_specs_are_422_and_change_nothing(body, where):
     with make_client() as client:
