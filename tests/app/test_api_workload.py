@@ -191,7 +191,6 @@ def test_deleting_the_pool_stops_its_workload(client, stand_in):
     {"kind": "trace", "limit": 50, "speed": 50.0},
 ])
 def test_real_engine_runs_against_the_pool(client, spec):
-    pytest.importorskip("workloads.live")
     r = client.post(WL, json=spec)
     assert r.status_code == 202, r.text
     assert {"name", "state", "done", "total"} <= set(r.json()["workload"])
