@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,7 +31,8 @@ class SequenceInfo:
     blocks: list[int]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"id": self.id, "num_tokens": self.num_tokens, "cached_tokens": self.cached_tokens,
+                "blocks": self.blocks}
 
 
 class PrefixPool(Pool):

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return int((cli_events.mirror_main if command == "mirror" else cli_events.recording_main)(rest))
     if command in ("replay", "scenario", "prefix"):
-        from workloads import cli as workloads_cli  # written separately; imported only when used
+        from workloads import cli as workloads_cli  # imported only when used
 
         run = getattr(workloads_cli, f"{command}_main")
         return int(run(rest) or 0)
