@@ -820,7 +820,7 @@ class Replayer:
         self.seq = row[0]
 
     def _apply_prefix(self, row: tuple) -> None:
-        """Prefix-cache events (contract of issues 11/13/14): `stored` places blocks with the
+        """Prefix-cache events: `stored` places blocks with the
         owners and state it carries (a mirror's; a prefix-caching pool's stored blocks are
         already its sequences'); `removed` frees the blocks it names unless `taken_by` took
         them (that event placed them); `cleared` frees its `freed_ids`, else every block named;

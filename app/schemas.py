@@ -274,7 +274,8 @@ class CheckOut(BaseModel):
 class DefragOut(BaseModel):
     moved_blocks: int
     moved_bytes: int
-    seconds: float
+    seconds: float = Field(description="the whole call")
+    copy_seconds: float = Field(description="the tensor gather + scatter alone")
     before: dict
     after: dict
 
@@ -341,6 +342,7 @@ class EntryOut(BaseModel):
     age_s: float
     idle_s: float
     hits: int
+    data_bytes: int = Field(description="bytes written into the entry's blocks with PUT .../data")
     blocks: list[list[int]] | None = None
 
 
@@ -348,11 +350,12 @@ class PutOut(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"entry": {"key": "session-1", "id": 3, "bytes": 65536, "allocated_bytes": 65536,
                    "priority": 0, "pinned": False, "ttl_s": None, "expires_in_s": None,
-                   "age_s": 0.0, "idle_s": 0.0, "hits": 0, "blocks": [[0, 16]]},
-         "evicted": ["session-0"]}]})
+                   "age_s": 0.0, "idle_s": 0.0, "hits": 0, "data_bytes": 0, "blocks": [[0, 16]]},
+         "evicted": ["session-0"], "created": True}]})
 
     entry: EntryOut
     evicted: list[str]
+    created: bool = Field(description="a new entry (REST: 201), else an existing one refreshed (200)")
 
 
 class EntryList(BaseModel):
@@ -551,7 +554,8 @@ class OpResult(BaseModel):
 
 class BatchOut(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [
-        {"results": [{"ok": True, "id": 1, "allocated_bytes": 65536},
+        {"results": [{"ok": True, "id": 1, "requested_bytes": 65536, "allocated_bytes": 65536,
+                      "blocks": [[0, 16]], "state": "used", "tier": None},
                      {"ok": False, "error": {"code": "not_found", "message": "allocation 9 not found",
                                              "details": {"kind": "allocation", "id": 9}}}]}]})
 

@@ -42,10 +42,8 @@ TARGET = 3.0
 
 def vllm_module():
     """(vllm_baseline module, None) or (None, why it is unavailable)."""
-    try:
-        from bench import vllm_baseline
-    except ImportError:
-        return None, "bench/vllm_baseline.py (issue 10's harness) is not in this tree"
+    from bench import vllm_baseline
+
     if vllm_baseline.load() is None:
         return None, vllm_baseline.why_missing
     return vllm_baseline, None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from apputil import assert_error, make_client
 from kve_metrics_http import metrics_server
 from kve_source import RefPrefixCache, to_engine
 from test_real_publishers import wait_for
@@ -12,9 +13,6 @@ from test_real_publishers import wait_for
 from allocator.mirror import MirrorPool
 from kvevents.follow import follow
 from kvevents.publisher import Publisher
-
-pytest.importorskip("fastapi")
-from apputil import assert_error, make_client  # noqa: E402
 
 METRICS = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
