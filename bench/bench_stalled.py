@@ -51,7 +51,7 @@ def start(stall_ms: int) -> tuple[subprocess.Popen, int]:
     env.pop("KVSCOPE_TOKEN", None)
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a hang guard: a loaded host takes tens of seconds to import torch
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
