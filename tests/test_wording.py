@@ -1,5 +1,6 @@
 """Code, tests and docs describe the product, not how it was built: no task numbers, no "not in
-this tree" (a feature is either here, and tested, or not mentioned)."""
+this tree" (a feature is either here, and tested, or not mentioned), and no test that skips
+itself when an import fails."""
 
 from __future__ import annotations
 
