@@ -202,8 +202,9 @@ def policy_names() -> list[str]:
     return [*SIMPLE, *SGLANG, *DYNAMO, "llmd_precise"]
 
 
-def make_policy(name: str, n: int, seed: int = 0) -> Policy:
-    """The policy called `name` for `n` replicas. Raises InvalidRequest naming the choices."""
+def make_policy(name: str, n: int, seed: int = 0, temperature: float = 0.0) -> Policy:
+    """The policy called `name` for `n` replicas (`temperature`: Dynamo's softmax temperature).
+    Raises InvalidRequest naming the choices."""
     from .dynamo import VARIANTS as DYNAMO
     from .dynamo import DynamoKv
     from .llmd import LlmdPrecise
@@ -215,7 +216,7 @@ def make_policy(name: str, n: int, seed: int = 0) -> Policy:
     if name in SGLANG:
         return CacheAware(n, seed, **SGLANG[name])
     if name in DYNAMO:
-        return DynamoKv(n, seed, **DYNAMO[name])
+        return DynamoKv(n, seed, temperature=temperature, **DYNAMO[name])
     if name == "llmd_precise":
         return LlmdPrecise(n, seed)
     raise InvalidRequest(f"unknown policy {name!r}; choose from {', '.join(policy_names())}")
