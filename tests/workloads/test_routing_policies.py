@@ -221,12 +221,24 @@ def test_llmd_prefix_scores_are_min_max_normalised_longest_prefixes():
 
 
 def test_llmd_weights_prefix_twice_kv_and_queue_once():
-    p = LlmdPrecise(3)
-    # prefix [0, 1, .5]*2, kv free [0.5, 0.1, 0.9], queue [1, 0, .5]
+    # minmax: prefix [0, 1, .5] x 2, kv free [0.5, 0.1, 0.9], queue [1, 0, .5]
+    p = LlmdPrecise(3, minmax=True)
     scores = p.scores([2, 6, 4], [0.5, 0.9, 0.1], [0, 4, 2])
     assert scores == pytest.approx([0 + 0.5 + 1.0, 2.0 + 0.1 + 0.0, 1.0 + 0.9 + 0.5])
     cluster = FakeCluster(3, matches=[2, 6, 4], usage=[0.5, 0.9, 0.1], waiting=[0, 4, 2])
     assert p.route(request([1, 2, 3, 4, 5, 6]), cluster) == 2
+    # fraction: prefix [2/8, 6/8, 4/8] x 2 -> [0.5 + 0.5 + 1, 1.5 + 0.1 + 0, 1 + 0.9 + 0.5]
+    f = make_policy("llmd_precise", 3)
+    assert f.scores([2, 6, 4], [0.5, 0.9, 0.1], [0, 4, 2], 8) == pytest.approx([2.0, 1.6, 2.4])
+    assert f.route(request(range(8)), cluster) == 2
+
+
+def test_llmd_fraction_lets_load_win_when_only_a_shared_first_block_matches():
+    # a new conversation: only pod 0 holds the shared first block of 20
+    cluster = FakeCluster(2, matches=[1, 0], waiting=[3, 0], usage=[0.2, 0.0])
+    assert make_policy("llmd_precise", 2).route(request(range(20)), cluster) == 1
+    # the scorer's own min-max rates that lone one-block match 1.0: pod 0 wins anyway
+    assert make_policy("llmd_precise_minmax", 2).route(request(range(20)), cluster) == 0
 
 
 def test_llmd_ties_go_to_a_seeded_random_replica():
@@ -244,4 +256,4 @@ def test_unknown_policy_names_the_choices():
         check_policies(["round_robin", "nope"])
     assert check_policies(["session", "session", "random"]) == ["session", "random"]
     assert {"round_robin", "sglang_cache_aware", "sglang_cache_aware_code", "dynamo_kv",
-            "dynamo_kv_approx", "llmd_precise"} <= set(policy_names())
+            "dynamo_kv_approx", "llmd_precise", "llmd_precise_minmax"} <= set(policy_names())

@@ -199,7 +199,7 @@ def policy_names() -> list[str]:
     from .dynamo import VARIANTS as DYNAMO
     from .sglang import VARIANTS as SGLANG
 
-    return [*SIMPLE, *SGLANG, *DYNAMO, "llmd_precise"]
+    return [*SIMPLE, *SGLANG, *DYNAMO, "llmd_precise", "llmd_precise_minmax"]
 
 
 def make_policy(name: str, n: int, seed: int = 0, temperature: float = 0.0) -> Policy:
@@ -217,8 +217,8 @@ def make_policy(name: str, n: int, seed: int = 0, temperature: float = 0.0) -> P
         return CacheAware(n, seed, **SGLANG[name])
     if name in DYNAMO:
         return DynamoKv(n, seed, temperature=temperature, **DYNAMO[name])
-    if name == "llmd_precise":
-        return LlmdPrecise(n, seed)
+    if name in ("llmd_precise", "llmd_precise_minmax"):
+        return LlmdPrecise(n, seed, minmax=name == "llmd_precise_minmax")
     raise InvalidRequest(f"unknown policy {name!r}; choose from {', '.join(policy_names())}")
 
 

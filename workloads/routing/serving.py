@@ -22,7 +22,7 @@ so hit ratios here sit a little below sequence mode's, which counts the partial 
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -62,13 +62,15 @@ class ServingCosts:
 
 class Replica(Simulator):
     """The simulator with notifications: `first_token[rid]` is when request rid's first
-    prefill ended; `on_prefilled(rid)` / `on_finished(rid)` are called then and at completion."""
+    prefill ended (the end of its admission group's prefill stall); `prefills` queues
+    (time, rid) of those first tokens for the router, which may still be behind them;
+    `on_finished(rid)` is called at completion."""
 
-    def __init__(self, *args, on_prefilled, on_finished, **kw) -> None:
+    def __init__(self, *args, on_finished, **kw) -> None:
         super().__init__(*args, **kw)
         self._arrivals.clear()  # requests arrive only when the router sends them
         self.first_token: dict[int, float] = {}
-        self.on_prefilled = on_prefilled
+        self.prefills: deque[tuple[float, int]] = deque()
         self.on_finished = on_finished
 
     def _admit(self) -> None:
@@ -79,7 +81,7 @@ class Replica(Simulator):
             for r in list(self.running.values())[before:]:
                 if r.rid not in first:
                     first[r.rid] = self.now
-                    self.on_prefilled(r.rid)
+                    self.prefills.append((self.now, r.rid))
 
     def _finish(self, r) -> None:
         super()._finish(r)
@@ -123,14 +125,10 @@ class ServingCluster(Cluster):
             strategy = PrefixStrategy(pool, 1, max_len, BLOCK_TOKENS, full_hashes)
             self.replicas.append(Replica(trace.to_trace(), cfg, pool=pool, strategy=strategy,
                                          capacity_tokens=blocks * BLOCK_TOKENS,
-                                         on_prefilled=self._prefilled,
                                          on_finished=self._finished))
         self.max_len = max_len
         self._matched_for = -1
         self._matches: list[int] = []
-
-    def _prefilled(self, rid: int) -> None:
-        self.policy.prefilled(rid, self.owner[rid])
 
     def _finished(self, rid: int) -> None:
         r = self.owner[rid]
@@ -140,10 +138,27 @@ class ServingCluster(Cluster):
         self.policy.finished(rid, r)
 
     def advance(self, t: float) -> None:
+        """Run every replica up to time t; first tokens produced by then reach the router
+        (`prefilled`). `waiting[r]` counts the requests at r without a first token at t, what
+        an engine reports as waiting while chunked prefill works through them."""
         self.now = t
+        policy = self.policy
         for r, sim in enumerate(self.replicas):
             sim.run_until(t)
-            self.waiting[r] = len(sim._arrivals) + len(sim.queue)
+            prefills = sim.prefills
+            while prefills and prefills[0][0] <= t:
+                _, rid = prefills.popleft()
+                self.waiting[r] -= 1
+                policy.prefilled(rid, r)
+
+    def drain(self) -> None:
+        """Run every replica to the end, telling the router each first token."""
+        for r, sim in enumerate(self.replicas):
+            sim.run()
+            while sim.prefills:
+                _, rid = sim.prefills.popleft()
+                self.waiting[r] -= 1
+                self.policy.prefilled(rid, r)
 
     def matches(self, req: RouteRequest) -> list[int]:
         if self._matched_for != req.index:
@@ -161,6 +176,7 @@ class ServingCluster(Cluster):
         sim._arrivals.append(sim.requests[req.index])
         self.owner[req.index] = r
         self.requests[r] += 1
+        self.waiting[r] += 1
         self.routed[r] += 1
         self.tokens[r] += req.tokens + req.output_tokens
         self.input_tokens[r] += req.tokens
@@ -194,8 +210,7 @@ def run_serving(trace: MooncakeTrace, n: int, capacity_tokens: int, policy: Poli
             cluster.send(req, r)
             if progress is not None and req.index % 1000 == 0:
                 progress(req.index, total)
-        for sim in cluster.replicas:
-            sim.run()
+        cluster.drain()
     served = [(cluster.replicas[r], cluster.replicas[r].requests[rid])
               for rid, r in cluster.owner.items()]
     prompts = sum(q.prompt for _, q in served)
