@@ -76,7 +76,8 @@ def chart(rows: list[dict], path: Path) -> Path:
         pts = [r for r in rows if r["policy"] == p]
         ax.scatter([r["imbalance"] for r in pts], [r["hit_ratio"] for r in pts], label=p,
                    marker=markers[k % len(markers)], s=40)
-    ax.set_xlabel("imbalance (max / mean input tokens per replica)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("imbalance (max / mean input tokens per replica, log scale)")
     ax.set_ylabel("hit ratio")
     ax.set_title("Reuse against load")
     ax.grid(alpha=0.3)
