@@ -48,7 +48,7 @@ def markdown(rows: list[dict], trace: dict, png: bool = True) -> str:
     return "\n".join([
         "# Routing report",
         "",
-        f"Trace: {trace.get('source', '?')}, {trace.get('requests', 0):,} requests. {what}",
+        f"Input: {trace.get('source', '?')}, {trace.get('requests', 0):,} requests. {what}",
         "Hit ratio: prompt tokens found cached, over prompt tokens. Imbalance: the busiest "
         "replica's input tokens over the mean. Duplicated blocks: distinct blocks cached on two "
         "or more replicas at the end.",
@@ -71,11 +71,12 @@ def chart(rows: list[dict], path: Path) -> Path:
     fig, axes = plt.subplots(1, 2 if serving else 1, figsize=(13 if serving else 7, 5))
     ax = axes[0] if serving else axes
     policies = list(dict.fromkeys(r["policy"] for r in rows))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     markers = "osD^v<>pPX*h"
     for k, p in enumerate(policies):
         pts = [r for r in rows if r["policy"] == p]
         ax.scatter([r["imbalance"] for r in pts], [r["hit_ratio"] for r in pts], label=p,
-                   marker=markers[k % len(markers)], s=40)
+                   marker=markers[k % len(markers)], s=40, color=colors[k % len(colors)])
     ax.set_xscale("log", base=2)
     ax.set_xlabel("imbalance (max / mean input tokens per replica, log scale)")
     ax.set_ylabel("hit ratio")
@@ -83,15 +84,21 @@ def chart(rows: list[dict], path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if serving:
+        # one curve per policy, all at the largest N and capacity of the sweep
+        n = max(r["replicas"] for r in serving)
+        cap = max(r["capacity_tokens"] for r in serving if r["replicas"] == n)
         cdf = axes[1]
-        for r in serving[:MAX_CDF_CURVES]:
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for r in [r for r in serving if (r["replicas"], r["capacity_tokens"]) == (n, cap)][:MAX_CDF_CURVES]:
             xs = r["ttft_cdf_s"]
             ys = [i / (len(xs) - 1) for i in range(len(xs))]
-            cdf.plot(xs, ys, label=f"{r['policy']} N={r['replicas']} C={r['capacity_tokens']:,}")
+            k = policies.index(r["policy"])
+            cdf.plot(xs, ys, label=r["policy"], color=colors[k % len(colors)],
+                     linestyle="-" if k < len(colors) else "--")
         cdf.set_xscale("symlog", linthresh=0.1)
         cdf.set_xlabel("TTFT (simulated s)")
         cdf.set_ylabel("fraction of requests")
-        cdf.set_title("TTFT CDF")
+        cdf.set_title(f"TTFT CDF, N={n}, {cap:,} tokens per replica")
         cdf.grid(alpha=0.3)
         cdf.legend(fontsize=7)
     fig.tight_layout()
