@@ -66,7 +66,11 @@ async def _drive(handle, hub, workload) -> None:
             async with handle.lock:
                 try:
                     running = bool(workload.advance(TICK_S))
-                except Exception as exc:  # a failing workload stops; the server keeps serving
+                except KVScopeError as exc:  # the pool cannot serve it (a request past its size)
+                    log.warning("workload on pool %s failed: %s", handle.name, exc)
+                    _fail(handle, hub, workload, exc)
+                    return
+                except Exception as exc:  # a bug; the workload stops, the server keeps serving
                     log.exception("workload on pool %s failed", handle.name)
                     _fail(handle, hub, workload, exc)
                     return
