@@ -124,7 +124,7 @@ def run_sequence(trace: MooncakeTrace, n: int, capacity_tokens: int, policy: Pol
             r = policy.route(req, cluster)
             hit_total += cluster.serve(req, r)
             query_total += req.tokens
-            if progress is not None and req.index % 2000 == 0:
+            if progress is not None and req.index % 256 == 0:
                 progress(req.index, total)
     mean = sum(cluster.input_tokens) / n
     return {

@@ -208,7 +208,7 @@ def run_serving(trace: MooncakeTrace, n: int, capacity_tokens: int, policy: Poli
             best = max(cluster.matches(req))
             available[req.index] = min(req.prefix_tokens(best), req.tokens - 1)
             cluster.send(req, r)
-            if progress is not None and req.index % 1000 == 0:
+            if progress is not None and req.index % 256 == 0:
                 progress(req.index, total)
         cluster.drain()
     served = [(cluster.replicas[r], cluster.replicas[r].requests[rid])
