@@ -3,8 +3,8 @@ each in a worker thread (the event loop only reads progress), stoppable.
 
 A run routes the first `limit` requests of the bundled trace through `replicas` replicas of
 `capacity_tokens` each, in sequence or serving mode (workloads/routing/), for every policy in
-turn; its view carries progress (requests routed over all policies) and one result row per
-finished policy, the same rows `kvscope route` writes. One run at a time; the last KEEP runs stay
+turn; its view carries progress (requests routed over all policies), one result row per finished
+policy (the rows `kvscope route` writes) and the latest decisions explained. One run at a time; the last KEEP runs stay
 readable.
 """
 
@@ -13,12 +13,40 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from allocator.errors import Conflict, NotFound
 
 KEEP = 8
-PROGRESS_EVERY = 256  # requests between progress updates (and stop checks)
+DECISIONS = 12  # the latest decisions a run's view explains
+
+
+class Explained:
+    """Wraps a policy and keeps its latest decisions with why: the replica chosen, the rule
+    that decided, each replica's cached leading blocks and requests in flight then."""
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+        self._decisions: deque[dict] = deque(maxlen=DECISIONS)
+        self._lock = threading.Lock()  # the event loop reads while the run's thread appends
+
+    def route(self, req, cluster) -> int:
+        r = self.policy.route(req, cluster)
+        why = {"request": req.index, "replica": r, "rule": self.policy.rule,
+               "matches": list(cluster.matches(req)), "loads": list(cluster.requests)}
+        with self._lock:
+            self._decisions.append(why)
+        return r
+
+    def decisions(self) -> list[dict]:
+        with self._lock:
+            return list(self._decisions)
+
+    def prefilled(self, index: int, replica: int) -> None:
+        self.policy.prefilled(index, replica)
+
+    def finished(self, index: int, replica: int) -> None:
+        self.policy.finished(index, replica)
 
 
 class _Stopped(Exception):
@@ -44,6 +72,7 @@ class RoutingRun:
         self.total = spec["limit"] * len(spec["policies"])
         self.current: str | None = None
         self.results: list[dict] = []
+        self.explained: Explained | None = None
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"routing:{run_id}", daemon=True)
 
@@ -69,7 +98,7 @@ class RoutingRun:
                         raise _Stopped
                     self.done = base + i
 
-                policy = make_policy(name, spec["replicas"], spec["seed"])
+                policy = self.explained = Explained(make_policy(name, spec["replicas"], spec["seed"]))
                 run = run_sequence if spec["mode"] == "sequence" else run_serving
                 figures = run(trace, spec["replicas"], spec["capacity_tokens"], policy,
                               progress=progress)
@@ -90,7 +119,8 @@ class RoutingRun:
                 "replicas": self.spec["replicas"], "capacity_tokens": self.spec["capacity_tokens"],
                 "limit": self.spec["limit"], "policies": list(self.spec["policies"]),
                 "current": self.current, "done": self.done, "total": self.total,
-                "results": list(self.results), "error": self.error}
+                "results": list(self.results), "error": self.error,
+                "decisions": self.explained.decisions() if self.explained else []}
 
 
 class RoutingRuns:

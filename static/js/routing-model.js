@@ -23,6 +23,7 @@
  * @property {string|null} current
  * @property {RoutingRow[]} results
  * @property {string|null} error
+ * @property {{request: number, replica: number, rule: string, matches: number[], loads: number[]}[]} decisions
  */
 
 const pct = (x) => `${(100 * x).toFixed(1)}%`;
@@ -77,4 +78,12 @@ export function describeRun(run) {
     failed: `failed: ${run.error || "unknown error"}`,
   }[run.state];
   return { frac, text: what, state: run.state };
+}
+
+/** The latest decisions, newest first, one line each. @param {RoutingRun} run */
+export function decisionLines(run) {
+  return (run.decisions || [])
+    .slice()
+    .reverse()
+    .map((d) => `request ${d.request} → replica ${d.replica}: ${d.rule} (cached blocks [${d.matches.join(", ")}], in flight [${d.loads.join(", ")}])`);
 }

@@ -2,7 +2,7 @@
 
 import { api } from "./api.js";
 import { escapeHtml } from "./dom.js";
-import { describeRun, resultTable, routingBody } from "./routing-model.js";
+import { decisionLines, describeRun, resultTable, routingBody } from "./routing-model.js";
 
 // Polling period while a run goes: the server updates progress every 256 requests.
 const POLL_MS = 400;
@@ -22,6 +22,7 @@ export function createRoutingView($) {
     if (!run) {
       box.hidden = true;
       table.innerHTML = "";
+      $("#routing-decisions").innerHTML = "";
       return;
     }
     const d = describeRun(run);
@@ -33,6 +34,7 @@ export function createRoutingView($) {
     table.innerHTML =
       `<thead><tr>${t.headers.map((h) => `<th>${escapeHtml(h)}</th>`).join("")}</tr></thead>` +
       `<tbody>${t.rows.map((r) => `<tr>${r.map((c) => `<td>${escapeHtml(c)}</td>`).join("")}</tr>`).join("")}</tbody>`;
+    $("#routing-decisions").innerHTML = decisionLines(run).map((l) => `<li>${escapeHtml(l)}</li>`).join("");
   }
 
   async function poll() {
@@ -85,6 +87,7 @@ export function createRoutingView($) {
 
   return {
     /** What the view shows, for the browser tests. */
-    summary: () => (run ? { id: run.id, state: run.state, done: run.done, total: run.total, table: resultTable(run), error } : { error }),
+    summary: () =>
+      run ? { id: run.id, state: run.state, done: run.done, total: run.total, table: resultTable(run), decisions: decisionLines(run), error } : { error },
   };
 }

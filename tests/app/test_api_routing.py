@@ -35,6 +35,12 @@ def test_a_run_routes_every_policy_and_reports_the_cli_rows(client):
     assert [row["policy"] for row in rows] == ["round_robin", "llmd_precise"]
     want = run_sequence(load_mooncake(limit=300), 2, 200_000, make_policy("round_robin", 2))
     assert rows[0]["hit_ratio"] == want["hit_ratio"] and rows[0]["imbalance"] == want["imbalance"]
+    # the latest decisions of the last policy, each explained
+    decisions = view["decisions"]
+    assert 0 < len(decisions) <= 12 and decisions[-1]["request"] == 299
+    for d in decisions:
+        assert d["replica"] in (0, 1) and len(d["matches"]) == len(d["loads"]) == 2
+        assert d["rule"].startswith("highest score")
 
 
 def test_one_run_at_a_time_and_stop_ends_it(client):

@@ -33,6 +33,9 @@ def test_routing_view_runs_policies_and_shows_the_rest_figures(page, api):
     assert [c[0] for c in cells] == ["round_robin", "dynamo_kv"]
     assert page.locator("#routing-results tbody tr").count() == 2
     assert "finished" in page.locator("#routing-progress span").inner_text()
+    latest = page.locator("#routing-decisions li").first.inner_text()
+    assert latest.startswith("request 299 → replica ") and "lowest cost" in latest
+    assert latest == shown["decisions"][0]
 
     # a long serving run, stopped from the page
     page.check("#f-routing input[value=llmd_precise]")

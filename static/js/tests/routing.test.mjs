@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { describeRun, resultTable, routingBody } from "../routing-model.js";
+import { decisionLines, describeRun, resultTable, routingBody } from "../routing-model.js";
 
 const row = { policy: "dynamo_kv", hit_ratio: 0.12345, imbalance: 1.0234, duplicated_blocks: 1534,
   available_hit_ratio: 0.2, ttft_p50_s: 0.5, ttft_p99_s: 4.25, throughput_rps: 3.391 };
@@ -28,4 +28,16 @@ test("progress says what runs and how far", () => {
   assert.equal(describeRun({ ...base, state: "finished", done: 600 }).text, "finished: 1 policies over 600 requests");
   assert.equal(describeRun({ ...base, state: "failed", done: 0, error: "boom" }).text, "failed: boom");
   assert.equal(describeRun({ ...base, state: "stopped", done: 10, total: 0 }).frac, 0);
+});
+
+test("decisions read newest first with the rule, the matches and the loads", () => {
+  const run = { decisions: [
+    { request: 4, replica: 1, rule: "next in turn", matches: [0, 2], loads: [3, 4] },
+    { request: 5, replica: 0, rule: "lowest cost 6.0", matches: [2, 0], loads: [3, 5] },
+  ] };
+  assert.deepEqual(decisionLines(run), [
+    "request 5 → replica 0: lowest cost 6.0 (cached blocks [2, 0], in flight [3, 5])",
+    "request 4 → replica 1: next in turn (cached blocks [0, 2], in flight [3, 4])",
+  ]);
+  assert.deepEqual(decisionLines({}), []);
 });
