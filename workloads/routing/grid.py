@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 
@@ -116,6 +118,27 @@ def _check_reachable(address: str, timeout_s: float = 3.0) -> None:
                              f"{exc.strerror or exc}") from None
 
 
+PROBE = ("import sys, ray; ray.init(address=sys.argv[1], include_dashboard=False, "
+         "log_to_driver=False, configure_logging=False); ray.shutdown()")
+
+
+def _probe_cluster(address: str, timeout_s: float = 90.0) -> None:
+    """Join the cluster once from a child process: an address that accepts connections but is
+    no Ray cluster (a proxy, another service) makes ray.init retry for tens of seconds and log
+    each retry; the child keeps that noise and leaves one line to say."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", PROBE, address], capture_output=True,
+                              text=True, timeout=timeout_s,
+                              env=dict(os.environ, RAY_BACKEND_LOG_LEVEL="error"))
+    except subprocess.TimeoutExpired:
+        raise InvalidRequest(f"cannot join the Ray cluster at {address!r}: no answer within "
+                             f"{timeout_s:.0f} s") from None
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        why = lines[-1].split(": ", 1)[-1] if lines else f"exit status {proc.returncode}"
+        raise InvalidRequest(f"cannot join the Ray cluster at {address!r}: {why}")
+
+
 def _ray_point(trace: MooncakeTrace, point: GridPoint, settings: Settings) -> dict:
     return run_point(trace, point, settings)
 
@@ -127,6 +150,7 @@ def _run_ray(trace, points, settings, address, progress) -> list[dict]:
         raise InvalidRequest("the Ray executor needs ray: pip install 'kvscope[ray]'") from None
     if address:
         _check_reachable(address)
+        _probe_cluster(address)
     started = not ray.is_initialized()
     if started:
         kw = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
