@@ -4,6 +4,8 @@ import math
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from routing_util import FakeCluster, request
 
 from allocator import InvalidRequest
@@ -257,3 +259,20 @@ def test_unknown_policy_names_the_choices():
     assert check_policies(["session", "session", "random"]) == ["session", "random"]
     assert {"round_robin", "sglang_cache_aware", "sglang_cache_aware_code", "dynamo_kv",
             "dynamo_kv_approx", "llmd_precise", "llmd_precise_minmax"} <= set(policy_names())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(1, 6),
+                          st.integers(0, 12 * 512 * CHARS_PER_TOKEN)), max_size=40))
+def test_sglang_tree_keeps_its_invariants_and_evicts_down_to_the_limit(ops):
+    """Random inserts of prefix-consistent prompts (ids name whole prefixes) for random workers,
+    each followed by an eviction to a random limit: the tree stays consistent and no worker
+    keeps more than the limit."""
+    tree = ApproxTree(3)
+    for worker, root, depth, limit in ops:
+        blocks = [root * 100 + k for k in range(depth)]  # id = (root, position): a chain per root
+        tree.insert(request(blocks, tokens=512 * depth - 7), worker)
+        assert tree.check() == []
+        tree.evict(limit)
+        assert tree.check() == []
+        assert all(size <= limit for size in tree.sizes)
