@@ -56,20 +56,25 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"recording data may not name {module}.{name}")
 
 
-def safe_loads(blob: bytes, bounded: bool = False):
+def safe_loads(blob: bytes, bounded: bool = False, refs: bool = True):
     """`pickle.loads` restricted to what the history writes. `bounded` (bytes from a file):
-    `check_pickle` first, so no size the pickle declares is allocated before it is seen to
-    fit. Raises pickle.UnpicklingError."""
+    `check_pickle(blob, refs)` first, so no size the pickle declares is allocated before it is
+    seen to fit. Raises pickle.UnpicklingError."""
     if bounded:
-        check_pickle(blob)
+        check_pickle(blob, refs)
     return _PlainUnpickler(io.BytesIO(blob)).load()
 
 
-def check_pickle(blob) -> None:
+_MEMO_GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
+
+
+def check_pickle(blob, refs: bool = True) -> None:
     """Raises pickle.UnpicklingError unless `blob` is bytes whose every opcode is whole: each
     frame, bytes and string it declares fits in what is left of it. The C unpickler allocates
     a declared size before reading it (a 2^50-byte BINBYTES8 is a MemoryError, a 2^63-byte
-    frame an OverflowError); this walk allocates at most the blob's own size. ~1 us an opcode."""
+    frame an OverflowError); this walk allocates at most the blob's own size. ~1 us an opcode.
+    `refs` False: no object may be used twice (segments are written without a memo; a list
+    of lists each holding the one before twice is 2^depth elements to whoever walks it)."""
     if blob.__class__ is not bytes:
         raise pickle.UnpicklingError(f"recording data is {type(blob).__name__}, not bytes")
     f = io.BytesIO(blob)
@@ -78,6 +83,9 @@ def check_pickle(blob) -> None:
             if op.name == "FRAME" and arg > len(blob) - f.tell():
                 raise pickle.UnpicklingError(f"a pickle frame of {arg} bytes at offset {pos} "
                                              f"runs past the data's {len(blob)} bytes")
+            if not refs and op.name in _MEMO_GETS:
+                raise pickle.UnpicklingError(f"recorded events refer back to an object (offset {pos}); "
+                                             "events are written with no shared objects")
     except (ValueError, OverflowError) as exc:  # pickletools: a length past the end, a bad opcode
         raise pickle.UnpicklingError(f"recording data is not a whole pickle: {exc}") from None
 
@@ -310,7 +318,7 @@ class Segment:
         in another form. Raises pickle.UnpicklingError for a file's inconsistent columns."""
         cols = self._cols
         if cols is None:
-            data = safe_loads(self._blob, self._untrusted)
+            data = safe_loads(self._blob, self._untrusted, refs=False)
             if not (data.__class__ is tuple and data and data[0] == COLUMNS2):
                 return None
             if len(data) == 16 and data[12].__class__ in (bytes, list):
@@ -328,7 +336,7 @@ class Segment:
         cols = self.columns()
         if cols is not None:
             return rows_of_columns2(cols)
-        data = safe_loads(self._blob, self._untrusted)
+        data = safe_loads(self._blob, self._untrusted, refs=False)
         self._untrusted = False  # walked whole once: later loads of the same bytes are safe
         if data.__class__ is tuple and data and data[0] == COLUMNS:
             return rows_of_columns(data)
@@ -371,7 +379,7 @@ def _objs_loaded(cols: tuple, bounded: bool = False) -> tuple:
     """Columns with the Python-recorded values as a list (they are kept pickled)."""
     objs = cols[12]
     if objs.__class__ is bytes:
-        return cols[:12] + (safe_loads(objs, bounded) if objs else [],) + cols[13:]
+        return cols[:12] + (safe_loads(objs, bounded, refs=False) if objs else [],) + cols[13:]
     return cols
 
 

@@ -245,6 +245,11 @@ class Pool(ABC):
         for nbytes in sizes:
             if nbytes.__class__ is not int or nbytes <= 0:
                 self._bad_size(nbytes)
+            if nbytes > self.capacity_bytes:
+                # ExceedsCapacity part-way would escape the OOM rollback below: a batch holding a
+                # request past the whole pool is an OOM refused up front, as a paged pool's is.
+                free = self.capacity_bytes - self.allocated_total
+                raise self._oom(sum(sizes), free, self.largest_free_bytes(), "capacity", one_request=False)
         mark = (self._last_id, self._frees, self.events.last_seq, self._cursor())
         ids: list[int] = []
         try:

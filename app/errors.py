@@ -167,8 +167,8 @@ class InternalErrorMiddleware:
     outermost ServerErrorMiddleware, which re-raises after answering so the server sees the
     error, and uvicorn then closes the keep-alive connection under the client (the client's
     next request on it fails with a connection reset). Here the exception ends with the answer.
-    An exception after the answer started cannot be answered: it propagates, and uvicorn
-    closes the connection, the only way left to tell the client its body is cut short.
+    An exception after the answer started cannot be answered: it propagates, and uvicorn logs
+    it and closes the connection, the only way left to tell the client its body is cut short.
     """
 
     def __init__(self, app) -> None:
@@ -189,9 +189,9 @@ class InternalErrorMiddleware:
         try:
             await self.app(scope, receive, watch)
         except Exception:
-            log.exception("unhandled error on %s %s", scope["method"], scope.get("path", ""))
             if started:
-                raise
+                raise  # uvicorn logs it (once, however many of these it crosses)
+            log.exception("unhandled error on %s %s", scope["method"], scope.get("path", ""))
             await send({"type": "http.response.start", "status": 500,
                         "headers": [(b"content-type", b"application/json"),
                                     (b"content-length", str(len(INTERNAL_BODY)).encode())]})

@@ -137,7 +137,7 @@ def allocation_result(pool: Pool, aid: int) -> dict:
 
 def extend_result(pool: Pool, aid: int, moved: bool) -> dict:
     """What `extend` answers: the allocation as `allocate` does, plus `moved`."""
-    out = pool.allocation(aid).to_dict()
+    out = allocation_result(pool, aid)
     out["moved"] = moved
     return out
 

@@ -82,7 +82,8 @@ async def _drive(handle, hub, workload) -> None:
             if running and now - last_event >= EVENT_EVERY_S:
                 _record(handle, progress)
                 last_event = now
-            await asyncio.sleep(max(0.0, TICK_S - (loop.time() - started)))
+            if running:  # a finished workload's task ends now: a stop cannot land after "finished"
+                await asyncio.sleep(max(0.0, TICK_S - (loop.time() - started)))
     except asyncio.CancelledError:
         workload.stop()  # frees what it holds and logs "stopped"; no await: nothing interleaves
         progress = {**workload.progress(), "state": "stopped"}

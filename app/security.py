@@ -21,7 +21,7 @@ present or future, gets it without naming it:
    its Origin, if any, passed rule 2, and `Sec-Fetch-Site` is absent, `same-origin` or `none`
    (a user's own navigation). A browser sends such a bodiless POST cross-site only with the
    page's Origin (refused by rule 2) and, in every current browser, `Sec-Fetch-Site:
-   cross-site` or `same-site` (refused here with 415, as before).
+   cross-site` or `same-site` (refused here with 415).
    (Checked after the token, so an unauthenticated caller learns nothing about routes.)
 4. The token (app/auth.py) on every path but the public ones; websockets get close 4401/4403.
 5. Security headers on every HTTP answer: a CSP without inline scripts or styles,

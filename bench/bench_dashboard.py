@@ -84,7 +84,7 @@ def _start_server() -> tuple[subprocess.Popen, str]:
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 40
+    deadline = time.monotonic() + 120  # a hang guard: a loaded host takes tens of seconds to import torch
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")

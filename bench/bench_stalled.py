@@ -32,6 +32,7 @@ BLOCKS = sized(1 << 20, 1 << 16)
 CHURN_S = sized(6.0, 0.5)
 STALL_MS = sized(2000, 200)
 AFTER_S = sized(3.0, 0.5)  # waited past the stall limit before RSS is read again
+ALLOC_BLOCKS = sized(512, 32)  # per allocation: 1,000 of them take about half the pool
 
 
 def rss_mb(pid: int) -> float:
@@ -50,7 +51,7 @@ def start(stall_ms: int) -> tuple[subprocess.Popen, int]:
     env.pop("KVSCOPE_TOKEN", None)
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a hang guard: a loaded host takes tens of seconds to import torch
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
@@ -89,7 +90,7 @@ def churn(c: httpx.Client, seconds: float) -> None:
     """Allocate and free across the whole map, so every tick has deltas for every client."""
     stop = time.perf_counter() + seconds
     while time.perf_counter() < stop:
-        res = c.post("/api/pools/big/ops", json={"ops": [{"op": "allocate", "bytes": 16 * 512}] * 1000}).json()
+        res = c.post("/api/pools/big/ops", json={"ops": [{"op": "allocate", "bytes": 16 * ALLOC_BLOCKS}] * 1000}).json()
         c.post("/api/pools/big/ops", json={"ops": [{"op": "free", "id": r["id"]} for r in res["results"] if r["ok"]]})
 
 

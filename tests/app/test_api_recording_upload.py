@@ -291,6 +291,15 @@ def pickle_claiming(opcode: bytes, size: int) -> bytes:
     return b"\x80\x05" + opcode + struct.pack("<Q", size) + b"abc."
 
 
+def shared_lists(depth: int) -> list:
+    """A list of two references to a list of two references ... `depth` deep: a 400-byte
+    pickle that is 2^depth elements to whoever walks it (as encoding an event to JSON does)."""
+    out: list = []
+    for _ in range(depth):
+        out = [out, out]
+    return out
+
+
 GEOMETRY = {"strategy": "contiguous", "num_blocks": 64, "block_bytes": 128, "scatter_fails": True, "fit": "first"}
 
 
@@ -315,6 +324,9 @@ GEOMETRY = {"strategy": "contiguous", "num_blocks": 64, "block_bytes": 128, "sca
      (pickle_claiming(b"\x8e", 2**50),), "contiguous", "expected 1125899906842624 bytes"),
     ("a segment of a 2^40-byte BINUNICODE8", "UPDATE segments SET blob = ?",
      (pickle_claiming(b"\x8d", 2**40),), "contiguous", "expected 1099511627776 bytes"),
+    ("a segment of an event holding 2^64 shared lists", "UPDATE segments SET blob = ?",
+     (pickle.dumps([(1, 0.5, "policy", "lru", shared_lists(64))], 5),), "contiguous",
+     "refer back to an object"),
     ("a keyframe's figures of the wrong shape", "UPDATE keyframes SET scalars = ?",
      (pickle.dumps((1, 2, "three", 4, ())),), "contiguous", "figures are not"),
     ("a geometry without scatter_fails", "UPDATE meta SET value = ? WHERE key = 'geometry'",
@@ -413,7 +425,10 @@ def test_randomly_mutated_recordings_are_422_or_served_never_a_500(c, srv, tmp_p
         served += 1
         pool, name = r.json()["name"], r.json()["recording"]
         last = c.get(f"/api/pools/{pool}/history").json()["last_seq"]
-        for path, params in [(f"/api/pools/{pool}", {}), (f"/api/pools/{pool}/stats", {}),
+        for path, params in [(f"/api/pools/{pool}", {}), (f"/api/pools/{pool}/stats", {}), ("/api/pools", {}),
+                             ("/api/recordings", {}), (f"/api/pools/{pool}/events", {}),
+                             (f"/api/pools/{pool}/export", {"format": "csv"}),
+                             (f"/api/pools/{pool}/export", {"format": "memory_viz"}),
                              (f"/api/pools/{pool}/history/events", {"limit": 100}),
                              (f"/api/pools/{pool}/history/series", {}),
                              (f"/api/pools/{pool}/stats", {"at_seq": max(1, last - 3)}),

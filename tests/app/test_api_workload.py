@@ -217,7 +217,6 @@ def test_real_engine_runs_against_the_pool(client, spec):
 
 
 def test_a_scenario_past_the_pools_size_fails_with_the_cores_reason_and_no_traceback(client, caplog):
-    pytest.importorskip("workloads.live")
     assert client.post("/api/pools", json={"name": "tiny", "num_blocks": 1, "block_bytes": 16}).status_code == 201
     before = state_of(client, "tiny")
     with caplog.at_level("WARNING", logger="kvscope"):
