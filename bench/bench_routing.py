@@ -8,7 +8,7 @@ local process pool, with the CPU seconds per policy measured in this process too
 serving point (dynamo_kv, N=4, 1M tokens per replica). Prints each time as a ratio to the
 baseline and against its aim.
 
-    .venv/bin/python -m bench routing
+    .venv/bin/python -m bench routing          (python -m bench --quick routing: a smoke test)
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 import resource
 import time
 
+from bench.quick import sized
 from workloads.mooncake import load_mooncake
 from workloads.routing import make_policy, run_sequence
 from workloads.routing.cli import DEFAULT_POLICIES
@@ -25,12 +26,13 @@ from workloads.routing.serving import run_serving
 
 GRID_AIM_S = 60.0
 SERVING_AIM_S = 30.0
-REPLICAS = [2, 4, 8]
-CAPACITIES = [250_000, 500_000, 1_000_000, 2_000_000]
+REPLICAS = sized([2, 4, 8], [2])
+CAPACITIES = sized([250_000, 500_000, 1_000_000, 2_000_000], [250_000])
+REQUESTS = sized(None, 300)  # a quick run (`python -m bench --quick`) routes the first 300
 
 
 def run() -> dict:
-    trace = load_mooncake()
+    trace = load_mooncake(limit=REQUESTS)
     t0 = time.perf_counter()
     run_sequence(trace, 1, 1_000_000, make_policy("round_robin", 1))
     base = time.perf_counter() - t0
