@@ -93,7 +93,7 @@ def serve(argv: list[str], opening: bool = False) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,mirror,recording} [options]\n"
+    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,route,mirror,recording} [options]\n"
              "  serve      run the server: dashboard, REST API, stream, metrics (kvscope serve -h)\n"
              "  open       serve pool history recordings (.kvrec) read-only, scrubbable in the dashboard (kvscope open -h)\n"
              "  record     run a scenario or trace headless on one pool, recording it to a .kvrec (kvscope record -h)\n"
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
              "  scenario   run a fragmentation / chat / burst / prefix-chat scenario (kvscope scenario -h)\n"
              "  prefix     prefix-cache hit ratio vs capacity per policy on a Mooncake trace (kvscope prefix -h);\n"
              "             with --publish ENDPOINT, the trace as a live KV-event source (kvscope prefix --publish E -h)\n"
+             "  route      routing policies over N replicas: hit ratio vs load vs TTFT (kvscope route -h)\n"
              "  mirror     the dashboard on a live vLLM/SGLang engine's prefix cache (kvscope mirror -h)\n"
              "  recording  summarise or play back a mirror's KV-event recording, .kvevents (kvscope recording -h)")
     if not argv or argv[0] in ("-h", "--help"):
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import cli_events
 
         return int((cli_events.mirror_main if command == "mirror" else cli_events.recording_main)(rest))
-    if command in ("replay", "scenario", "prefix"):
+    if command in ("replay", "scenario", "prefix", "route"):
         from workloads import cli as workloads_cli  # imported only when used
 
         run = getattr(workloads_cli, f"{command}_main")

@@ -32,16 +32,18 @@ from .routes import (
     pools,
     prefix,
     recordings,
+    routing,
     sequences,
     stream,
     workload,
 )
+from .routing_jobs import RoutingRuns
 from .security import SecurityMiddleware
 from .settings import Settings, get_settings
 from .stream import Hub
 
 API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router, meta.router,
-               sequences.router, history.router, recordings.router, prefix.router)
+               sequences.router, history.router, recordings.router, prefix.router, routing.router)
 
 
 def default_pool_spec(settings: Settings) -> dict:
@@ -72,6 +74,7 @@ async def lifespan(app: FastAPI):
     app.state.housekeeper.start()
     yield
     app.state.recordings.stop_all()
+    app.state.routing_runs.stop_all()
     await app.state.housekeeper.stop()
     for handle in registry:
         await hub.detach(handle, reason="server shutting down")
@@ -94,6 +97,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.hub = Hub(settings.stream_interval_s, app.state.instance, settings)
     app.state.recordings = Recordings(settings.recordings_dir, app.state.registry)
     app.state.housekeeper = Housekeeper(app.state.registry)
+    app.state.routing_runs = RoutingRuns()
     app.state.metrics = Metrics(app.state.registry)
     install_error_handlers(app)
     for router in API_ROUTERS:

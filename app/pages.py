@@ -14,9 +14,14 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from workloads.routing import policy_names
+
 from . import __version__
 from .errors import ApiError
 from .stream import META, PROTOCOL_VERSION
+
+# The policies the Routing view ticks at first: a baseline and the three engines' routers.
+ROUTING_DEFAULTS = ("round_robin", "sglang_cache_aware", "dynamo_kv", "llmd_precise")
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES_DIR = ROOT / "templates"
@@ -39,6 +44,8 @@ async def index(request: Request) -> HTMLResponse:
         "token_required": bool(request.app.state.settings.token),
         "version": __version__,
         "meta": META,
+        "routing_policies": policy_names(),
+        "routing_defaults": ROUTING_DEFAULTS,
     })
 
 

@@ -632,3 +632,50 @@ class PrefixCurveOut(BaseModel):
     max_hit_ratio: float = Field(ge=0, le=1, description="hit ratio with infinite capacity")
     attribution: str = ""
     curve: list[CurvePoint]
+
+
+# -- routing lab ---------------------------------------------------------------------------------
+def _routing_policies() -> tuple[str, ...]:
+    from workloads.routing import policy_names
+
+    return tuple(policy_names())
+
+
+RoutingPolicy = Literal[_routing_policies()]
+ROUTING_RUN_ID_PATTERN = r"^r[0-9]{1,12}$"
+
+
+class RoutingIn(Strict):
+    """Start a routing run (`action` start: the other fields) or stop one (`action` stop, `id`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"action": "start", "policies": ["round_robin", "sglang_cache_aware", "dynamo_kv",
+                                         "llmd_precise"], "replicas": 4,
+         "capacity_tokens": 1000000, "limit": 2000, "mode": "sequence"},
+        {"action": "stop", "id": "r1"}]})
+
+    action: Literal["start", "stop"] = "start"
+    id: Annotated[str, Field(pattern=ROUTING_RUN_ID_PATTERN)] | None = None
+    policies: Annotated[list[RoutingPolicy], Field(min_length=1, max_length=16)] = [
+        "round_robin", "sglang_cache_aware", "dynamo_kv", "llmd_precise"]
+    replicas: Annotated[int, Field(ge=1, le=64)] = 4
+    capacity_tokens: Annotated[int, Field(ge=512, le=1 << 34)] = 1_000_000
+    limit: Annotated[int, Field(gt=0, le=MAX_TRACE_LIMIT)] = 2000
+    mode: Literal["sequence", "serving"] = "sequence"
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
+
+    @model_validator(mode="after")
+    def _stop_names_a_run(self) -> RoutingIn:
+        if self.action == "stop" and self.id is None:
+            raise ValueError("stopping needs the run's 'id'")
+        return self
+
+
+class RoutingOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"routing": {"id": "r1", "state": "running", "mode": "sequence", "replicas": 4,
+                     "capacity_tokens": 1000000, "limit": 2000, "policies": ["round_robin"],
+                     "current": "round_robin", "done": 512, "total": 2000, "results": [],
+                     "error": None}}]})
+
+    routing: dict

@@ -1,4 +1,4 @@
-"""Command line: `kvscope replay`, `kvscope scenario`, `kvscope policy-study`, `kvscope prefix`.
+"""Command line: `kvscope replay`, `scenario`, `policy-study`, `prefix`, `route`.
 
 The server's `app/cli.py` delegates to `replay_main(argv)` and `scenario_main(argv)`; they are
 also reachable as `python -m workloads replay|scenario|policy-study|prefix ...`. Each returns an exit
@@ -343,8 +343,14 @@ def prefix_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def route_main(argv: list[str] | None = None) -> int:
+    from .routing.cli import route_main as main
+
+    return main(argv)
+
+
 COMMANDS = {"replay": replay_main, "scenario": scenario_main, "policy-study": policy_main,
-            "prefix": prefix_main}
+            "prefix": prefix_main, "route": route_main}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
              "  scenario      run a fragmentation / chat / burst / prefix-chat scenario on a fresh pool\n"
              "  policy-study  hit rate of each cache eviction policy next to Belady's MIN\n"
              "  prefix        prefix-cache hit ratio vs capacity per policy on a Mooncake trace\n"
+             "  route         routing policies over N replicas: hit ratio vs load vs TTFT\n"
              "(python -m workloads COMMAND -h for a command's options)")
     if argv and argv[0] in ("-h", "--help"):
         print(usage)

@@ -13,6 +13,7 @@ import { createHeatmap } from "./heatmap.js";
 import { PoolModel, formatBytes } from "./model.js";
 import { FOREST_REFRESH_MS, describeMirror, mirrorAlerts } from "./mirror.js";
 import { PANEL_REFRESH_MS, numbersHtml, renderAlerts, renderLog, selectedTypes } from "./panels.js";
+import { createRoutingView } from "./routing.js";
 import { SERIES_POINTS, createSeriesLoader, isRecording, seriesRange } from "./series.js";
 import { createTimeline } from "./timeline.js";
 
@@ -315,6 +316,7 @@ function showView(view) {
   document.querySelectorAll("[data-view]").forEach((b) => b.classList.toggle("on", /** @type {HTMLElement} */ (b).dataset.view === view));
   $("#view-dashboard").hidden = view !== "dashboard";
   $("#view-compare").hidden = view !== "compare";
+  $("#view-routing").hidden = view !== "routing";
   $("#alerts").hidden = view !== "dashboard"; // they are about the dashboard's pool, not the compared ones
   if (view === "compare") compare.show();
   if (window.location.hash !== `#${view}`) window.history.replaceState(null, "", view === "dashboard" ? window.location.pathname + window.location.search : `#${view}`);
@@ -323,7 +325,8 @@ document.querySelectorAll("[data-view]").forEach((b) => b.addEventListener("clic
 
 if (poolName) refreshPools(poolName);
 else showFirstPool();
-showView(window.location.hash === "#compare" ? "compare" : "dashboard");
+const routing = createRoutingView($);
+showView({ "#compare": "compare", "#routing": "routing" }[window.location.hash] || "dashboard");
 
 /**
  * Read-only debug hook for the browser tests and the benchmark. Nothing here changes state.
@@ -356,6 +359,8 @@ Object.defineProperty(window, "kvscope", {
     lastFrame: () => model.lastFrame,
     compare: () => compare.summary(),
     prefixCurve: () => curve.summary(),
+    /** The Routing view: {id, state, done, total, table: {headers, rows}, error} of its run. */
+    routing: () => routing.summary(),
     version: page.version,
   }),
 });

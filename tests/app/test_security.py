@@ -158,6 +158,7 @@ def test_head_works_on_every_get_route(client):
     client.put("/api/pools/default/entries/a", json={"bytes": 1})
     client.post("/api/pools/default/allocations", json={"bytes": 1})
     client.post("/api/pools/default/workload", json={"kind": "scenario", "name": "burst"})
+    assert client.post("/api/routing", json={"limit": 10, "policies": ["session"]}).status_code == 202  # r1
     for method, template in every_route(client.app):
         if method != "GET":
             continue

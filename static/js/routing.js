@@ -1,0 +1,93 @@
+// Routing view: start a routing lab run (POST /api/routing), poll its progress, show its rows.
+
+import { api } from "./api.js";
+import { escapeHtml } from "./dom.js";
+import { decisionLines, describeRun, resultTable, routingBody } from "./routing-model.js";
+
+// Polling period while a run goes: the server updates progress every 256 requests.
+const POLL_MS = 400;
+
+/** @param {(sel: string) => HTMLElement} $ */
+export function createRoutingView($) {
+  const form = /** @type {HTMLFormElement} */ ($("#f-routing"));
+  const status = $("#routing-status");
+  /** @type {import("./routing-model.js").RoutingRun|null} */
+  let run = null;
+  let timer = 0;
+  let error = "";
+
+  function render() {
+    const box = $("#routing-progress");
+    const table = $("#routing-results");
+    if (!run) {
+      box.hidden = true;
+      table.innerHTML = "";
+      $("#routing-decisions").innerHTML = "";
+      return;
+    }
+    const d = describeRun(run);
+    box.hidden = false;
+    box.dataset.state = d.state;
+    /** @type {HTMLElement} */ (box.querySelector("i")).style.width = `${(100 * d.frac).toFixed(1)}%`;
+    /** @type {HTMLElement} */ (box.querySelector("span")).textContent = d.text;
+    const t = resultTable(run);
+    table.innerHTML =
+      `<thead><tr>${t.headers.map((h) => `<th>${escapeHtml(h)}</th>`).join("")}</tr></thead>` +
+      `<tbody>${t.rows.map((r) => `<tr>${r.map((c) => `<td>${escapeHtml(c)}</td>`).join("")}</tr>`).join("")}</tbody>`;
+    $("#routing-decisions").innerHTML = decisionLines(run).map((l) => `<li>${escapeHtml(l)}</li>`).join("");
+  }
+
+  async function poll() {
+    timer = 0;
+    if (!run) return;
+    try {
+      run = (await api("GET", `/api/routing/${encodeURIComponent(run.id)}`)).routing;
+    } catch (e) {
+      error = String(/** @type {Error} */ (e).message || e);
+    }
+    render();
+    if (run && run.state === "running") timer = window.setTimeout(poll, POLL_MS);
+  }
+
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const policies = Array.from(form.querySelectorAll("input[name=policy]:checked")).map((el) => /** @type {HTMLInputElement} */ (el).value);
+    const body = routingBody({
+      policies,
+      replicas: form.replicas.value,
+      capacity: form.capacity.value,
+      limit: form.limit.value,
+      mode: form.mode.value,
+    });
+    try {
+      run = (await api("POST", "/api/routing", body)).routing;
+      error = "";
+      status.textContent = `run ${run.id} started`;
+    } catch (e) {
+      error = String(/** @type {Error} */ (e).message || e);
+      status.textContent = error;
+      return;
+    }
+    render();
+    if (timer) window.clearTimeout(timer);
+    timer = window.setTimeout(poll, POLL_MS);
+  });
+
+  $("#b-routing-stop").addEventListener("click", async () => {
+    if (!run) return;
+    try {
+      run = (await api("POST", "/api/routing", { action: "stop", id: run.id })).routing;
+      status.textContent = `run ${run.id} stopping`;
+    } catch (e) {
+      error = String(/** @type {Error} */ (e).message || e);
+      status.textContent = error;
+    }
+    render();
+  });
+
+  return {
+    /** What the view shows, for the browser tests. */
+    summary: () =>
+      run ? { id: run.id, state: run.state, done: run.done, total: run.total, table: resultTable(run), decisions: decisionLines(run), error } : { error },
+  };
+}

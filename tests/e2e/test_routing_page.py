@@ -1,0 +1,50 @@
+"""The Routing view: a run started from the page routes the trace behind the ticked policies,
+shows its progress and the same figures as the REST API; Stop ends a run."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def test_routing_view_runs_policies_and_shows_the_rest_figures(page, api):
+    page.goto("/#routing")
+    page.wait_for_function("window.kvscope && window.kvscope.routing", timeout=30_000)
+    assert page.is_visible("#f-routing") and not page.is_visible("#view-dashboard")
+    # the defaults tick a baseline and the three engines' routers; keep two of them
+    ticked = page.eval_on_selector_all("#f-routing input[name=policy]:checked", "els => els.map(e => e.value)")
+    assert ticked == ["round_robin", "sglang_cache_aware", "dynamo_kv", "llmd_precise"]
+    page.uncheck("#f-routing input[value=sglang_cache_aware]")
+    page.uncheck("#f-routing input[value=llmd_precise]")
+    page.fill("#f-routing [name=replicas]", "2")
+    page.fill("#f-routing [name=capacity]", "200,000")
+    page.fill("#f-routing [name=limit]", "300")
+    page.click("#f-routing button[type=submit]")
+    page.wait_for_function("(() => { const r = window.kvscope.routing(); return r.state === 'finished'; })()",
+                           timeout=60_000)
+    shown = page.evaluate("window.kvscope.routing()")
+    run = api.get(f"/api/routing/{shown['id']}").json()["routing"]
+    assert run["replicas"] == 2 and run["capacity_tokens"] == 200_000 and run["limit"] == 300
+    assert shown["table"]["headers"][:3] == ["Policy", "Hit ratio", "Imbalance"]
+    cells = [row[:3] for row in shown["table"]["rows"]]
+    assert cells == [[r["policy"], f"{100 * r['hit_ratio']:.1f}%", f"{r['imbalance']:.2f}"]
+                     for r in run["results"]]
+    assert [c[0] for c in cells] == ["round_robin", "dynamo_kv"]
+    assert page.locator("#routing-results tbody tr").count() == 2
+    assert "finished" in page.locator("#routing-progress span").inner_text()
+    latest = page.locator("#routing-decisions li").first.inner_text()
+    assert latest.startswith("request 299 → replica ") and "lowest cost" in latest
+    assert latest == shown["decisions"][0]
+
+    # a long serving run, stopped from the page
+    page.check("#f-routing input[value=llmd_precise]")
+    page.fill("#f-routing [name=limit]", "12031")
+    page.select_option("#f-routing [name=mode]", "serving")
+    page.click("#f-routing button[type=submit]")
+    page.wait_for_function("window.kvscope.routing().state === 'running' && window.kvscope.routing().done > 0",
+                           timeout=60_000)
+    page.click("#b-routing-stop")
+    page.wait_for_function("window.kvscope.routing().state === 'stopped'", timeout=60_000)
+    assert "stopped" in page.locator("#routing-progress span").inner_text()
+    assert page.console_log.errors == []

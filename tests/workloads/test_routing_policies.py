@@ -1,0 +1,278 @@
+"""Each routing policy against cases computed by hand from its source's rules."""
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from routing_util import FakeCluster, request
+
+from allocator import InvalidRequest
+from workloads.routing import check_policies, make_policy, policy_names
+from workloads.routing.dynamo import DynamoKv
+from workloads.routing.llmd import LlmdPrecise, prefix_scores, queue_scores
+from workloads.routing.policies import softmax_pick
+from workloads.routing.sglang import CHARS_PER_TOKEN, VARIANTS, ApproxTree, CacheAware
+
+
+def test_round_robin_sends_request_i_to_replica_i_mod_n():
+    p = make_policy("round_robin", 3)
+    assert [p.route(request([1], index=i), FakeCluster(3)) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_random_is_reproducible_from_its_seed_and_reaches_every_replica():
+    picks = [make_policy("random", 4, seed=7).route(request([1], index=i), FakeCluster(4))
+             for i in range(1)]
+    a = make_policy("random", 4, seed=7)
+    b = make_policy("random", 4, seed=7)
+    seq_a = [a.route(request([1], index=i), FakeCluster(4)) for i in range(200)]
+    seq_b = [b.route(request([1], index=i), FakeCluster(4)) for i in range(200)]
+    assert seq_a == seq_b and seq_a[0] == picks[0]
+    assert set(seq_a) == {0, 1, 2, 3}
+    c = make_policy("random", 4, seed=8)
+    assert [c.route(request([1], index=i), FakeCluster(4)) for i in range(200)] != seq_a
+
+
+def test_least_loaded_takes_fewest_outstanding_tokens_lowest_index_on_ties():
+    p = make_policy("least_loaded", 4)
+    assert p.route(request([1]), FakeCluster(4, tokens=[9, 3, 3, 5])) == 1
+    assert p.route(request([1]), FakeCluster(4, tokens=[9, 8, 7, 6])) == 3
+
+
+def test_power_of_two_takes_the_lighter_of_two_drawn_first_on_ties():
+    loads = [5, 1, 1, 9]
+    p = make_policy("power_of_two", 4, seed=3)
+    rng = random.Random(3)
+    for i in range(50):
+        a, b = rng.sample(range(4), 2)
+        want = a if loads[a] <= loads[b] else b
+        assert p.route(request([1], index=i), FakeCluster(4, requests=loads)) == want
+
+
+def test_session_is_a_consistent_hash_of_the_first_block():
+    p4, p5 = make_policy("session", 4), make_policy("session", 5)
+    first = {b: p4.route(request([b, 99]), FakeCluster(4)) for b in range(400)}
+    assert all(p4.route(request([b, 7, 8]), FakeCluster(4)) == r for b, r in first.items())
+    assert set(first.values()) == {0, 1, 2, 3}
+    moved = [b for b, r in first.items() if p5.route(request([b]), FakeCluster(5)) != r]
+    # only keys the new replica wins move, about a fifth of them
+    assert all(p5.route(request([b]), FakeCluster(5)) == 4 for b in moved)
+    assert 40 < len(moved) < 130
+
+
+def test_longest_prefix_ties_go_to_fewest_routed_then_lowest_index():
+    p = make_policy("longest_prefix", 4)
+    assert p.route(request([1, 2, 3]), FakeCluster(4, matches=[1, 3, 2, 3], routed=[0, 5, 0, 4])) == 3
+    assert p.route(request([1, 2, 3]), FakeCluster(4, matches=[2, 2, 0, 2], routed=[3, 1, 0, 1])) == 1
+    assert p.route(request([1, 2, 3]), FakeCluster(4, matches=[0, 0, 0, 0], routed=[2, 2, 2, 2])) == 0
+
+
+# -- SGLang cache_aware ----------------------------------------------------------------------
+def _sglang(name="sglang_cache_aware", n=2):
+    return make_policy(name, n)
+
+
+@pytest.mark.parametrize("name,loads,imbalanced", [
+    # documented defaults: abs 64, rel 1.5; both must hold, strictly
+    ("sglang_cache_aware", [128, 64], False),   # diff 64 is not > 64
+    ("sglang_cache_aware", [129, 64], True),    # diff 65 > 64 and 129 > 96
+    ("sglang_cache_aware", [201, 134], False),  # diff 67 > 64 but 201 is not > 134 * 1.5 = 201
+    ("sglang_cache_aware", [202, 134], True),
+    ("sglang_cache_aware", [64, 0], False),     # diff 64 is not > 64 (0 * 1.5 = 0 holds)
+    ("sglang_cache_aware", [65, 0], True),
+    # code defaults: abs 32, rel 1.1
+    ("sglang_cache_aware_code", [352, 320], False),  # diff 32 is not > 32
+    ("sglang_cache_aware_code", [353, 320], True),   # 33 > 32 and 353 > 352
+    ("sglang_cache_aware_code", [363, 330], False),  # 33 > 32 but 363 is not > 330 * 1.1 = 363
+    ("sglang_cache_aware_code", [364, 330], True),
+])
+def test_sglang_imbalance_rule_switches_exactly_at_its_thresholds(name, loads, imbalanced):
+    p = _sglang(name)
+    assert p.imbalanced(loads) is imbalanced
+    # a request the tree has never seen: balanced -> smallest tree (worker 0 on a tie);
+    # imbalanced -> the shortest queue
+    pick = p.route(request([1, 2]), FakeCluster(2, requests=loads))
+    if imbalanced:
+        assert pick == loads.index(min(loads)) and "imbalanced" in p.rule
+    else:
+        assert pick == 0 and "smallest tree" in p.rule
+
+
+def test_sglang_match_rate_must_exceed_cache_threshold():
+    # worker 1 served [1, 2] and more (the larger tree); worker 0 only [7].
+    # a request [1, 3] of 1024 tokens matches 512 of them: rate 0.5
+    for name, want, rule in (("sglang_cache_aware", 1, "best match"),  # 0.5 > 0.3
+                             ("sglang_cache_aware_code", 0, "smallest tree")):  # 0.5 is not > 0.5
+        p = _sglang(name)
+        p.tree.insert(request([1, 2]), 1)
+        p.tree.insert(request([11, 12, 13, 14]), 1)
+        p.tree.insert(request([7]), 0)
+        assert p.route(request([1, 3]), FakeCluster(2)) == want
+        assert rule in p.rule and p.last_match_rate == 0.5
+
+
+def test_sglang_low_match_goes_to_the_smallest_tree():
+    p = _sglang("sglang_cache_aware_code", n=3)
+    p.tree.insert(request([1, 2, 3]), 0)
+    p.tree.insert(request([4]), 1)
+    p.tree.insert(request([5, 6]), 2)
+    assert p.tree.sizes == [3 * 512 * CHARS_PER_TOKEN, 512 * CHARS_PER_TOKEN, 2 * 512 * CHARS_PER_TOKEN]
+    assert p.route(request([9, 9]), FakeCluster(3)) == 1
+    assert p.tree.check() == []
+
+
+def test_sglang_tree_matches_deepest_node_and_records_every_choice():
+    tree = ApproxTree(2)
+    tree.insert(request([1, 2, 3], tokens=1300), 0)
+    tree.insert(request([1, 2]), 1)
+    matched, tenant = tree.prefix_match(request([1, 2, 3], tokens=1300))
+    assert matched == 1300 and tenant == 0
+    matched, tenant = tree.prefix_match(request([1, 2, 9]))
+    assert matched == 1024 and tenant == 0  # node 2's oldest holder
+    # the partial last block weighs its own tokens
+    assert tree.sizes == [1300 * CHARS_PER_TOKEN, 1024 * CHARS_PER_TOKEN]
+    assert tree.check() == []
+
+
+def test_sglang_eviction_drops_least_recent_leaves_down_to_max_tree_size():
+    tree = ApproxTree(1)
+    tree.insert(request([1, 2]), 0)       # epoch 0
+    tree.insert(request([3, 4]), 0)       # epoch 1
+    tree.insert(request([1, 5]), 0)       # epoch 2 on node 5
+    block = 512 * CHARS_PER_TOKEN
+    tree.evict(4 * block)  # 5 blocks held: the least recent leaf (2) goes
+    assert 2 not in tree.nodes and {1, 3, 4, 5} <= set(tree.nodes)
+    tree.evict(2 * block)  # then 4, then 3 (its parent, same epoch), leaving [1, 5]
+    assert set(tree.nodes) - {-1} == {1, 5}
+    assert tree.sizes == [2 * block] and tree.check() == []
+
+
+def test_sglang_evicts_on_its_interval_in_trace_time():
+    p = CacheAware(1, **{**VARIANTS["sglang_cache_aware_code"], "max_tree_size": 512 * CHARS_PER_TOKEN})
+    p.route(request([1, 2, 3]), FakeCluster(1, now=0.0))
+    assert len(p.tree.nodes) == 4
+    p.route(request([1, 2, 3], index=1), FakeCluster(1, now=29.9))
+    assert len(p.tree.nodes) == 4
+    p.route(request([8], index=2), FakeCluster(1, now=30.0))  # evicts first, then records [8]
+    assert set(p.tree.nodes) - {-1} == {1, 8}
+
+
+# -- Dynamo ------------------------------------------------------------------------------------
+def test_dynamo_cost_is_weight_times_prefill_blocks_plus_decode_blocks():
+    p = DynamoKv(2)
+    req = request([1, 2, 3, 4], tokens=2048)
+    # worker 0 caches 2 leading blocks: prefill (2048 - 1024) / 512 = 2, decode 4 -> 6
+    # worker 1 caches none: prefill 4, decode 4 -> 8
+    assert p.logits(req, [2, 0]) == [6.0, 8.0]
+    assert p.route(req, FakeCluster(2, matches=[2, 0])) == 0
+    # worker 0 now has 1024 tokens to prefill and blocks {1,2,3,4} active.
+    # next: [1, 2, 5] of 1500 tokens, cached 2 blocks on both workers:
+    #   w0: (1024 + 1500 - 1024) / 512 = 2.9297 + (4 active + 1 new) = 7.9297
+    #   w1: (0 + 476) / 512 = 0.9297 + 3 = 3.9297
+    req2 = request([1, 2, 5], tokens=1500, index=1)
+    logits = p.logits(req2, [2, 2])
+    assert logits[0] == pytest.approx(1500 / 512 + 5) and logits[1] == pytest.approx(476 / 512 + 3)
+    assert p.route(req2, FakeCluster(2, matches=[2, 2])) == 1
+    w = DynamoKv(2, overlap_score_weight=2.0)
+    assert w.logits(req, [2, 0]) == [2 * 2 + 4, 2 * 4 + 4]
+
+
+def test_dynamo_ties_go_to_the_lowest_index_and_load_leaves_with_the_request():
+    p = DynamoKv(3)
+    assert p.route(request([1, 2]), FakeCluster(3)) == 0
+    assert p.route(request([3, 4], index=1), FakeCluster(3)) == 1
+    assert p.active_prefill == [1024, 1024, 0]
+    p.prefilled(0, 0)
+    assert p.active_prefill == [0, 1024, 0] and p.active_refs[0] == {1: 1, 2: 1}
+    p.finished(0, 0)
+    p.finished(1, 1)
+    assert p.active_prefill == [0, 0, 0] and p.active_refs == [{}, {}, {}] and not p.pending
+
+
+def test_dynamo_approx_trusts_its_own_decisions_for_the_ttl():
+    p = make_policy("dynamo_kv_approx", 2)
+    assert p.route(request([1, 2, 3]), FakeCluster(2, matches=[0, 3], now=0.0)) == 0
+    p.finished(0, 0)
+    # 119 s later its prediction (not the real cache) says worker 0 holds [1, 2, 3]
+    assert p.overlaps(request([1, 2, 3]), FakeCluster(2, now=119.0)) == [3, 0]
+    assert p.overlaps(request([1, 2, 3]), FakeCluster(2, now=120.0)) == [0, 0]
+
+
+def test_dynamo_softmax_follows_the_rescaled_negated_costs():
+    logits = [6.0, 8.0, 10.0]
+    t = 0.5
+    scale = -1.0 / ((10.0 - 6.0) * t)
+    weights = [math.exp(v * scale - 6.0 * scale) for v in logits]
+    probs = [w / sum(weights) for w in weights]
+    rng = random.Random(11)
+    draws = [rng.random() for _ in range(300)]
+    want = [0 if u <= probs[0] else 1 if u <= probs[0] + probs[1] else 2 for u in draws]
+    rng = random.Random(11)
+    assert [softmax_pick(logits, t, rng) for _ in range(300)] == want
+    assert softmax_pick([3.0, 1.0, 1.0], 0.0, rng) == 1
+
+
+# -- llm-d ---------------------------------------------------------------------------------------
+def test_llmd_prefix_scores_are_min_max_normalised_longest_prefixes():
+    assert prefix_scores([0, 0, 0]) == [0.0, 0.0, 0.0]
+    assert prefix_scores([0, 1, 0]) == [0.0, 1.0, 0.0]  # a lone match scores 1 however short
+    assert prefix_scores([2, 6, 0, 4]) == [0.0, 1.0, 0.0, 0.5]
+    assert queue_scores([3, 3]) == [1.0, 1.0]
+    assert queue_scores([0, 4, 2]) == [1.0, 0.0, 0.5]
+
+
+def test_llmd_weights_prefix_twice_kv_and_queue_once():
+    # minmax: prefix [0, 1, .5] x 2, kv free [0.5, 0.1, 0.9], queue [1, 0, .5]
+    p = LlmdPrecise(3, minmax=True)
+    scores = p.scores([2, 6, 4], [0.5, 0.9, 0.1], [0, 4, 2])
+    assert scores == pytest.approx([0 + 0.5 + 1.0, 2.0 + 0.1 + 0.0, 1.0 + 0.9 + 0.5])
+    cluster = FakeCluster(3, matches=[2, 6, 4], usage=[0.5, 0.9, 0.1], waiting=[0, 4, 2])
+    assert p.route(request([1, 2, 3, 4, 5, 6]), cluster) == 2
+    # fraction: prefix [2/8, 6/8, 4/8] x 2 -> [0.5 + 0.5 + 1, 1.5 + 0.1 + 0, 1 + 0.9 + 0.5]
+    f = make_policy("llmd_precise", 3)
+    assert f.scores([2, 6, 4], [0.5, 0.9, 0.1], [0, 4, 2], 8) == pytest.approx([2.0, 1.6, 2.4])
+    assert f.route(request(range(8)), cluster) == 2
+
+
+def test_llmd_fraction_lets_load_win_when_only_a_shared_first_block_matches():
+    # a new conversation: only pod 0 holds the shared first block of 20
+    cluster = FakeCluster(2, matches=[1, 0], waiting=[3, 0], usage=[0.2, 0.0])
+    assert make_policy("llmd_precise", 2).route(request(range(20)), cluster) == 1
+    # the scorer's own min-max rates that lone one-block match 1.0: pod 0 wins anyway
+    assert make_policy("llmd_precise_minmax", 2).route(request(range(20)), cluster) == 0
+
+
+def test_llmd_ties_go_to_a_seeded_random_replica():
+    picks = {LlmdPrecise(4, seed=s).route(request([1]), FakeCluster(4)) for s in range(40)}
+    assert picks == {0, 1, 2, 3}
+    assert (LlmdPrecise(4, seed=5).route(request([1]), FakeCluster(4))
+            == LlmdPrecise(4, seed=5).route(request([1]), FakeCluster(4)))
+
+
+def test_unknown_policy_names_the_choices():
+    with pytest.raises(InvalidRequest) as exc:
+        make_policy("fastest", 2)
+    assert "fastest" in str(exc.value) and "round_robin" in str(exc.value)
+    with pytest.raises(InvalidRequest, match="llmd_precise"):
+        check_policies(["round_robin", "nope"])
+    assert check_policies(["session", "session", "random"]) == ["session", "random"]
+    assert {"round_robin", "sglang_cache_aware", "sglang_cache_aware_code", "dynamo_kv",
+            "dynamo_kv_approx", "llmd_precise", "llmd_precise_minmax"} <= set(policy_names())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(1, 6),
+                          st.integers(0, 12 * 512 * CHARS_PER_TOKEN)), max_size=40))
+def test_sglang_tree_keeps_its_invariants_and_evicts_down_to_the_limit(ops):
+    """Random inserts of prefix-consistent prompts (ids name whole prefixes) for random workers,
+    each followed by an eviction to a random limit: the tree stays consistent and no worker
+    keeps more than the limit."""
+    tree = ApproxTree(3)
+    for worker, root, depth, limit in ops:
+        blocks = [root * 100 + k for k in range(depth)]  # id = (root, position): a chain per root
+        tree.insert(request(blocks, tokens=512 * depth - 7), worker)
+        assert tree.check() == []
+        tree.evict(limit)
+        assert tree.check() == []
+        assert all(size <= limit for size in tree.sizes)

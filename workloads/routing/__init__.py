@@ -1,0 +1,12 @@
+"""The routing lab: replay a trace through N replicas behind the routers engines use, and
+measure hit ratio against load (sequence mode) and against TTFT (serving mode).
+
+`policies.py` (the simple routers, the registry), `sglang.py`, `dynamo.py`, `llmd.py` (the
+engines' routers), `sequence.py` and `serving.py` (the two modes), `grid.py` (sweeps on a local
+process pool or Ray), `report.py` (route_report.json / .md / .png), `cli.py` (`kvscope route`).
+"""
+
+from .policies import RouteRequest, check_policies, make_policy, policy_names
+from .sequence import run_sequence
+
+__all__ = ["RouteRequest", "check_policies", "make_policy", "policy_names", "run_sequence"]

@@ -1,0 +1,247 @@
+"""Serving mode: the trace at its timestamps through N simulated replicas behind a router.
+
+Each replica is the serving simulator (`workloads/simulator.py`) on its own prefix-caching pool
+(`allocator.PrefixPool`, 512-token blocks named by the trace's prefix tree, LRU): a request
+queues, is admitted when the batch and the pool have room, prefills only its uncached tokens
+(`prefill_token_s` per token, the batch stalls meanwhile), then decodes one token per step of
+`step_base_s + step_seq_s * batch` seconds. Before each arrival every replica is advanced to the
+arrival time, so the router sees real load: requests and tokens in flight, waiting queues, KV
+usage and (for the precise policies) the pools' real cache contents.
+
+Figures: `hit_ratio` (prompt tokens found cached at each request's first admission, over prompt
+tokens), `available_hit_ratio` (what the replica with the longest cached prefix held for each
+request when it was routed: the most any router could have captured then), `ttft_p50_s` /
+`ttft_p99_s` (arrival to the end of the prefill that produced the first token), throughput
+(completed requests over the simulated seconds to the last completion), `imbalance` and
+`duplicated_blocks` as in sequence mode.
+
+NOTE: only full blocks are cached (a prompt's partial last block is recomputed, as engines do),
+so hit ratios here sit a little below sequence mode's, which counts the partial block too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from allocator import InvalidRequest, PrefixPool
+
+from ..mooncake import MooncakeTrace, expand
+from ..simulator import PrefixStrategy, SimConfig, Simulator
+from .policies import BLOCK_TOKENS, Cluster, Policy, RouteRequest, prefix_run
+from .sequence import check_grid, no_gc, requests
+
+MAX_LEN = 131_072  # the bundled trace's prompts reach 126,195 tokens: a 128k-context model
+
+
+@dataclass(slots=True)
+class ServingCosts:
+    """Per-token costs of one replica (simulated seconds). The defaults are the simulator's
+    Llama-3-8B-on-one-A100 shape: prefill 20,000 tokens/s, a decode step of 12 ms plus
+    0.15 ms per running request, at most 256 running."""
+
+    prefill_token_s: float = 0.00005
+    step_base_s: float = 0.012
+    step_seq_s: float = 0.00015
+    max_batch: int = 256
+
+    def check(self) -> None:
+        for name in ("prefill_token_s", "step_base_s", "step_seq_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+                raise InvalidRequest(f"{name} must be a finite number >= 0, got {value!r}")
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise InvalidRequest(f"max_batch must be a whole number >= 1, got {self.max_batch!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Replica(Simulator):
+    """The simulator with notifications: `first_token[rid]` is when request rid's first
+    prefill ended (the end of its admission group's prefill stall); `prefills` queues
+    (time, rid) of those first tokens for the router, which may still be behind them;
+    `on_finished(rid)` is called at completion."""
+
+    def __init__(self, *args, on_finished, **kw) -> None:
+        super().__init__(*args, **kw)
+        self._arrivals.clear()  # requests arrive only when the router sends them
+        self.first_token: dict[int, float] = {}
+        self.prefills: deque[tuple[float, int]] = deque()
+        self.on_finished = on_finished
+
+    def _admit(self) -> None:
+        before = len(self.running)
+        super()._admit()
+        if len(self.running) > before:
+            first = self.first_token
+            for r in list(self.running.values())[before:]:
+                if r.rid not in first:
+                    first[r.rid] = self.now
+                    self.prefills.append((self.now, r.rid))
+
+    def _finish(self, r) -> None:
+        super()._finish(r)
+        self.on_finished(r.rid)
+
+
+class ServingCluster(Cluster):
+    """N replicas and the router's view of them."""
+
+    def __init__(self, trace: MooncakeTrace, n: int, capacity_tokens: int,
+                 costs: ServingCosts, policy: Policy) -> None:
+        check_grid(n, capacity_tokens)
+        costs.check()
+        self.n = n
+        self.now = 0.0
+        self.requests = [0] * n
+        self.tokens = [0] * n
+        self.routed = [0] * n
+        self.waiting = [0] * n
+        self.input_tokens = [0] * n
+        self.policy = policy
+        self.hashes = [expand(trace.block_nodes(i), BLOCK_TOKENS) for i in range(len(trace))]
+        self.owner: dict[int, int] = {}
+        blocks = capacity_tokens // BLOCK_TOKENS
+        max_len = min(MAX_LEN, blocks * BLOCK_TOKENS)
+        cfg = SimConfig(strategy="paged", pool_tokens=blocks * BLOCK_TOKENS, max_len=max_len,
+                        tokens_per_block=BLOCK_TOKENS, max_batch=costs.max_batch,
+                        step_base_s=costs.step_base_s, step_seq_s=costs.step_seq_s,
+                        prefill_token_s=costs.prefill_token_s)
+        cfg.validate()
+        lengths = trace.input_length.tolist()
+        hashes = self.hashes
+
+        def full_hashes(rid: int) -> list[int]:
+            return hashes[rid][:lengths[rid] // BLOCK_TOKENS]
+
+        self.replicas: list[Replica] = []
+        for r in range(n):
+            pool = PrefixPool(blocks, BLOCK_TOKENS, tokens_per_block=BLOCK_TOKENS, policy="lru",
+                              device="cpu", name=f"replica-{r}", event_capacity=1)
+            strategy = PrefixStrategy(pool, 1, max_len, BLOCK_TOKENS, full_hashes)
+            self.replicas.append(Replica(trace.to_trace(), cfg, pool=pool, strategy=strategy,
+                                         capacity_tokens=blocks * BLOCK_TOKENS,
+                                         on_finished=self._finished))
+        self.max_len = max_len
+        self._matched_for = -1
+        self._matches: list[int] = []
+
+    def _finished(self, rid: int) -> None:
+        r = self.owner[rid]
+        req = self.replicas[r].requests[rid]
+        self.requests[r] -= 1
+        self.tokens[r] -= req.final
+        self.policy.finished(rid, r)
+
+    def advance(self, t: float) -> None:
+        """Run every replica up to time t; first tokens produced by then reach the router
+        (`prefilled`). `waiting[r]` counts the requests at r without a first token at t, what
+        an engine reports as waiting while chunked prefill works through them."""
+        self.now = t
+        policy = self.policy
+        for r, sim in enumerate(self.replicas):
+            sim.run_until(t)
+            prefills = sim.prefills
+            while prefills and prefills[0][0] <= t:
+                _, rid = prefills.popleft()
+                self.waiting[r] -= 1
+                policy.prefilled(rid, r)
+
+    def drain(self) -> None:
+        """Run every replica to the end, telling the router each first token."""
+        for r, sim in enumerate(self.replicas):
+            sim.run()
+            while sim.prefills:
+                _, rid = sim.prefills.popleft()
+                self.waiting[r] -= 1
+                self.policy.prefilled(rid, r)
+
+    def matches(self, req: RouteRequest) -> list[int]:
+        if self._matched_for != req.index:
+            full = self.hashes[req.index][:req.tokens // BLOCK_TOKENS]
+            self._matches = [prefix_run(full, sim.pool.core.index) for sim in self.replicas]
+            self._matched_for = req.index
+        return self._matches
+
+    def kv_usage(self, r: int) -> float:
+        pool = self.replicas[r].pool
+        return 1.0 - (pool.core.free_top + pool.core.n_evictable) / pool.num_blocks
+
+    def send(self, req: RouteRequest, r: int) -> None:
+        sim = self.replicas[r]
+        sim._arrivals.append(sim.requests[req.index])
+        self.owner[req.index] = r
+        self.requests[r] += 1
+        self.waiting[r] += 1
+        self.routed[r] += 1
+        self.tokens[r] += req.tokens + req.output_tokens
+        self.input_tokens[r] += req.tokens
+
+    def duplicated_blocks(self) -> int:
+        counts = Counter(h for sim in self.replicas for h in sim.pool.core.index)
+        return sum(1 for c in counts.values() if c >= 2)
+
+
+def _pct(values, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+def run_serving(trace: MooncakeTrace, n: int, capacity_tokens: int, policy: Policy,
+                costs: ServingCosts | None = None, progress=None) -> dict:
+    """Route `trace` at its timestamps over n simulated replicas; returns the figures."""
+    costs = costs or ServingCosts()
+    cluster = ServingCluster(trace, n, capacity_tokens, costs, policy)
+    available: dict[int, int] = {}
+    rejected = 0
+    total = len(trace)
+    with no_gc():
+        for req in requests(trace):
+            cluster.advance(req.arrival_s)
+            if req.tokens + req.output_tokens > cluster.max_len:
+                rejected += 1
+                continue
+            r = policy.route(req, cluster)
+            best = max(cluster.matches(req))
+            available[req.index] = min(req.prefix_tokens(best), req.tokens - 1)
+            cluster.send(req, r)
+            if progress is not None and req.index % 256 == 0:
+                progress(req.index, total)
+        cluster.drain()
+    served = [(cluster.replicas[r], cluster.replicas[r].requests[rid])
+              for rid, r in cluster.owner.items()]
+    prompts = sum(q.prompt for _, q in served)
+    hits = sum(q.first_cached or 0 for _, q in served)
+    ttft = [sim.first_token[q.rid] - q.arrival for sim, q in served if q.rid in sim.first_token]
+    done = [q.finished_at for _, q in served if q.finished_at is not None]
+    makespan = max(done) if done else 0.0
+    mean = sum(cluster.input_tokens) / n
+    ttft_sorted = np.sort(np.asarray(ttft, dtype=np.float64))
+    return {
+        "hit_ratio": hits / prompts if prompts else 0.0,
+        "available_hit_ratio": sum(available.values()) / prompts if prompts else 0.0,
+        "imbalance": max(cluster.input_tokens) / mean if mean else 0.0,
+        "duplicated_blocks": cluster.duplicated_blocks(),
+        "ttft_p50_s": _pct(ttft_sorted, 50),
+        "ttft_p99_s": _pct(ttft_sorted, 99),
+        "ttft_mean_s": float(ttft_sorted.mean()) if len(ttft_sorted) else 0.0,
+        "throughput_rps": len(done) / makespan if makespan else 0.0,
+        "completed": len(done),
+        "rejected_too_long": rejected,
+        "simulated_seconds": makespan,
+        "preemptions": sum(sim.counters.preemptions for sim in cluster.replicas),
+        "replica_input_tokens": list(cluster.input_tokens),
+        "replica_requests": list(cluster.routed),
+        "costs": costs.to_dict(),
+        "ttft_cdf_s": _cdf_points(ttft_sorted),
+    }
+
+
+def _cdf_points(sorted_values: np.ndarray, points: int = 101) -> list[float]:
+    """The TTFT quantiles at 0, 1, ..., 100 % (what the chart draws), in seconds."""
+    if not len(sorted_values):
+        return []
+    return [float(v) for v in np.quantile(sorted_values, np.linspace(0, 1, points))]

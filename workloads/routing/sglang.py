@@ -1,0 +1,246 @@
+"""SGLang's cache-aware router, as sgl-model-gateway implements it.
+
+Follows sgl-project/sglang `sgl-model-gateway/src/policies/cache_aware.rs` and `tree.rs`
+(main branch, gateway v0.2 era; the same logic as the older `sgl-router/src/policies/`):
+
+- The router keeps one approximate radix tree for all workers, built from its own routing
+  history (never from the engines' caches). Each node records, per worker ("tenant"), when that
+  worker last used it; a worker's tree size is the characters of the nodes it holds.
+- A request is *imbalanced* when `max_load - min_load > balance_abs_threshold` AND
+  `max_load > min_load * balance_rel_threshold` (loads: requests in flight per worker). Then it
+  goes to the least loaded worker (the first on a tie) and the tree still records it there.
+- Otherwise the tree's longest prefix match decides: if `matched / prompt` exceeds
+  `cache_threshold` the request goes to a worker holding the deepest matched node, else to the
+  worker with the smallest tree. Either way the tree records the request at the chosen worker.
+- Every `eviction_interval_secs` each worker's tree is cut to `max_tree_size` characters by
+  evicting its least recently used leaves.
+
+Two default sets exist: the documented one (`--cache-threshold 0.3 --balance-abs-threshold 64
+--balance-rel-threshold 1.5 --eviction-interval-secs 120 --max-tree-size 67108864`, SGLang's
+router docs and the Python launcher's `router_args.py`) is `sglang_cache_aware`; the Rust
+`CacheAwareConfig::default()` (`policies/mod.rs`: 0.5 / 32 / 1.1, 30 s, 10000) is
+`sglang_cache_aware_code`.
+
+NOTE: modelled at trace-block granularity. The gateway's tree holds raw text; here a node is one
+512-token trace block weighing `tokens * CHARS_PER_TOKEN` characters, so `max_tree_size` keeps
+its meaning (characters) and the match rate is the matched share of the prompt. Details kept
+from the source: nodes a worker joins on the way down get timestamp 0 and only the request's
+last node gets a fresh epoch; nodes created by one insert share one epoch (the source creates a
+single leaf, later split with copied timestamps); one match in eight refreshes the matched
+node's timestamp (`epoch & 0x7 == 0`); the matched worker is the node's oldest holder (the
+source caches the creating tenant). Eviction runs at trace time, not wall time.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from .policies import BLOCK_TOKENS, Cluster, Policy, RouteRequest, argmin_first
+
+CHARS_PER_TOKEN = 4  # about four characters of English text per token (the tree stores text)
+
+VARIANTS = {
+    "sglang_cache_aware": dict(cache_threshold=0.3, balance_abs_threshold=64,
+                               balance_rel_threshold=1.5, eviction_interval_s=120.0,
+                               max_tree_size=67_108_864),
+    "sglang_cache_aware_code": dict(cache_threshold=0.5, balance_abs_threshold=32,
+                                    balance_rel_threshold=1.1, eviction_interval_s=30.0,
+                                    max_tree_size=10_000),
+}
+
+ROOT = -1
+
+
+class _Node:
+    __slots__ = ("parent", "children", "tenants", "below", "chars")
+
+    def __init__(self, parent: int, chars: int) -> None:
+        self.parent = parent
+        self.children: set[int] = set()
+        self.tenants: dict[int, int] = {}  # worker -> last access epoch; insertion order = age
+        self.below: dict[int, int] = {}  # worker -> children it holds (0: a leaf for it)
+        self.chars = chars
+
+
+class ApproxTree:
+    """The gateway's multi-tenant prefix tree over trace blocks.
+
+    Invariants (`check`): a node's parent lists it as a child; `sizes[t]` is the sum of `chars`
+    over the nodes worker t holds; `held[t]` is exactly those nodes; `below[t]` counts the
+    node's children worker t holds (so leaf tests are O(1)); a node with no tenant and no child
+    does not exist.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.nodes: dict[int, _Node] = {ROOT: _Node(ROOT, 0)}
+        self.sizes = [0] * n
+        self.held: list[set[int]] = [set() for _ in range(n)]
+        self.epoch = 0
+
+    def _next_epoch(self) -> int:
+        e = self.epoch
+        self.epoch += 1
+        return e
+
+    def prefix_match(self, req: RouteRequest) -> tuple[int, int]:
+        """(matched tokens, worker holding the deepest matched node, or -1 when none)."""
+        nodes, prev, matched = self.nodes, ROOT, 0
+        blocks = req.blocks
+        for k, b in enumerate(blocks):
+            node = nodes.get(b)
+            if node is None or node.parent != prev:
+                break
+            matched = req.prefix_tokens(k + 1)
+            prev = b
+        curr = nodes[prev]
+        tenant = next(iter(curr.tenants), -1)
+        e = self._next_epoch()
+        if e & 0x7 == 0 and tenant in curr.tenants:
+            curr.tenants[tenant] = e
+        return matched, tenant
+
+    def insert(self, req: RouteRequest, t: int) -> None:
+        """Record that worker t served `req` (the source's `Tree::insert`)."""
+        nodes, held, prev = self.nodes, self.held[t], ROOT
+        nodes[ROOT].tenants.setdefault(t, 0)
+        blocks = req.blocks
+        for k, b in enumerate(blocks):
+            node = nodes.get(b)
+            if node is None or node.parent != prev:
+                self._grow(req, k, prev, t)
+                return
+            if t not in node.tenants:
+                node.tenants[t] = 0
+                self.sizes[t] += node.chars
+                held.add(b)
+                below = nodes[prev].below
+                below[t] = below.get(t, 0) + 1
+            prev = b
+        nodes[prev].tenants[t] = self._next_epoch()
+
+    def _grow(self, req: RouteRequest, start: int, prev: int, t: int) -> None:
+        e = self._next_epoch()
+        nodes, held, blocks = self.nodes, self.held[t], req.blocks
+        full = BLOCK_TOKENS * CHARS_PER_TOKEN
+        last = len(blocks) - 1
+        added = 0
+        for k in range(start, len(blocks)):
+            b = blocks[k]
+            if b in nodes:  # an id seen under another prefix: the tree keeps its first place
+                break
+            chars = full if k < last else (req.tokens - BLOCK_TOKENS * last) * CHARS_PER_TOKEN
+            node = _Node(prev, chars)
+            node.tenants[t] = e
+            nodes[b] = node
+            parent = nodes[prev]
+            parent.children.add(b)
+            parent.below[t] = parent.below.get(t, 0) + 1
+            added += chars
+            held.add(b)
+            prev = b
+        self.sizes[t] += added
+
+    def smallest(self) -> int:
+        """The worker with the fewest characters in the tree (the first on a tie)."""
+        return argmin_first(self.sizes)
+
+    def _is_leaf(self, b: int, t: int) -> bool:
+        return not self.nodes[b].below.get(t)
+
+    def evict(self, max_chars: int) -> None:
+        """Cut each worker's share to `max_chars` characters, least recently used leaves first
+        (the source's `evict_tenant_by_size`)."""
+        nodes = self.nodes
+        for t, size in enumerate(self.sizes):
+            if size <= max_chars:
+                continue
+            held = self.held[t]
+            heap = []
+            for b in held:
+                node = nodes[b]
+                if not node.below.get(t):
+                    heap.append((node.tenants[t], b))
+            heapq.heapify(heap)
+            while heap and self.sizes[t] > max_chars:
+                _, b = heapq.heappop(heap)
+                node = nodes[b]
+                if t not in node.tenants or not self._is_leaf(b, t):
+                    continue
+                del node.tenants[t]
+                held.discard(b)
+                self.sizes[t] -= node.chars
+                parent = node.parent
+                nodes[parent].below[t] -= 1
+                if not node.children and not node.tenants:
+                    nodes[parent].children.discard(b)
+                    del nodes[b]
+                if parent != ROOT and t in nodes[parent].tenants and self._is_leaf(parent, t):
+                    heapq.heappush(heap, (nodes[parent].tenants[t], parent))
+
+    def check(self) -> list[str]:
+        problems = []
+        sizes = [0] * len(self.sizes)
+        for b, node in self.nodes.items():
+            if b == ROOT:
+                continue
+            if b not in self.nodes[node.parent].children:
+                problems.append(f"node {b}: missing from its parent {node.parent}'s children")
+            if not node.children and not node.tenants:
+                problems.append(f"node {b}: neither tenant nor child")
+            for t in node.tenants:
+                sizes[t] += node.chars
+                if b not in self.held[t]:
+                    problems.append(f"node {b}: held by {t} but not in held[{t}]")
+        for b, node in self.nodes.items():
+            for t in range(len(self.sizes)):
+                want = sum(1 for c in node.children if t in self.nodes[c].tenants)
+                if node.below.get(t, 0) != want:
+                    problems.append(f"node {b}: below[{t}] {node.below.get(t, 0)} != {want}")
+        if sizes != self.sizes:
+            problems.append(f"sizes {self.sizes} != recount {sizes}")
+        return problems
+
+
+class CacheAware(Policy):
+    """sgl-model-gateway's `cache_aware` policy (see the module docstring for its rules)."""
+
+    name = "sglang_cache_aware"
+
+    def __init__(self, n: int, seed: int = 0, *, cache_threshold: float,
+                 balance_abs_threshold: int, balance_rel_threshold: float,
+                 eviction_interval_s: float, max_tree_size: int) -> None:
+        super().__init__(n, seed)
+        self.cache_threshold = cache_threshold
+        self.balance_abs_threshold = balance_abs_threshold
+        self.balance_rel_threshold = balance_rel_threshold
+        self.eviction_interval_s = eviction_interval_s
+        self.max_tree_size = max_tree_size
+        self.tree = ApproxTree(n)
+        self._next_eviction = eviction_interval_s
+        self.last_match_rate = 0.0
+
+    def imbalanced(self, loads: list[int]) -> bool:
+        hi, lo = max(loads), min(loads)
+        return hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold
+
+    def route(self, req: RouteRequest, cluster: Cluster) -> int:
+        if self.eviction_interval_s > 0 and cluster.now >= self._next_eviction:
+            self.tree.evict(self.max_tree_size)
+            steps = int((cluster.now - self._next_eviction) // self.eviction_interval_s) + 1
+            self._next_eviction += steps * self.eviction_interval_s
+        loads = cluster.requests
+        if self.imbalanced(loads):
+            pick = argmin_first(loads)
+            self.rule = f"imbalanced (max {max(loads)}, min {min(loads)}): shortest queue"
+        else:
+            matched, tenant = self.tree.prefix_match(req)
+            rate = matched / req.tokens
+            self.last_match_rate = rate
+            if rate > self.cache_threshold and tenant >= 0:
+                pick = tenant
+                self.rule = f"match {rate:.0%} > {self.cache_threshold:g}: best match"
+            else:
+                pick = self.tree.smallest()
+                self.rule = f"match {rate:.0%} <= {self.cache_threshold:g}: smallest tree"
+        self.tree.insert(req, pick)
+        return pick
