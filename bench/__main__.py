@@ -1,8 +1,10 @@
-"""Run every `bench/bench_*.py` module's `run()` in turn: `python -m bench [name ...]`."""
+"""Run every `bench/bench_*.py` module's `run()` in turn: `python -m bench [name ...] [--json FILE]`
+(`--json` goes to the benches whose `run` takes `json_path`)."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 import time
 import traceback
@@ -18,6 +20,10 @@ ALSO = {"allocator": ("prefix",)}
 
 
 def main(argv: list[str]) -> int:
+    json_path = None
+    if "--json" in argv[:-1]:
+        i = argv.index("--json")
+        json_path, argv = argv[i + 1], argv[:i] + argv[i + 2:]
     wanted = set(argv)
     for name in list(wanted):
         wanted.update(ALSO.get(name.removeprefix("bench_"), ()))
@@ -35,7 +41,10 @@ def main(argv: list[str]) -> int:
                 print(f"-- {name}: FAILED, no run() function")
                 failed += 1
                 continue
-            run()
+            if json_path and "json_path" in inspect.signature(run).parameters:
+                run(json_path)
+            else:
+                run()
         except Exception:
             traceback.print_exc()
             print(f"-- {name}: FAILED after {time.perf_counter() - t0:.1f} s")
