@@ -70,7 +70,7 @@ class FleetIndex(FleetCore):
     def engine(self, name: str) -> EngineInfo:
         info = self.engines.get(name)
         if info is None:
-            raise NotFound(f"no engine {name!r} in the fleet (engines: {sorted(self.engines)})")
+            raise NotFound("engine", name)
         return info
 
     def name_of(self, eid: int) -> str:

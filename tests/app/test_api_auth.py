@@ -17,7 +17,8 @@ H = {"Authorization": "Bearer s3cret"}
 # Exactly what is answered without the token (method, path template).
 PUBLIC = {("GET", "/"), ("GET", "/docs"), ("GET", "/openapi.json"), ("GET", "/healthz"),
           ("GET", "/metrics"), ("GET", "/static")}
-SAMPLE = {"pool": "default", "key": "a", "id": "1", "block": "0", "name": "r1"}  # name: a recording
+SAMPLE = {"pool": "default", "key": "a", "id": "1", "block": "0", "name": "r1",  # name: a recording
+          "fleet": "f", "engine": "e0"}
 # Routes that only a prefix-caching pool serves are tried on one (PREFIX_POOL), so they answer
 # for real rather than with "this pool has no prefix caching".
 PREFIX_ROUTES = ("/sequences", "/prefix-cache")
