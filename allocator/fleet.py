@@ -135,16 +135,12 @@ class FleetIndex(FleetCore):
                            out["stored_blocks"] - out["fallback_blocks"] else "tokens")
         return out
 
-    def holders(self) -> dict[str, np.ndarray]:
-        """For the page: per engine, the keys it holds (uint64), each chain's root key beside it
-        so one prefix can take one colour on every engine. O(blocks)."""
+    def layout(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(keys, root keys, engine masks) of every indexed block, for the page: a block's root
+        is the first block of its chain (following indexed parents), so one prefix can take one
+        colour on every engine. O(blocks)."""
         keys, parents, masks = self.nodes()
-        root = _roots(keys, parents)
-        out = {}
-        for name, info in self.engines.items():
-            sel = (masks >> np.uint64(info.eid)) & np.uint64(1) == 1
-            out[name] = np.stack([keys[sel], root[sel]]) if sel.any() else np.zeros((2, 0), np.uint64)
-        return out
+        return keys, _roots(keys, parents), masks
 
     # -- invariants -----------------------------------------------------------------------------
     def check(self) -> list[str]:

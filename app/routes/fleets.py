@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
+import numpy as np
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from pydantic import Field, model_validator
 
@@ -14,6 +16,8 @@ from ..fleets import FleetHandle, Fleets
 from ..schemas import POOL_NAME_PATTERN, Endpoint, Strict, Topic
 
 router = APIRouter(prefix="/api/fleets", tags=["fleets"])
+MAX_MAP_BLOCKS = 65_536
+TOP_PREFIXES = 12
 MAX_MATCH_TOKENS = 1 << 20
 MAX_MATCH_HASHES = 1 << 16
 
@@ -105,6 +109,16 @@ async def get_fleet_state(handle: FleetDep, samples: Annotated[int, Query(ge=0, 
     return out
 
 
+@router.get("/{fleet}/blocks")
+async def fleet_blocks(handle: FleetDep) -> dict:
+    """For the page's maps: per engine the prefix (root block) of each block it holds, as a
+    colour id (24 bits of the root's key: one prefix, one colour on every engine), sorted so a
+    prefix's blocks sit together; and the largest prefix trees with what each engine holds of
+    them. At most MAX_MAP_BLOCKS per engine."""
+    async with handle.lock:  # no change applies while the worker thread reads the index
+        return await asyncio.to_thread(blocks_of, handle.fleet.index)
+
+
 @router.delete("/{fleet}", status_code=status.HTTP_204_NO_CONTENT)
 async def delete_fleet(fleet: FleetName, fleets: FleetsDep) -> Response:
     await fleets.delete(fleet)
@@ -143,3 +157,23 @@ async def match(body: MatchIn, handle: FleetDep) -> dict:
             engines = index.match_engine_hashes(body.engine, [h & ((1 << 64) - 1) for h in body.block_hashes])
         return {"engines": engines,
                 "block_sizes": {n: index.block_size(n) for n in index.engines}}
+
+
+def blocks_of(index) -> dict:
+    keys, roots, masks = index.layout()
+    colors = (roots >> np.uint64(40)).astype(np.int64)
+    names = {info.eid: name for name, info in index.engines.items()}
+    engines = {}
+    for eid, name in names.items():
+        sel = (masks >> np.uint64(eid)) & np.uint64(1) == 1
+        mine = np.sort(colors[sel], kind="stable")
+        engines[name] = {"blocks": int(mine.size), "truncated": mine.size > MAX_MAP_BLOCKS,
+                         "colors": mine[:MAX_MAP_BLOCKS].tolist()}
+    ids, counts = np.unique(colors, return_counts=True)
+    prefixes = []
+    for c in ids[np.argsort(-counts, kind="stable")][:TOP_PREFIXES].tolist():
+        sets, n = np.unique(masks[colors == c], return_counts=True)
+        prefixes.append({"color": c, "blocks": int(n.sum()), "sets": sorted(
+            ({"engines": [names[e] for e in sorted(names) if int(m) >> e & 1], "blocks": int(k)}
+             for m, k in zip(sets.tolist(), n.tolist())), key=lambda x: -x["blocks"])})
+    return {"engines": engines, "prefixes": prefixes}

@@ -6,6 +6,7 @@ import { createCompare } from "./compare.js";
 import { createControls, promptToken } from "./controls.js";
 import { poolOnCurve } from "./curve.js";
 import { createCurveChart } from "./curve-chart.js";
+import { createFleetView } from "./fleet-view.js";
 import { escapeHtml } from "./dom.js";
 import { feedPool } from "./feed.js";
 import { PROTOCOL_VERSION } from "./frames.js";
@@ -315,15 +316,19 @@ function showView(view) {
   document.querySelectorAll("[data-view]").forEach((b) => b.classList.toggle("on", /** @type {HTMLElement} */ (b).dataset.view === view));
   $("#view-dashboard").hidden = view !== "dashboard";
   $("#view-compare").hidden = view !== "compare";
+  $("#view-fleet").hidden = view !== "fleet";
   $("#alerts").hidden = view !== "dashboard"; // they are about the dashboard's pool, not the compared ones
   if (view === "compare") compare.show();
+  if (view === "fleet") fleetView.show();
+  else fleetView.hide();
   if (window.location.hash !== `#${view}`) window.history.replaceState(null, "", view === "dashboard" ? window.location.pathname + window.location.search : `#${view}`);
 }
 document.querySelectorAll("[data-view]").forEach((b) => b.addEventListener("click", () => showView(/** @type {HTMLElement} */ (b).dataset.view || "dashboard")));
 
 if (poolName) refreshPools(poolName);
 else showFirstPool();
-showView(window.location.hash === "#compare" ? "compare" : "dashboard");
+const fleetView = createFleetView();
+showView(window.location.hash === "#compare" ? "compare" : window.location.hash === "#fleet" ? "fleet" : "dashboard");
 
 /**
  * Read-only debug hook for the browser tests and the benchmark. Nothing here changes state.
@@ -355,6 +360,7 @@ Object.defineProperty(window, "kvscope", {
     events: () => model.events.slice(),
     lastFrame: () => model.lastFrame,
     compare: () => compare.summary(),
+    fleet: () => fleetView.summary(),
     prefixCurve: () => curve.summary(),
     version: page.version,
   }),
