@@ -40,7 +40,7 @@ def fleet_main(argv: list[str]) -> int:
         description="Serve the dashboard on many vLLM / SGLang engines at once: one prefix index "
                     "across them (blocks keyed by their tokens), duplication and missed reuse, "
                     "matches. Engines are named e0, e1, ... in the order given.")
-    p.add_argument("endpoints", nargs="+", metavar="ENDPOINT",
+    p.add_argument("endpoints", nargs="*", metavar="ENDPOINT",
                    help="each engine's PUB endpoint as seen from here, e.g. tcp://gpu-0:5557")
     p.add_argument("--name", default="fleet", help="the fleet's name (default: fleet)")
     p.add_argument("--metrics-url", action="append", default=[], metavar="URL",
@@ -52,10 +52,30 @@ def fleet_main(argv: list[str]) -> int:
                    help="tokens per block the engines were started with (checked against their events)")
     p.add_argument("--record", metavar="FILE", help="record every engine's batches, tagged with "
                    "the engine, to FILE (.kvevents)")
+    p.add_argument("--play", metavar="FILE", help="instead of live engines, play a fleet recording "
+                   "(made with --record) into the fleet")
+    p.add_argument("--speed", type=float, default=None,
+                   help="with --play: times real time (default: as fast as it goes)")
     p.add_argument("--host", default=None, help="listen address (default: KVSCOPE_HOST, 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="listen port (default: KVSCOPE_PORT, 8000)")
     p.add_argument("--log-level", default="warning")
     args = p.parse_args(argv)
+    if args.play:
+        if args.endpoints or args.record:
+            p.error("--play takes no ENDPOINT and no --record")
+        if args.speed is not None and args.speed <= 0:
+            p.error("--speed must be positive")
+        from kvevents.codec import WireError
+        from kvevents.recording import read_records
+
+        try:
+            next(iter(read_records(args.play)), None)
+        except (OSError, WireError) as exc:
+            p.error(f"--play {args.play}: {exc}")
+        return serve_with_fleet("kvscope fleet", args, args.name, [], None,
+                                {"play": args.play, "speed": args.speed})
+    if not args.endpoints:
+        p.error("give at least one ENDPOINT (or --play FILE)")
     for opt, given in (("--metrics-url", args.metrics_url), ("--replay-endpoint", args.replay_endpoint)):
         if given and len(given) != len(args.endpoints):
             p.error(f"give {opt} once per endpoint ({len(args.endpoints)}), or not at all")
@@ -79,7 +99,8 @@ def fleet_main(argv: list[str]) -> int:
     return serve_with_fleet("kvscope fleet", args, args.name, engines, args.record)
 
 
-def serve_with_fleet(prog: str, args, name: str, engines: list[dict], record: str | None) -> int:
+def serve_with_fleet(prog: str, args, name: str, engines: list[dict], record: str | None,
+                     options: dict | None = None) -> int:
     import uvicorn
 
     from .main import create_app
@@ -93,7 +114,7 @@ def serve_with_fleet(prog: str, args, name: str, engines: list[dict], record: st
     settings = dataclasses.replace(settings, host=args.host or settings.host,
                                    port=args.port or settings.port)
     app = create_app(settings)
-    app.state.startup_fleets = [(name, engines, {"record": record})]
+    app.state.startup_fleets = [(name, engines, {"record": record, **(options or {})})]
     print(f"{prog}: dashboard at http://{settings.host}:{settings.port}/?fleet={name}", flush=True)
     gc.freeze()
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,

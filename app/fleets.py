@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 
 from allocator.errors import Conflict, InvalidRequest, NotFound
 from allocator.fleet import MAX_FLEET_ENGINES
@@ -25,12 +26,25 @@ MAX_TOTAL_ENGINES = 256  # each engine is a subscriber thread and a socket
 
 
 class FleetHandle:
-    """One fleet on the server: the fleet, its lock and its sampling task."""
+    """One fleet on the server: the fleet, its lock, its sampling task and, when it plays a
+    fleet recording, the thread that feeds it."""
 
     def __init__(self, fleet: Fleet, lock: asyncio.Lock) -> None:
         self.fleet, self.lock = fleet, lock
         self.name = fleet.name
         self.task = asyncio.get_running_loop().create_task(self._sample(), name=f"fleet-{fleet.name}")
+        self._stop = threading.Event()
+        self._player: threading.Thread | None = None
+
+    def play(self, path: str, speed: float | None) -> None:
+        """Feed a fleet recording in a daemon thread (changes still run on the loop)."""
+        def run() -> None:
+            try:
+                self.fleet.play(path, speed, self._stop)
+            except Exception as exc:  # a file cut short or not a recording: shown, not raised
+                self.fleet.playback = {"path": path, "state": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        self._player = threading.Thread(target=run, daemon=True, name=f"fleet-{self.name}-play")
+        self._player.start()
 
     async def _sample(self) -> None:
         while True:
@@ -39,6 +53,9 @@ class FleetHandle:
             await asyncio.sleep(SAMPLE_EVERY_S)
 
     async def aclose(self) -> None:
+        self._stop.set()
+        if self._player is not None:
+            await asyncio.to_thread(self._player.join, 5)
         self.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.task
@@ -67,10 +84,21 @@ class Fleets:
         return handle
 
     async def create(self, name: str, engines: list[dict], record: str | None = None,
-                     max_engines: int = MAX_FLEET_ENGINES) -> FleetHandle:
-        """Start a fleet following `engines` (dicts of EngineSpec's fields). Raises Conflict
-        (name taken, duplicate engine, too many fleets) or InvalidRequest (too many engines, an
-        unusable endpoint); then nothing was started."""
+                     max_engines: int = MAX_FLEET_ENGINES, play: str | None = None,
+                     speed: float | None = None) -> FleetHandle:
+        """Start a fleet following `engines` (dicts of EngineSpec's fields), recording them to
+        `record`, or fed from the fleet recording `play` at `speed` times real time. Raises
+        Conflict (name taken, duplicate engine, too many fleets) or InvalidRequest (too many
+        engines, an unusable endpoint, a file that is not a recording); then nothing was
+        started."""
+        if play is not None:
+            from kvevents.codec import WireError
+            from kvevents.recording import read_records
+
+            try:
+                next(iter(read_records(play)), None)
+            except (OSError, WireError) as exc:
+                raise InvalidRequest(f"cannot play {play}: {exc}") from None
         if name in self._fleets or name in self._creating:
             raise Conflict(f"fleet {name!r} exists; delete it first or pick another name")
         if len(self._fleets) + len(self._creating) >= self.max_fleets:
@@ -98,6 +126,8 @@ class Fleets:
                 raise
             handle = FleetHandle(fleet, lock)
             self._fleets[name] = handle
+            if play is not None:
+                handle.play(play, speed)
             return handle
         finally:
             self._creating.discard(name)

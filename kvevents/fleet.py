@@ -174,7 +174,7 @@ class Fleet:
         self.recorder = Recorder(record, f"fleet {name}", "") if record else None
         self.samples: deque = deque(maxlen=SAMPLES)
         self.apply_failures = 0
-        self.malformed_batches: dict[str, int] = {}
+        self.playback: dict | None = None  # a recording being played into the fleet
         self.created_at = time.time()
         self._stop = threading.Event()
         self._monitor_thread = threading.Thread(target=self._watch, daemon=True,
@@ -237,9 +237,10 @@ class Fleet:
         self.submit(change)
 
     def play(self, path: str, speed: float | None = None, stop: threading.Event | None = None) -> dict:
-        """Feed a fleet recording back, batch by batch to the engine each one names (engines
-        not in the fleet are added with a placeholder endpoint-less link). Blocking."""
-        out = {"batches": 0, "events": 0, "errors": 0}
+        """Feed a fleet recording back, batch by batch to the engine each one names (an engine
+        not in the fleet is added on its first batch, a `:dpN` suffix read as its DP rank), at
+        `speed` times real time (None: as fast as it goes). Blocking; `self.playback` follows it."""
+        out = self.playback = {"path": path, "state": "playing", "batches": 0, "events": 0, "errors": 0}
         t0 = start = None
         for ts, _seq, topic, payload in read_records(path):
             if stop is not None and stop.is_set():
@@ -248,8 +249,8 @@ class Fleet:
                 t0 = ts if t0 is None else t0
                 start = time.monotonic() if start is None else start
                 wait = (ts - t0) / speed - (time.monotonic() - start)
-                if wait > 0:
-                    time.sleep(wait)
+                if wait > 0 and (stop.wait(wait) if stop is not None else time.sleep(wait)):
+                    break
             engine = topic.decode("utf-8", "replace")
             try:
                 batch = decode_batch(payload)
@@ -259,6 +260,7 @@ class Fleet:
             self.submit(lambda engine=engine, batch=batch: self._apply_recorded(engine, batch))
             out["batches"] += 1
             out["events"] += len(batch.events)
+        out["state"] = "done"
         return out
 
     def _apply_recorded(self, engine: str, batch) -> None:
@@ -299,7 +301,8 @@ class Fleet:
         return {"name": self.name, "engines": self.engines(), "stats": self.index.stats(),
                 "max_engines": self.index.max_engines, "created_at": self.created_at,
                 "recording": None if self.recorder is None else
-                {"path": self.recorder.path, "records": self.recorder.records}}
+                {"path": self.recorder.path, "records": self.recorder.records},
+                "playback": None if self.playback is None else dict(self.playback)}
 
     def summary(self) -> dict:
         return {"name": self.name, "engines": len(self.index.engines), **self.index.stats()}
