@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import zmq
 
 from allocator.errors import Conflict, InvalidRequest
@@ -37,6 +38,7 @@ RECONNECT_MS = 100
 RECONNECT_MAX_MS = 5000
 SAMPLE_EVERY_S = 1.0
 SAMPLES = 600  # ten minutes of duplication and missed-reuse figures at one per second
+LAGS = 2048
 _MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED
                    | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED)
 
@@ -104,6 +106,8 @@ class EngineLink:
         self.retry_in_ms: int | None = None
         self.connected_at: float | None = None
         self.refused_batches = 0
+        # Seconds from each batch's engine timestamp to its applying here (the last LAGS).
+        self.lags: deque = deque(maxlen=LAGS)
         self.ranks: dict[int, str] = {spec.dp_rank: spec.name}  # rank -> engine name
         self.monitor = None
         self.poller = MetricsPoller(spec.metrics_url).start() if spec.metrics_url else None
@@ -145,6 +149,7 @@ class EngineLink:
         out["state"] = state
         last = sub.get("last_batch_at")
         out["lag_s"] = None if last is None else round(max(0.0, time.time() - last), 3)
+        out.update(lag_percentiles(self.lags))
         return out
 
     def close(self) -> None:
@@ -233,6 +238,7 @@ class Fleet:
             if name not in self.index.engines:
                 return  # removed meanwhile
             self.index.apply(self.index.engine(name).eid, batch.events)
+            link.lags.append(time.time() - batch.ts)
 
         self.submit(change)
 
@@ -360,6 +366,17 @@ class _TaggedRecorder:
 
     def write(self, recv_ts: float, seq: int, topic: bytes, payload: bytes) -> None:
         self._r.write(recv_ts, seq, self._topic, payload)
+
+
+def lag_percentiles(lags) -> dict:
+    """p50 / p99 / max, in ms, of the time from a batch's engine timestamp to its applying here
+    (the engine's clock: across machines this includes their clock offset)."""
+    if not lags:
+        return {"apply_lag_p50_ms": None, "apply_lag_p99_ms": None, "apply_lag_max_ms": None}
+    a = np.fromiter(lags, dtype=np.float64, count=len(lags)) * 1000.0
+    p50, p99 = np.percentile(a, [50, 99])
+    return {"apply_lag_p50_ms": round(float(p50), 2), "apply_lag_p99_ms": round(float(p99), 2),
+            "apply_lag_max_ms": round(float(a.max()), 2)}
 
 
 def _engine_metrics(poller) -> dict | None:

@@ -59,6 +59,7 @@ export function engineHeadHtml(e) {
   const s = e.stream || {};
   const { state, bad } = healthOf(e);
   const lag = s.lag_s == null ? "no batch yet" : `${s.lag_s < 1 ? Math.round(s.lag_s * 1000) + " ms" : s.lag_s.toFixed(1) + " s"} since last batch`;
+  const p99 = s.apply_lag_p99_ms == null ? "" : ` (p99 ${Math.round(s.apply_lag_p99_ms)} ms from engine to index)`;
   const retry = state === "unreachable" ? ` · retry ${num(s.retries)} in ${num(s.retry_in_ms)} ms` : "";
   const m = e.metrics;
   const own = m && m.prefix_cache_queries != null
@@ -69,7 +70,7 @@ export function engineHeadHtml(e) {
   const bad_in = (s.error_count || 0) + (e.malformed_events || 0);
   return `<div class="fleet-engine-head${bad ? " bad" : ""}"><b>${escapeHtml(e.name)}</b>${e.dp_rank ? ` <small>dp ${e.dp_rank}</small>` : ""}
     <span class="state" data-state="${escapeHtml(state)}">${escapeHtml(state)}</span>
-    <small>${num(e.cached_blocks)} blocks · ${e.block_size ? e.block_size + " tok/block" : "block size unknown"} · ${lag}${retry}${bad_in ? ` · ${num(bad_in)} bad messages` : ""}${own}${keyed}${errs}</small></div>`;
+    <small>${num(e.cached_blocks)} blocks · ${e.block_size ? e.block_size + " tok/block" : "block size unknown"} · ${lag}${p99}${retry}${bad_in ? ` · ${num(bad_in)} bad messages` : ""}${own}${keyed}${errs}</small></div>`;
 }
 
 /**

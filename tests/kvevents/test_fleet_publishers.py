@@ -86,6 +86,7 @@ def test_fleet_of_vllm_and_sglang_matches_what_each_engine_holds(two_engines):
             assert r["keyed_by"] == "tokens" and r["block_size"] == 4 and not r["errors"]
             assert r["stream"]["lost_batches"] == 0 and r["stream"]["error_count"] == 0
             assert r["stream"]["state"] in ("live", "connected")
+            assert 0 <= r["stream"]["apply_lag_p50_ms"] <= r["stream"]["apply_lag_p99_ms"]
     finally:
         fleet.close()
 

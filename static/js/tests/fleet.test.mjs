@@ -32,13 +32,13 @@ test("an unreachable engine says so, with its retry, and counts as bad", () => {
 });
 
 test("an engine keyed by its own hashes and a block size mismatch are said out loud", () => {
-  const e = { name: "x<y", dp_rank: 1, cached_blocks: 5, block_size: 16, keyed_by: "engine hashes", errors: ["events say 16 tokens per block, the engine was configured with 32"], metrics: { prefix_cache_queries: 100, prefix_cache_hits: 40, kv_usage: 0.5 }, stream: { state: "live", lag_s: 0.05, error_count: 0 } };
+  const e = { name: "x<y", dp_rank: 1, cached_blocks: 5, block_size: 16, keyed_by: "engine hashes", errors: ["events say 16 tokens per block, the engine was configured with 32"], metrics: { prefix_cache_queries: 100, prefix_cache_hits: 40, kv_usage: 0.5 }, stream: { state: "live", lag_s: 0.05, error_count: 0, apply_lag_p99_ms: 12.4 } };
   const html = engineHeadHtml(e);
   assert.match(html, /x&lt;y/);
   assert.match(html, /keyed by engine hashes/);
   assert.match(html, /configured with 32/);
   assert.match(html, /40 \/ 100 prefix hits, KV 50%/);
-  assert.match(html, /50 ms since last batch/);
+  assert.match(html, /50 ms since last batch \(p99 12 ms from engine to index\)/);
 });
 
 test("maps are cut to MAX_ROWS rows and say how many are hidden", () => {
