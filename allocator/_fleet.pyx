@@ -644,6 +644,71 @@ cdef class FleetCore:
                 j += 1
         return keys, parents, masks
 
+    def key_of(self, int e, uint64_t h):
+        """The key engine e's hash `h` maps to, or None."""
+        self._check_engine(e)
+        cdef int64_t slot = ht_find(&self.etab[e], h)
+        return self.node_key[self.etab[e].vals[slot]] if slot >= 0 else None
+
+    def chain_of(self, uint64_t key, int max_blocks=1 << 16) -> list:
+        """The keys from the root down to `key` along indexed parents (root first); it starts
+        below the root when an ancestor is no longer indexed. [] when `key` is not indexed."""
+        cdef list out = []
+        cdef int32_t node = self.node_of(key)
+        while node >= 0 and len(out) < max_blocks:
+            out.append(self.node_key[node])
+            if self.node_parent[node] == 0:
+                break
+            node = self.node_of(self.node_parent[node])
+        out.reverse()
+        return out
+
+    def layout(self):
+        """(keys, root keys, masks) of the live nodes, as numpy uint64 arrays in `nodes()`'s
+        order: a node's root is the first block of its chain along indexed parents. O(nodes)."""
+        cdef int64_t n = self.node_top, i, sp, k, j = 0
+        cdef int32_t p, r, x
+        rootnode_a = np.full(max(n, 1), -1, dtype=np.int32)
+        stack_a = np.empty(max(n, 1), dtype=np.int32)
+        cdef int32_t[:] rootnode = rootnode_a, stack = stack_a
+        for i in range(n):
+            if self.node_mask[i] == 0 or rootnode[i] >= 0:
+                continue
+            sp = 0
+            x = <int32_t>i
+            while True:
+                if rootnode[x] >= 0:
+                    r = rootnode[x]
+                    break
+                stack[sp] = x
+                sp += 1
+                if self.node_parent[x] == 0 or sp >= n:
+                    r = x
+                    break
+                p = self.node_of(self.node_parent[x])
+                if p < 0:
+                    r = x
+                    break
+                x = p
+            for k in range(sp):
+                rootnode[stack[k]] = r
+        keys = np.empty(self.unique, dtype=np.uint64)
+        roots = np.empty(self.unique, dtype=np.uint64)
+        masks = np.empty(self.unique, dtype=np.uint64)
+        cdef uint64_t[:] kv = keys, rv = roots, mv = masks
+        for i in range(n):
+            if self.node_mask[i] != 0 and j < self.unique:
+                kv[j] = self.node_key[i]
+                rv[j] = self.node_key[rootnode[i]]
+                mv[j] = self.node_mask[i]
+                j += 1
+        return keys, roots, masks
+
+    def parent_of(self, uint64_t key):
+        """The parent key of an indexed block (0: a root), or None when `key` is not indexed."""
+        cdef int32_t node = self.node_of(key)
+        return self.node_parent[node] if node >= 0 else None
+
     def mask_of(self, uint64_t key) -> int:
         """The engines holding `key`, as a bit mask (0: not indexed)."""
         cdef int32_t node = self.node_of(key)

@@ -93,6 +93,18 @@ class FleetIndex(FleetCore):
             out[self._by_id[eid].name] = n
         return out
 
+    def match_chain(self, key: int) -> dict[str, int]:
+        """The same for the chain from the root down to an indexed block `key` (a recent
+        store's last block, say); 0 everywhere when no engine holds its first blocks any more
+        (the chain no longer reaches the root, so nothing can reuse it)."""
+        out = dict.fromkeys(self.engines, 0)
+        chain = self.chain_of(key)
+        if not chain or self.parent_of(chain[0]) != 0:
+            return out
+        for eid, n in self.match_keys(chain).items():
+            out[self._by_id[eid].name] = n
+        return out
+
     def block_size(self, name: str) -> int | None:
         """Tokens per block of an engine: from its events, else as configured."""
         info = self.engine(name)
@@ -135,13 +147,6 @@ class FleetIndex(FleetCore):
                            out["stored_blocks"] - out["fallback_blocks"] else "tokens")
         return out
 
-    def layout(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(keys, root keys, engine masks) of every indexed block, for the page: a block's root
-        is the first block of its chain (following indexed parents), so one prefix can take one
-        colour on every engine. O(blocks)."""
-        keys, parents, masks = self.nodes()
-        return keys, _roots(keys, parents), masks
-
     # -- invariants -----------------------------------------------------------------------------
     def check(self) -> list[str]:
         """Every invariant of the index; each problem names the engine or key that breaks it."""
@@ -181,21 +186,3 @@ class FleetIndex(FleetCore):
                 problems.append(f"a node is held by engine bits {m & ~self.active:#x} not in the fleet")
                 break
         return problems
-
-
-def _roots(keys: np.ndarray, parents: np.ndarray) -> np.ndarray:
-    """The root key of each node's chain (following parents that are indexed)."""
-    index = {k: i for i, k in enumerate(keys.tolist())}
-    par = [index.get(p, -1) for p in parents.tolist()]
-    root = [-1] * len(par)
-    for i in range(len(par)):
-        path = []
-        j = i
-        while root[j] < 0 and par[j] >= 0 and len(path) <= len(par):
-            path.append(j)
-            j = par[j]
-        r = root[j] if root[j] >= 0 else j
-        root[j] = r
-        for x in path:
-            root[x] = r
-    return keys[np.asarray(root, dtype=np.int64)] if root else keys.copy()

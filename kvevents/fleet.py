@@ -39,6 +39,7 @@ RECONNECT_MAX_MS = 5000
 SAMPLE_EVERY_S = 1.0
 SAMPLES = 600  # ten minutes of duplication and missed-reuse figures at one per second
 LAGS = 2048
+RECENT = 12  # recent stored chains offered to the match box
 _MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED
                    | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED)
 
@@ -141,9 +142,9 @@ class EngineLink:
 
     def health(self) -> dict:
         sub = self.subscriber.status()
+        if self.connection == "connecting" and sub["state"] == "live":
+            self.connection = "connected"  # the monitor came up after the connect
         state = sub["state"] if self.connection == "connected" else self.connection
-        if state == "connecting" and sub["state"] == "live":
-            state = "live"
         out = {"state": state, "connection": self.connection, "retries": self.retries,
                "retry_in_ms": self.retry_in_ms, "refused_batches": self.refused_batches, **sub}
         out["state"] = state
@@ -180,6 +181,7 @@ class Fleet:
         self.samples: deque = deque(maxlen=SAMPLES)
         self.apply_failures = 0
         self.playback: dict | None = None  # a recording being played into the fleet
+        self.recent: deque = deque(maxlen=4 * RECENT)  # (ts, engine, key of a chain's last block)
         self.created_at = time.time()
         self._stop = threading.Event()
         self._monitor_thread = threading.Thread(target=self._watch, daemon=True,
@@ -237,8 +239,10 @@ class Fleet:
                 link.ranks[rank] = name
             if name not in self.index.engines:
                 return  # removed meanwhile
-            self.index.apply(self.index.engine(name).eid, batch.events)
+            eid = self.index.engine(name).eid
+            self.index.apply(eid, batch.events)
             link.lags.append(time.time() - batch.ts)
+            self._note_recent(name, eid, batch.events)
 
         self.submit(change)
 
@@ -269,13 +273,38 @@ class Fleet:
         out["state"] = "done"
         return out
 
+    def _note_recent(self, name: str, eid: int, events) -> None:
+        """Remember the last chain this batch stored (the page offers recent chains to match)."""
+        for ev in reversed(events):
+            if ev.kind == "stored" and ev.block_hashes:
+                key = self.index.key_of(eid, ev.block_hashes[-1])
+                if key is not None:
+                    self.recent.append((time.time(), name, key))
+                return
+
+    def recent_chains(self, n: int = RECENT) -> list[dict]:
+        """The last chains stored that are still indexed, newest first, with their length."""
+        out, seen = [], set()
+        for at, engine, key in reversed(self.recent):
+            if key in seen:
+                continue
+            seen.add(key)
+            blocks = len(self.index.chain_of(key))
+            if blocks:
+                out.append({"engine": engine, "key": f"{key:016x}", "blocks": blocks, "at": at})
+            if len(out) >= n:
+                break
+        return out
+
     def _apply_recorded(self, engine: str, batch) -> None:
         if engine not in self.index.engines:
             if len(self.index.engines) >= self.index.max_engines:
                 return
             server, _, rank = engine.partition(":dp")
             self.index.add(engine, server=server, dp_rank=int(rank) if rank.isdigit() else 0)
-        self.index.apply(self.index.engine(engine).eid, batch.events)
+        eid = self.index.engine(engine).eid
+        self.index.apply(eid, batch.events)
+        self._note_recent(engine, eid, batch.events)
 
     # -- reading ----------------------------------------------------------------------------------
     def sample(self) -> None:
@@ -308,7 +337,8 @@ class Fleet:
                 "max_engines": self.index.max_engines, "created_at": self.created_at,
                 "recording": None if self.recorder is None else
                 {"path": self.recorder.path, "records": self.recorder.records},
-                "playback": None if self.playback is None else dict(self.playback)}
+                "playback": None if self.playback is None else dict(self.playback),
+                "recent_chains": self.recent_chains()}
 
     def summary(self) -> dict:
         return {"name": self.name, "engines": len(self.index.engines), **self.index.stats()}

@@ -9,7 +9,7 @@ import numpy as np
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from pydantic import Field, model_validator
 
-from allocator.errors import InvalidRequest
+from allocator.errors import InvalidRequest, NotFound
 from allocator.fleet import MAX_FLEET_ENGINES
 
 from ..fleets import FleetHandle, Fleets
@@ -47,19 +47,21 @@ class FleetCreate(Strict):
 
 
 class MatchIn(Strict):
-    """A prompt's token ids, or a chain of one engine's own block hashes."""
+    """A prompt's token ids, a chain of one engine's own block hashes, or the chain down to an
+    indexed block `key` (as `recent_chains` name them)."""
 
     tokens: Annotated[list[Annotated[int, Field(ge=0, lt=1 << 63)]],
                       Field(max_length=MAX_MATCH_TOKENS)] | None = None
     block_hashes: Annotated[list[Annotated[int, Field(ge=-(1 << 63), lt=1 << 64)]],
                             Field(max_length=MAX_MATCH_HASHES)] | None = None
     engine: EngineName | None = None
+    key: Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")] | None = None
     lora_id: Annotated[int, Field(ge=0, lt=1 << 63)] | None = None
 
     @model_validator(mode="after")
     def _one(self):
-        if (self.tokens is None) == (self.block_hashes is None):
-            raise ValueError("give exactly one of 'tokens' or 'block_hashes'")
+        if sum(x is not None for x in (self.tokens, self.block_hashes, self.key)) != 1:
+            raise ValueError("give exactly one of 'tokens', 'block_hashes' or 'key'")
         if self.block_hashes is not None and self.engine is None:
             raise ValueError("'block_hashes' are one engine's own: name it in 'engine'")
         return self
@@ -153,6 +155,10 @@ async def match(body: MatchIn, handle: FleetDep) -> dict:
                 raise InvalidRequest("no engine's block size is known yet (none has stored a "
                                      "block, and none was given 'block_size')")
             engines = index.match(body.tokens, body.lora_id)
+        elif body.key is not None:
+            if not index.chain_of(int(body.key, 16)):
+                raise NotFound("block", body.key)
+            engines = index.match_chain(int(body.key, 16))
         else:
             engines = index.match_engine_hashes(body.engine, [h & ((1 << 64) - 1) for h in body.block_hashes])
         return {"engines": engines,

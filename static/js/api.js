@@ -194,6 +194,6 @@ export const fleets = {
   get: (name, samples = 300) => api("GET", `/api/fleets/${encodeURIComponent(name)}?samples=${samples}`),
   /** @param {string} name */
   blocks: (name) => api("GET", `/api/fleets/${encodeURIComponent(name)}/blocks`),
-  /** @param {string} name @param {{tokens: number[]}|{block_hashes: number[], engine: string}} body */
+  /** @param {string} name @param {{tokens: number[]}|{block_hashes: number[], engine: string}|{key: string}} body */
   match: (name, body) => api("POST", `/api/fleets/${encodeURIComponent(name)}/match`, body),
 };

@@ -4,7 +4,7 @@
 
 import { fleets } from "./api.js";
 import { escapeHtml, paintSwatches } from "./dom.js";
-import { CELL, COLUMNS, GAP, colorOf, engineHeadHtml, figuresHtml, groupByServer, mapLayout, matchHtml, parseTokens, prefixesHtml, seriesOf } from "./fleet.js";
+import { CELL, COLUMNS, GAP, colorOf, engineHeadHtml, figuresHtml, groupByServer, mapLayout, matchHtml, parseTokens, prefixesHtml, recentOptionsHtml, seriesOf } from "./fleet.js";
 
 /** The fleet's state is read this often while the view is shown; its block maps half as often. */
 export const FLEET_REFRESH_MS = 1000;
@@ -84,6 +84,8 @@ export function createFleetView() {
     prefixes.innerHTML = prefixesHtml((state.blocks && state.blocks.prefixes) || []);
     paintSwatches(prefixes);
     drawChart(/** @type {HTMLCanvasElement} */ ($("#fleet-chart", root)), seriesOf(f.samples || []));
+    const recent = /** @type {HTMLSelectElement} */ ($("#fleet-recent", root));
+    if (document.activeElement !== recent && !recent.value) recent.innerHTML = recentOptionsHtml(f.recent_chains || [], Date.now() / 1000);
   }
 
   /** Duplicated blocks and missed reuse (cumulative) over the samples, each on its own scale. */
@@ -121,8 +123,14 @@ export function createFleetView() {
       out.textContent = parsed.error;
       return;
     }
+    await runMatch({ tokens: parsed.tokens });
+  }
+
+  /** @param {{tokens: number[]}|{key: string}} body */
+  async function runMatch(body) {
+    const out = $("#fleet-match-out", root);
     try {
-      const r = await fleets.match(name, { tokens: parsed.tokens });
+      const r = await fleets.match(name, body);
       state.match = r;
       out.innerHTML = matchHtml(r.engines, r.block_sizes);
     } catch (err) {
@@ -137,6 +145,10 @@ export function createFleetView() {
     tick();
   });
   $("#f-fleet-match", root).addEventListener("submit", onMatch);
+  $("#fleet-recent", root).addEventListener("change", (ev) => {
+    const key = /** @type {HTMLSelectElement} */ (ev.target).value;
+    if (key) runMatch({ key });
+  });
 
   return {
     show() {

@@ -120,3 +120,8 @@ export function seriesOf(samples) {
     unique: samples.map((s) => s.unique_blocks),
   };
 }
+
+/** Options of the recent-chains picker, newest first. @param {any[]} chains @param {number} now unix s */
+export function recentOptionsHtml(chains, now) {
+  return `<option value="">—</option>` + chains.map((c) => `<option value="${escapeHtml(c.key)}">${escapeHtml(c.engine)} · ${c.blocks} blocks · ${Math.max(0, Math.round(now - c.at))} s ago</option>`).join("");
+}

@@ -6,7 +6,7 @@ import pytest
 
 from allocator.errors import Conflict, NotFound
 from allocator.fleet import MAX_FLEET_ENGINES, FleetIndex
-from kvevents.codec import Stored
+from kvevents.codec import Removed, Stored
 
 TOKENS = list(range(16))
 
@@ -74,3 +74,37 @@ def test_the_index_grows_past_its_first_capacity_and_stays_consistent():
         f.apply(i % 2, [Stored([2 * i + 1, 2 * i + 2], None, toks, 4)])
     assert f.unique == 400 and f.check() == []
     assert f.memory_bytes() / f.holdings < 200
+
+
+def test_a_stored_chain_is_found_again_from_its_last_block():
+    f = FleetIndex()
+    f.add("a")
+    f.add("b")
+    f.apply(0, [Stored([1, 2, 3], None, TOKENS[:12], 4)])
+    f.apply(1, [Stored([7, 8], None, TOKENS[:8], 4)])
+    key = f.key_of(0, 3)
+    chain = f.chain_of(key)
+    assert chain == f.keys_of(TOKENS[:12], 4)
+    assert f.match_chain(key) == {"a": 3, "b": 2}
+    assert f.key_of(0, 99) is None and f.chain_of(12345) == []
+    f.apply(0, [Removed([2])])
+    f.apply(1, [Removed([8])])  # nobody holds the middle block now
+    assert f.chain_of(key) == [key]  # the chain starts below the missing block
+    assert f.match_chain(key) == {"a": 0, "b": 0}  # a chain that does not start at the root
+
+
+def test_layout_names_each_block_s_chain_root():
+    f = FleetIndex()
+    f.add("a")
+    f.add("b")
+    f.apply(0, [Stored([1, 2, 3], None, TOKENS[:12], 4)])
+    f.apply(1, [Stored([5, 6], None, [9] * 8, 4), Stored([7], 6, [8] * 4, 4)])
+    keys, roots, masks = f.layout()
+    root_of = dict(zip(keys.tolist(), roots.tolist()))
+    a = f.keys_of(TOKENS[:12], 4)
+    b = f.keys_of([9] * 8 + [8] * 4, 4)
+    assert all(root_of[k] == a[0] for k in a) and all(root_of[k] == b[0] for k in b)
+    f.apply(1, [Removed([5])])  # b's root goes: its chain now starts at its second block
+    keys, roots, _ = f.layout()
+    root_of = dict(zip(keys.tolist(), roots.tolist()))
+    assert root_of[b[1]] == b[1] and root_of[b[2]] == b[1]

@@ -58,6 +58,18 @@ def fleet(api, tmp_path):
         p.close()
 
 
+def shown_match(page) -> dict:
+    return {el.get_attribute("data-engine"): int(el.get_attribute("data-blocks"))
+            for el in page.locator(".fleet-match-row").all()}
+
+
+def wait_shown(page, want: dict, timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    while shown_match(page) != want:
+        assert time.monotonic() < end, (shown_match(page), want)
+        time.sleep(0.1)
+
+
 def test_fleet_view_paints_every_engine_and_matches(page, api, fleet, artifacts):
     page.goto("/?fleet=e2e#fleet")
     want = {n: len(s.cached) for n, s in fleet.items()}
@@ -77,14 +89,17 @@ def test_fleet_view_paints_every_engine_and_matches(page, api, fleet, artifacts)
         assert filled >= want[n] * 16, (n, filled)
     page.wait_for_selector('.fleet-engine[data-engine="gone"] .state[data-state="unreachable"]', timeout=30_000)
     page.wait_for_selector("#fleet-prefixes .fleet-set.shared", timeout=30_000)
+    # a recent stored chain from the picker
+    page.wait_for_function("document.querySelectorAll('#fleet-recent option').length > 1", timeout=30_000)
+    key = page.locator("#fleet-recent option").nth(1).get_attribute("value")
+    page.select_option("#fleet-recent", key)
+    want_chain = api.post("/api/fleets/e2e/match", json={"key": key}).json()["engines"]
+    wait_shown(page, want_chain)
     # the match box
     prompt = fleet["e0"].prompts[0]
     page.fill("#fleet-tokens", ", ".join(map(str, prompt)))
     page.click("#f-fleet-match button[type=submit]")
-    page.wait_for_selector(".fleet-match-row", timeout=30_000)
-    shown = {el.get_attribute("data-engine"): int(el.get_attribute("data-blocks"))
-             for el in page.locator(".fleet-match-row").all()}
-    assert shown == api.post("/api/fleets/e2e/match", json={"tokens": prompt}).json()["engines"]
+    wait_shown(page, api.post("/api/fleets/e2e/match", json={"tokens": prompt}).json()["engines"])
     page.fill("#fleet-tokens", "1, two")
     page.click("#f-fleet-match button[type=submit]")
     page.wait_for_function("document.querySelector('#fleet-match-out').textContent.includes('not a token id')")

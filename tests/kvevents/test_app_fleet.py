@@ -89,6 +89,11 @@ def test_fleet_rest_match_metrics_and_engine_changes(pair, ipc, vllm_kv):
             chain.append(signed(parent))  # SGLang's hashes are signed: either form names the block
         got = client.post("/api/fleets/f/match", json={"block_hashes": chain, "engine": "b"}).json()
         assert got["engines"]["b"] == held_prefix(src, src.prompts[0])
+        # a recent stored chain, named by its last block's key
+        recent = client.get("/api/fleets/f").json()["recent_chains"]
+        assert recent and recent[0]["engine"] in pair and recent[0]["blocks"] >= 1
+        got = client.post("/api/fleets/f/match", json={"key": recent[0]["key"]}).json()["engines"]
+        assert 1 <= got[recent[0]["engine"]] <= recent[0]["blocks"]
         # Prometheus
         text = client.get("/metrics").text
         unique = client.get("/api/fleets/f").json()["stats"]["unique_blocks"]
@@ -147,6 +152,7 @@ def test_bad_fleet_input_is_refused_and_changes_nothing(tmp_path):
             assert_error(client.post("/api/fleets", json=body), 422, "invalid_request")
         # matches
         for body in ({"tokens": [1, 2], "block_hashes": [1], "engine": "a"}, {"block_hashes": [1]},
+                     {"key": "xyz"}, {"key": "00000000000000ab", "tokens": [1]},
                      {"tokens": ["1"]}, {"tokens": [-1]}, {}, {"tokens": [1], "bogus": 0}):
             assert_error(client.post("/api/fleets/f/match", json=body), 422, "invalid_request")
         e = assert_error(client.post("/api/fleets/f/match", json={"tokens": [1, 2, 3]}), 422,
@@ -155,6 +161,7 @@ def test_bad_fleet_input_is_refused_and_changes_nothing(tmp_path):
         assert_error(client.post("/api/fleets/f/match", json={"block_hashes": [1], "engine": "zz"}),
                      404, "not_found")
         assert_error(client.post("/api/fleets/nope/match", json={"tokens": [1]}), 404, "not_found")
+        assert_error(client.post("/api/fleets/f/match", json={"key": "00000000000000ab"}), 404, "not_found")
         assert_error(client.delete("/api/fleets/nope"), 404, "not_found")
         assert client.get("/api/fleets").json() == before
         # the fleet is full: one more engine is refused naming the limit

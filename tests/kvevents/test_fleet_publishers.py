@@ -177,11 +177,15 @@ def test_one_endpoint_carrying_several_ranks_makes_one_engine_per_rank(ipc, vllm
         eng.pub.publish(vllm_kv.KVEventBatch(ts=time.time(), events=to_engine(vllm_kv, src1.step()),
                                              data_parallel_rank=1))
         eng.seq += 1
-        wait_for(lambda: "srv:dp1" in fleet.index.engines and
-                 fleet.index.engine_stats("srv:dp1")["cached_blocks"] == len(src1.cached),
-                 what="rank 1's engine")
+        end = time.monotonic() + DEADLINE
+        while applied(fleet, "srv:dp1") < 1 or applied(fleet, "srv") + applied(fleet, "srv:dp1") < eng.seq + 1:
+            assert time.monotonic() < end, (applied(fleet, "srv"), applied(fleet, "srv:dp1"), eng.seq, fleet.links["srv"].health())
+            time.sleep(0.2)
+            if fleet.links["srv"].subscriber.last_seq is None:
+                eng.send([])  # a SUB socket that joined after the last batch sees the gap now
         with fleet.lock:
             rows = {r["name"]: r for r in fleet.engines()}
+        assert rows["srv:dp1"]["cached_blocks"] == len(src1.cached)
         assert rows["srv:dp1"]["server"] == "srv" and rows["srv:dp1"]["dp_rank"] == 1
         assert rows["srv"]["cached_blocks"] == len(eng.source.cached)
     finally:

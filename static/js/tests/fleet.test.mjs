@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { COLUMNS, MAX_ROWS, colorOf, engineHeadHtml, figuresHtml, groupByServer, healthOf, mapLayout, matchHtml, parseTokens, prefixesHtml, seriesOf } from "../fleet.js";
+import { COLUMNS, MAX_ROWS, colorOf, engineHeadHtml, figuresHtml, groupByServer, healthOf, mapLayout, matchHtml, parseTokens, prefixesHtml, recentOptionsHtml, seriesOf } from "../fleet.js";
 
 test("one prefix gets one colour everywhere, neighbouring prefixes differ", () => {
   assert.equal(colorOf(12345), colorOf(12345));
@@ -71,4 +71,10 @@ test("prefixes list the engine sets, shared ones marked", () => {
 test("series columns follow the samples", () => {
   const s = seriesOf([{ at: 1, duplicated_blocks: 2, cross_engine_recomputes: 3, unique_blocks: 4 }]);
   assert.deepEqual(s, { t: [1], duplicated: [2], recomputes: [3], unique: [4] });
+});
+
+test("recent chains are offered newest first with their engine, length and age", () => {
+  const html = recentOptionsHtml([{ engine: "e1", key: "00000000000000ab", blocks: 7, at: 95 }], 100);
+  assert.match(html, /<option value="">—<\/option>/);
+  assert.match(html, /value="00000000000000ab">e1 · 7 blocks · 5 s ago/);
 });
