@@ -188,6 +188,9 @@ cdef class FleetCore:
     cdef readonly int64_t unique     # live nodes
     cdef readonly int64_t duplicated  # live nodes held by 2+ engines
     cdef readonly int64_t holdings   # (engine, node) pairs
+    cdef uint64_t *scratch_h         # a store's hashes and keys, converted once (no PyLong per block)
+    cdef uint64_t *scratch_k
+    cdef Py_ssize_t scratch_cap
     cdef public dict extra           # (engine, hash) -> further copies of a held hash
     cdef public dict multi           # (node, engine) -> further hashes of e on the node
 
@@ -206,6 +209,11 @@ cdef class FleetCore:
                 or self.kslots == NULL):
             raise MemoryError()
         memset(self.kslots, 0xff, self.kcap * sizeof(int32_t))
+        self.scratch_cap = 64
+        self.scratch_h = <uint64_t *> PyMem_Malloc(self.scratch_cap * sizeof(uint64_t))
+        self.scratch_k = <uint64_t *> PyMem_Malloc(self.scratch_cap * sizeof(uint64_t))
+        if self.scratch_h == NULL or self.scratch_k == NULL:
+            raise MemoryError()
         memset(self.counters, 0, sizeof(self.counters))
         memset(self.held, 0, sizeof(self.held))
         memset(self.bsize, 0, sizeof(self.bsize))
@@ -222,6 +230,8 @@ cdef class FleetCore:
         PyMem_Free(self.node_parent)
         PyMem_Free(self.node_mask)
         PyMem_Free(self.kslots)
+        PyMem_Free(self.scratch_h)
+        PyMem_Free(self.scratch_k)
 
     # -- engines ------------------------------------------------------------------------------
     def add_engine(self, int e) -> None:
@@ -396,8 +406,8 @@ cdef class FleetCore:
                 continue
             try:
                 if kind == "stored":
-                    self.store(e, ev.block_hashes, ev.parent, ev.token_ids, ev.block_size,
-                               ev.lora_id)
+                    self._store(e, ev.block_hashes, ev.parent, ev.token_ids, ev.block_size,
+                                ev.lora_id)
                 elif kind == "removed":
                     self.remove(e, ev.block_hashes)
             except (TypeError, ValueError, OverflowError):
@@ -411,14 +421,36 @@ cdef class FleetCore:
         `tokens` (all the blocks' token ids, or None). Returns the keys. Raises ValueError /
         TypeError / OverflowError on unreadable input, before changing anything."""
         self._check_engine(e)
+        self._store(e, hashes, parent, tokens, block_size, lora_id)
+        return [self.scratch_k[i] for i in range(len(hashes))]
+
+    cdef int _grow_scratch(self, Py_ssize_t n) except -1:
+        cdef Py_ssize_t cap = self.scratch_cap
+        while cap < n:
+            cap *= 2
+        cdef void *p = PyMem_Realloc(self.scratch_h, cap * sizeof(uint64_t))
+        if p == NULL:
+            raise MemoryError()
+        self.scratch_h = <uint64_t *> p
+        p = PyMem_Realloc(self.scratch_k, cap * sizeof(uint64_t))
+        if p == NULL:
+            raise MemoryError()
+        self.scratch_k = <uint64_t *> p
+        self.scratch_cap = cap
+        return 0
+
+    cdef int _store(self, int e, list hashes, parent, tokens, block_size, lora_id) except -1:
         cdef Py_ssize_t n = len(hashes), i
         cdef int64_t *c = self.counters[e]
         cdef HTable *t = &self.etab[e]
-        cdef uint64_t bit = (<uint64_t>1) << e, pk, k, h, m, lora
+        cdef uint64_t bit = (<uint64_t>1) << e, pk, pk0, k, h, m, lora
         cdef int64_t slot
         cdef int32_t node, bs = 0
-        cdef bint by_tokens
-        cdef list keys = [None] * n
+        cdef bint by_tokens, orphan = False
+        if n > self.scratch_cap:
+            self._grow_scratch(n)
+        cdef uint64_t *hs = self.scratch_h
+        cdef uint64_t *ks = self.scratch_k
         lora = 0 if lora_id is None else <uint64_t><int64_t>lora_id
         if block_size is not None:
             bs = block_size
@@ -431,7 +463,8 @@ cdef class FleetCore:
             if bs == 0 or len(tokens) != n * bs:
                 raise ValueError(f"{len(tokens)} token ids for {n} blocks of {bs}")
         # Pass 1: the keys (reads only, so bad input changes nothing).
-        cdef uint64_t pk0
+        for i in range(n):
+            hs[i] = hashes[i]
         if parent is None:
             pk = 0
         else:
@@ -441,27 +474,27 @@ cdef class FleetCore:
                 pk = self.node_key[t.vals[slot]]
             else:  # parent unknown here: a chain detached from the root, never matched from it
                 pk = nonzero(mix64(ORPHAN ^ mix64(h + <uint64_t>e)))
+                orphan = True
         pk0 = pk
         for i in range(n):
-            h = hashes[i]
             if by_tokens:
                 pk = self.block_key(pk, lora, tokens, i * bs, bs)
             else:
-                pk = nonzero(mix64(FALLBACK ^ mix64(h ^ lora * K2)))
-            keys[i] = pk
+                pk = nonzero(mix64(FALLBACK ^ mix64(hs[i] ^ lora * K2)))
+            ks[i] = pk
         # Pass 2: apply.
         if bs and self.bsize[e] == 0:
             self.bsize[e] = bs
         c[C_STORED_EV] += 1
-        if parent is not None and ht_find(t, <uint64_t>parent) < 0:
+        if orphan:
             c[C_ORPHAN] += 1
-        pk = pk0
         if not by_tokens:
             c[C_FALLBACK] += n
+        pk = pk0
         for i in range(n):
             c[C_STORED_BL] += 1
-            h = hashes[i]
-            k = keys[i]
+            h = hs[i]
+            k = ks[i]
             slot = ht_find(t, h)
             if slot >= 0:  # this engine stored the hash again: one more copy
                 c[C_DUP] += 1
@@ -489,7 +522,7 @@ cdef class FleetCore:
             ht_put(t, h, node)
             self.held[e] += 1
             pk = k
-        return keys
+        return 0
 
     cpdef int remove(self, int e, list hashes) except -1:
         """Engine e dropped one copy of each of `hashes`. A hash it does not hold is counted in
@@ -591,8 +624,35 @@ cdef class FleetCore:
 
     def match_tokens(self, list tokens, int block_size, lora_id=None,
                      uint64_t among=0xffffffffffffffffULL) -> dict:
-        """{engine: leading blocks held} for a prompt's token ids, in blocks of `block_size`."""
-        return self.match_keys(self.keys_of(tokens, block_size, lora_id), among)
+        """{engine: leading blocks held} for a prompt's token ids, in blocks of `block_size`
+        (hashing and walking in one pass; stops where the last engine drops out)."""
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        cdef Py_ssize_t nb = len(tokens) // block_size, i
+        cdef uint64_t k = 0, m, dropped, act = among & self.active
+        cdef uint64_t lora = 0 if lora_id is None else <uint64_t><int64_t>lora_id
+        cdef int32_t node
+        cdef int e
+        cdef dict out = {}
+        if nb == 0:
+            return out
+        for i in range(nb):
+            k = self.block_key(k, lora, tokens, i * block_size, block_size)
+            node = self.node_of(k)
+            m = self.node_mask[node] if node >= 0 else 0
+            dropped = act & ~m
+            if dropped:
+                if i:
+                    for e in range(MAX_ENGINES):
+                        if dropped >> e & 1:
+                            out[e] = i
+                act &= m
+                if not act:
+                    return out
+        for e in range(MAX_ENGINES):
+            if act >> e & 1:
+                out[e] = nb
+        return out
 
     def match_hashes(self, int e, list hashes) -> dict:
         """{engine: leading blocks held} for a chain named by engine e's own hashes (a hash e
