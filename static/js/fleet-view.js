@@ -95,6 +95,11 @@ export function createFleetView() {
     const ctx = canvas.getContext("2d");
     if (!ctx) return;
     ctx.clearRect(0, 0, w, h);
+    if (s.t.length < 2) {
+      ctx.fillStyle = "#888";
+      ctx.fillText("collecting: one point a second", 6, 12);
+      return;
+    }
     const lines = [["duplicated", "#e8a33d"], ["recomputes", "#d9534f"], ["unique", "#5b9bd5"]];
     lines.forEach(([key, color], k) => {
       const ys = s[key];
