@@ -9,7 +9,7 @@ PORT    ?= $(or $(KVSCOPE_PORT),8000)
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install build run test test-py test-js bench lint clean
+.PHONY: install build run test test-py test-js bench lint clean engines-env test-engines
 
 install: $(VENV)/.installed
 
@@ -44,6 +44,16 @@ bench: install
 
 lint: install
 	$(VENV)/bin/ruff check allocator app workloads kvevents tests bench
+
+# The engine environment: vLLM's CPU build beside kvscope, in a venv of its own (.venv-engine),
+# and a tiny model directory. A second run only checks its stamps.
+engines-env:
+	bash scripts/engines-env.sh
+
+# Tests that run real vLLM engines (marker `engines`); they need `make engines-env` first, and
+# fail (never skip) without it.
+test-engines: engines-env
+	.venv-engine/bin/python -m pytest -q -m engines -p no:cacheprovider tests/engines $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info allocator/*.c allocator/*.so allocator/*.html

@@ -1,4 +1,4 @@
-"""`kvscope serve | replay | scenario | prefix | mirror | recording`."""
+"""`kvscope serve | replay | scenario | prefix | mirror | recording | demo`."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def serve(argv: list[str], opening: bool = False) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,mirror,recording} [options]\n"
+    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,mirror,recording,demo} [options]\n"
              "  serve      run the server: dashboard, REST API, stream, metrics (kvscope serve -h)\n"
              "  open       serve pool history recordings (.kvrec) read-only, scrubbable in the dashboard (kvscope open -h)\n"
              "  record     run a scenario or trace headless on one pool, recording it to a .kvrec (kvscope record -h)\n"
@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
              "  prefix     prefix-cache hit ratio vs capacity per policy on a Mooncake trace (kvscope prefix -h);\n"
              "             with --publish ENDPOINT, the trace as a live KV-event source (kvscope prefix --publish E -h)\n"
              "  mirror     the dashboard on a live vLLM/SGLang engine's prefix cache (kvscope mirror -h)\n"
-             "  recording  summarise or play back a mirror's KV-event recording, .kvevents (kvscope recording -h)")
+             "  recording  summarise or play back a mirror's KV-event recording, .kvevents (kvscope recording -h)\n"
+             "  demo       real vLLM CPU engines under a Mooncake trace, on the dashboard (kvscope demo -h)")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2
@@ -129,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import cli_events
 
         return int((cli_events.mirror_main if command == "mirror" else cli_events.recording_main)(rest))
+    if command == "demo":
+        from .engines.demo import demo_main
+
+        return int(demo_main(rest))
     if command in ("replay", "scenario", "prefix"):
         from workloads import cli as workloads_cli  # written separately; imported only when used
 
