@@ -84,13 +84,16 @@ def main() -> int:
     p.add_argument("--max-model-len", type=int, default=1024)
     args = p.parse_args()
     t0 = time.monotonic()
+    # The protocol owns the real stdout; vLLM's logging (to stdout) goes to stderr instead.
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     from vllm import SamplingParams
 
     llm = build_llm(args.model, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
                     max_model_len=args.max_model_len, events_port=args.events_port,
                     replay_port=args.replay_port)
     engine = llm.llm_engine
-    out = sys.stdout
 
     def say(obj) -> None:
         out.write(json.dumps(obj) + "\n")
