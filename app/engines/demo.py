@@ -27,7 +27,7 @@ from . import env
 from .server import EngineFailed, EngineProcess, EngineSpec, port_taken
 
 PROG = "kvscope demo"
-ENGINE_BLOCKS = 512  # per engine: 16,384 tokens, so the trace keeps evicting
+ENGINE_BLOCKS = 1024  # per engine: 32,768 tokens; the trace fills it in about a minute, then evicts
 MAX_MODEL_LEN = 2048
 MAX_ENGINES = 4
 
@@ -55,6 +55,7 @@ class Supervisor:
 
     def __init__(self, engines: list[EngineProcess], on_fail, out=sys.stdout) -> None:
         self.engines, self.on_fail, self.out = engines, on_fail, out
+        self.load = None  # the load generator, once started: its progress is reported too
         self.failure: EngineFailed | None = None
         self.ready: set[str] = set()
         self._stop = threading.Event()
@@ -96,6 +97,9 @@ class Supervisor:
                 last_report = now
                 self._say(f"booting {', '.join(waiting)}: {now - t0:.0f} s "
                           f"({len(self.ready)}/{len(self.engines)} up; about 2 minutes on 2 cores)")
+            elif not waiting and self.load is not None and now - last_report >= 30:
+                last_report = now
+                self._say(f"load: {self.load.status()}")
             self._stop.wait(1.0)
 
 
@@ -172,8 +176,8 @@ def run(args, settings, trace, engines: list[EngineProcess], log_dir: Path) -> i
         def fail() -> None:
             server.should_exit = True
         supervisor = Supervisor(engines, fail).start()
-        load = LoadGenerator(trace, supervisor.ready_urls, speed=args.speed,
-                             engines=len(engines)).start()
+        load = supervisor.load = LoadGenerator(trace, supervisor.ready_urls, speed=args.speed,
+                                               engines=len(engines)).start()
         first = engines[0].spec.name
         print(f"{PROG}: dashboard at http://{settings.host}:{settings.port}/?pool={first} "
               f"(one mirror pool per engine: {', '.join(e.spec.name for e in engines)}); "

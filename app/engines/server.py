@@ -31,11 +31,13 @@ SERVED_NAME = "tiny"
 class EngineFailed(RuntimeError):
     """An engine could not start: its name, why, and the tail of its log."""
 
-    def __init__(self, name: str, why: str, log_tail: str = "") -> None:
+    def __init__(self, name: str, why: str, log_tail: str | None = None) -> None:
         self.name, self.why, self.log_tail = name, why, log_tail
         text = f"engine {name}: {why}"
         if log_tail:
             text += "\n--- last lines of its log ---\n" + log_tail
+        elif log_tail is not None:
+            text += " (its log is empty)"
         super().__init__(text)
 
 

@@ -25,6 +25,22 @@ for key, value in {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "
     os.environ.setdefault(key, value)
 
 
+FIGURES: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def figures() -> list[str]:
+    """Measured figures (boot time, RSS, requests compared): shown in the run's summary."""
+    return FIGURES
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FIGURES:
+        terminalreporter.section("engine figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if Path(str(item.fspath)).is_relative_to(HERE):

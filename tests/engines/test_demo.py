@@ -90,6 +90,10 @@ def test_an_engine_dying_while_booting_stops_the_demo_naming_it(engine_env, tmp_
     demo = Demo(tmp_path, "--engines", "2")
     try:
         pids = demo.engine_pids(2)
+        log = tmp_path / "logs" / "engine-1.log"
+        deadline = time.monotonic() + 120
+        while not log.read_text(errors="replace").strip() and time.monotonic() < deadline:
+            time.sleep(0.2)  # booting: wait for its first log lines, then kill it
         os.killpg(pids["engine-1"], signal.SIGKILL)
         assert demo.wait() == 1
         text = demo.text()

@@ -25,15 +25,15 @@ NUM_BLOCKS = 128
 
 
 @pytest.fixture(scope="module")
-def engine(engine_env, tmp_path_factory):
+def engine(engine_env, tmp_path_factory, figures):
     http, ev, rp = free_ports(3)
     spec = EngineSpec("server-test", http, ev, rp, num_blocks=NUM_BLOCKS, max_model_len=1024,
                       hash_seed="7")
     proc = EngineProcess(spec, tmp_path_factory.mktemp("engine")).start()
     try:
         boot = proc.wait_ready(timeout=420)
-        print(f"\n[server] healthy after {boot:.0f} s, RSS {rss_bytes(proc.pid) / 2**30:.2f} GiB",
-              file=sys.__stdout__, flush=True)
+        figures.append(f"OpenAI server: /health after {boot:.0f} s; RSS of its process group "
+                       f"{rss_bytes(proc.pid) / 2**30:.2f} GiB")
         yield proc
     finally:
         proc.stop()

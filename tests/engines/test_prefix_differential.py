@@ -65,7 +65,7 @@ def workload(seed: int, n: int):
         yield prompt
 
 
-def test_cached_tokens_equal_vllms_over_hundreds_of_requests_with_evictions(llm, capsys):
+def test_cached_tokens_equal_vllms_over_hundreds_of_requests_with_evictions(llm, figures):
     assert llm.reset_prefix_cache()
     pool = PrefixPool(USABLE, 4096, tokens_per_block=BLOCK, policy="lru")
     mismatches, evicting, hitting = [], 0, 0
@@ -83,9 +83,8 @@ def test_cached_tokens_equal_vllms_over_hundreds_of_requests_with_evictions(llm,
     assert not mismatches, f"(request, tokens, kvscope, vLLM): {mismatches[:10]}"
     # The workload must exercise what it claims to: hits and evictions, often.
     assert hitting > REQUESTS // 3 and evicting > REQUESTS // 4, (hitting, evicting)
-    with capsys.disabled():
-        print(f"\n[differential] {REQUESTS} requests compared, {hitting} with hits, "
-              f"{evicting} evicted blocks; {pool.prefix_stats()['evicted']} blocks evicted")
+    figures.append(f"differential: {REQUESTS} requests compared, {hitting} with cache hits, "
+                   f"{evicting} evicted blocks ({pool.prefix_stats()['evicted']} evictions)")
 
 
 def test_a_full_hit_costs_vllm_its_last_block(llm):
