@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from . import env
-from .server import EngineFailed, EngineProcess, EngineSpec, port_taken
+from .server import BLOCK_SIZE, EngineFailed, EngineProcess, EngineSpec, port_taken
 
 PROG = "kvscope demo"
 ENGINE_BLOCKS = 1024  # per engine: 32,768 tokens; the trace fills it in about a minute, then evicts
@@ -39,14 +39,19 @@ def engine_specs(n: int, port: int, log_dir: Path) -> list[EngineSpec]:
             for i in range(n)]
 
 
-def dashboard_pools(specs: list[EngineSpec]) -> list[tuple[dict, dict]]:
-    """What the dashboard serves of the engines: one mirror pool per engine, named after it,
-    following its KV events and polling its /metrics. (The one place that decides how the
-    engines appear on the page: a fleet of them is registered here too.)"""
-    return [({"name": s.name, "strategy": "mirror", "num_blocks": s.num_blocks,
-              "mirror": {"endpoint": s.events_endpoint, "replay_endpoint": s.replay_endpoint,
-                         "metrics_url": s.metrics_url}}, {})
-            for s in specs]
+def register(app, specs: list[EngineSpec]) -> None:
+    """How the engines appear on the dashboard (the one place that decides it): one mirror pool
+    per engine, named after it, following its KV events and polling its /metrics; and a fleet
+    named `demo` of all of them, which a server with fleets (`startup_fleets`) starts too."""
+    app.state.startup_pools = [
+        ({"name": s.name, "strategy": "mirror", "num_blocks": s.num_blocks,
+          "mirror": {"endpoint": s.events_endpoint, "replay_endpoint": s.replay_endpoint,
+                     "metrics_url": s.metrics_url}}, {})
+        for s in specs]
+    app.state.startup_fleets = [("demo", [
+        {"name": s.name, "endpoint": s.events_endpoint, "replay_endpoint": s.replay_endpoint,
+         "metrics_url": s.metrics_url, "num_blocks": s.num_blocks, "block_size": BLOCK_SIZE}
+        for s in specs], {})]
 
 
 class Supervisor:
@@ -168,7 +173,7 @@ def run(args, settings, trace, engines: list[EngineProcess], log_dir: Path) -> i
             e.start()
             print(f"{PROG}: {e.spec.name} started (pid {e.pid}, log {e.log_path})", flush=True)
         app = create_app(settings)
-        app.state.startup_pools = dashboard_pools([e.spec for e in engines])
+        register(app, [e.spec for e in engines])
         server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
                                                log_level=args.log_level,
                                                ws_per_message_deflate=False))

@@ -36,7 +36,8 @@ def drive(driver: Driver, mirrors: list[Mirror], batches, steps_cap: int = 2000)
     return {"steps": steps, "max_unfinished": max_unfinished, "blocks_seen": len(seen)}
 
 
-def test_mirror_equals_the_engine_after_every_step_with_batches_in_flight(engine_env, tmp_path):
+def test_mirror_equals_the_engine_after_every_step_with_batches_in_flight(engine_env, tmp_path,
+                                                                         figures):
     ev, rp = ports()
     mirror = Mirror(ev, rp)
     driver = Driver(engine_env, ev, rp, tmp_path / "engine.log", num_blocks=64, max_num_seqs=8)
@@ -45,6 +46,9 @@ def test_mirror_equals_the_engine_after_every_step_with_batches_in_flight(engine
     finally:
         driver.quit()
         mirror.close()
+    figures.append(f"in-process engine: up after {driver.ready['boot_s']} s; concurrency: "
+                   f"{got['steps']} steps compared, up to {got['max_unfinished']} requests in "
+                   f"flight, {got['blocks_seen']} distinct blocks cached")
     # Several requests were in flight at once, and the engine cycled more blocks than it has.
     assert got["max_unfinished"] >= 4, got
     assert got["blocks_seen"] > 63, got

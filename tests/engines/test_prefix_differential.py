@@ -84,7 +84,7 @@ def test_cached_tokens_equal_vllms_over_hundreds_of_requests_with_evictions(llm,
     # The workload must exercise what it claims to: hits and evictions, often.
     assert hitting > REQUESTS // 3 and evicting > REQUESTS // 4, (hitting, evicting)
     figures.append(f"differential: {REQUESTS} requests compared, {hitting} with cache hits, "
-                   f"{evicting} evicted blocks ({pool.prefix_stats()['evicted']} evictions)")
+                   f"{evicting} of them evicted blocks ({pool.prefix_stats()['evicted']} blocks in all)")
 
 
 def test_a_full_hit_costs_vllm_its_last_block(llm):
