@@ -56,4 +56,4 @@ test-engines: engines-env
 	.venv-engine/bin/python -m pytest -q -m engines -p no:cacheprovider tests/engines $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info allocator/*.c allocator/*.so allocator/*.html
+	rm -rf $(VENV) .venv-engine .pytest_cache build *.egg-info allocator/*.c allocator/*.so allocator/*.html
