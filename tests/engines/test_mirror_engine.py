@@ -47,8 +47,8 @@ def test_mirror_equals_the_engine_after_every_step_with_batches_in_flight(engine
         driver.quit()
         mirror.close()
     figures.append(f"in-process engine: up after {driver.ready['boot_s']} s; concurrency: "
-                   f"{got['steps']} steps compared, up to {got['max_unfinished']} requests in "
-                   f"flight, {got['blocks_seen']} distinct blocks cached")
+                   f"{got['steps']} steps compared, up to {got['max_unfinished']} requests "
+                   f"unfinished (8 scheduled at once), {got['blocks_seen']} distinct blocks cached")
     # Several requests were in flight at once, and the engine cycled more blocks than it has.
     assert got["max_unfinished"] >= 4, got
     assert got["blocks_seen"] > 63, got
