@@ -8,6 +8,7 @@ PORT    ?= $(or $(KVSCOPE_PORT),8000)
 # pip-installed into .venv first on a GPU host) is kept whatever TORCH says.
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
+ENGINE_VENV ?= .venv-engine
 
 .PHONY: install build run test test-py test-js bench lint clean engines-env test-engines
 
@@ -48,12 +49,13 @@ lint: install
 # The engine environment: vLLM's CPU build beside kvscope, in a venv of its own (.venv-engine),
 # and a tiny model directory. A second run only checks its stamps.
 engines-env:
-	bash scripts/engines-env.sh
+	ENGINE_VENV=$(ENGINE_VENV) bash scripts/engines-env.sh
 
 # Tests that run real vLLM engines (marker `engines`); they need `make engines-env` first, and
 # fail (never skip) without it.
 test-engines: engines-env
-	.venv-engine/bin/python -m pytest -q -m engines -p no:cacheprovider tests/engines $(PYTEST_ARGS)
+	KVSCOPE_ENGINE_VENV=$(abspath $(ENGINE_VENV)) $(ENGINE_VENV)/bin/python -m pytest -q -m engines \
+	  -p no:cacheprovider tests/engines $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-engine .pytest_cache build *.egg-info allocator/*.c allocator/*.so allocator/*.html
+	rm -rf $(VENV) $(ENGINE_VENV) .pytest_cache build *.egg-info allocator/*.c allocator/*.so allocator/*.html
