@@ -443,6 +443,22 @@ cdef class PagedCore:
             b = self.nxt[b]
         return out
 
+    def block_runs(self, aid) -> list:
+        """[start, count] runs of consecutive ascending blocks of `aid`, in data order (what
+        REST and batch results show; a fresh allocation is usually one run). NotFound."""
+        cdef Py_ssize_t s = self.slot_of(aid), i
+        cdef int32_t b = self.r_head[s], start = b, count = 0
+        cdef list out = []
+        for i in range(self.r_n[s]):
+            if count and b != start + count:
+                out.append([start, count])
+                start, count = b, 0
+            count += 1
+            b = self.nxt[b]
+        if count:
+            out.append([start, count])
+        return out
+
     def ids(self) -> list:
         """Live allocation ids, oldest first."""
         aids = self._rec[0]

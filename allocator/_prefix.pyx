@@ -601,6 +601,29 @@ cdef class PrefixCore:
                 f"one), got {nh}")
         return num_tokens
 
+    cdef Py_ssize_t _match(self, list hashes, Py_ssize_t nhash, int32_t *out, int *idle_matched):
+        """How many leading `hashes` name cached blocks (the longest cached prefix; a block
+        already matched in this sequence ends it), written to out[0:matched] unless out is
+        NULL; *idle_matched counts those no sequence holds."""
+        cdef Py_ssize_t i, matched = 0
+        cdef int b
+        self.op += 1
+        index = self.index
+        for i in range(nhash):
+            got = index.get(hashes[i])
+            if got is None:
+                break
+            b = got
+            if self.mark[b] == self.op:
+                break
+            self.mark[b] = self.op
+            if self.refcnt[b] == 0:
+                idle_matched[0] += 1
+            if out != NULL:
+                out[i] = b
+            matched += 1
+        return matched
+
     def open(self, int64_t seq_id, tokens, block_hashes, num_tokens_in, salt, next_use):
         """Open sequence `seq_id` of `tokens`, or `num_tokens_in` tokens named by `block_hashes`
         (one per full block), or of `num_tokens_in` alone. Returns its Seq. Raises ValueError
@@ -630,23 +653,14 @@ cdef class PrefixCore:
         else:
             hashes = []
         nhash = len(hashes)
+        if nblocks > self.num_blocks:
+            # More blocks than the pool has can never fit: refused before anything of the
+            # sequence's size is built, with the numbers the full check below would give.
+            matched = self._match(hashes, nhash, NULL, &idle_matched)
+            raise MemoryError(nblocks - matched, self.fs.top + self.n_evictable - idle_matched)
         blocks = array("i", bytes(4 * nblocks))
         cdef int32_t[:] bl = blocks
-        # Match the longest cached prefix (a block already matched in this sequence ends it).
-        self.op += 1
-        index = self.index
-        for i in range(nhash):
-            got = index.get(hashes[i])
-            if got is None:
-                break
-            b = got
-            if self.mark[b] == self.op:
-                break
-            self.mark[b] = self.op
-            if self.refcnt[b] == 0:
-                idle_matched += 1
-            bl[i] = b
-            matched += 1
+        matched = self._match(hashes, nhash, &bl[0], &idle_matched)
         need = nblocks - matched
         if need > self.fs.top + self.n_evictable - idle_matched:
             raise MemoryError(need, self.fs.top + self.n_evictable - idle_matched)
@@ -786,9 +800,11 @@ cdef class PrefixCore:
         cdef int64_t old = seq.num_tokens, total = old + num_new
         cdef Py_ssize_t old_full = old // bs, new_full = total // bs
         cdef Py_ssize_t have = len(seq.blocks), nblocks = (total + bs - 1) // bs
-        cdef int need = nblocks - have
+        cdef Py_ssize_t need = nblocks - have
         cdef list hashes = []
         toks = None
+        if num_new <= 0 or num_new >= (1 << 62):
+            raise ValueError(f"'num_tokens' must be a positive integer below 2**62, got {num_new}")
         if seq.mode == 1:
             toks, hashes = self._hash_tokens(seq.pending + list(tokens), new_full - old_full,
                                              seq.last_hash)

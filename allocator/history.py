@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import io
 import pickle
+import pickletools
 import zlib
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -55,9 +56,38 @@ class _PlainUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"recording data may not name {module}.{name}")
 
 
-def safe_loads(blob: bytes):
-    """`pickle.loads` restricted to what the history writes. Raises pickle.UnpicklingError."""
+def safe_loads(blob: bytes, bounded: bool = False, refs: bool = True):
+    """`pickle.loads` restricted to what the history writes. `bounded` (bytes from a file):
+    `check_pickle(blob, refs)` first, so no size the pickle declares is allocated before it is
+    seen to fit. Raises pickle.UnpicklingError."""
+    if bounded:
+        check_pickle(blob, refs)
     return _PlainUnpickler(io.BytesIO(blob)).load()
+
+
+_MEMO_GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
+
+
+def check_pickle(blob, refs: bool = True) -> None:
+    """Raises pickle.UnpicklingError unless `blob` is bytes whose every opcode is whole: each
+    frame, bytes and string it declares fits in what is left of it. The C unpickler allocates
+    a declared size before reading it (a 2^50-byte BINBYTES8 is a MemoryError, a 2^63-byte
+    frame an OverflowError); this walk allocates at most the blob's own size. ~1 us an opcode.
+    `refs` False: no object may be used twice (segments are written without a memo; a list
+    of lists each holding the one before twice is 2^depth elements to whoever walks it)."""
+    if blob.__class__ is not bytes:
+        raise pickle.UnpicklingError(f"recording data is {type(blob).__name__}, not bytes")
+    f = io.BytesIO(blob)
+    try:
+        for op, arg, pos in pickletools.genops(f):
+            if op.name == "FRAME" and arg > len(blob) - f.tell():
+                raise pickle.UnpicklingError(f"a pickle frame of {arg} bytes at offset {pos} "
+                                             f"runs past the data's {len(blob)} bytes")
+            if not refs and op.name in _MEMO_GETS:
+                raise pickle.UnpicklingError(f"recorded events refer back to an object (offset {pos}); "
+                                             "events are written with no shared objects")
+    except (ValueError, OverflowError) as exc:  # pickletools: a length past the end, a bad opcode
+        raise pickle.UnpicklingError(f"recording data is not a whole pickle: {exc}") from None
 
 
 @dataclass(slots=True)
@@ -123,9 +153,17 @@ class Keyframe:
 
     @classmethod
     def from_row(cls, seq: int, owner_z: bytes, state_z: bytes, scalars: bytes) -> Keyframe:
-        requested, allocations, last_id, frees, counters, *cache = safe_loads(scalars)
+        """A keyframe as a recording stores it (`to_row`), every field checked to be what the
+        writer writes. Raises pickle.UnpicklingError."""
+        values = safe_loads(scalars, bounded=True)
+        if not (values.__class__ is tuple and len(values) in (5, 6) and seq.__class__ is int
+                and all(v.__class__ is int for v in values[:4]) and values[4].__class__ is tuple
+                and len(values[4]) == len(COUNTER_NAMES) and all(v.__class__ is int for v in values[4])):
+            raise pickle.UnpicklingError(f"keyframe {seq!r}: its figures are not (requested, allocations, "
+                                         f"last id, frees, {len(COUNTER_NAMES)} counters[, cache])")
+        requested, allocations, last_id, frees, counters, *cache = values
         return cls(seq, _blob_pages(owner_z), _blob_pages(state_z), requested, allocations, last_id,
-                   frees, tuple(counters), cache=_cache_scalars(cache[0]) if cache else None)
+                   frees, counters, cache=_cache_scalars(cache[0]) if cache else None)
 
 
 PAGE_BLOCKS = 16_384  # blocks per keyframe page (64 KiB of owners before compression)
@@ -150,8 +188,10 @@ def _pages_blob(pages: tuple) -> bytes:
 
 
 def _blob_pages(blob: bytes) -> tuple:
+    if blob.__class__ is not bytes:
+        raise pickle.UnpicklingError(f"a keyframe's pages are {type(blob).__name__}, not bytes")
     if blob[:1] == b"\x80":
-        pages = safe_loads(blob)
+        pages = safe_loads(blob, bounded=True)
         if not (isinstance(pages, tuple) and all(isinstance(p, bytes) for p in pages)):
             raise pickle.UnpicklingError("a keyframe's pages are not bytes")
         return pages
@@ -247,13 +287,16 @@ class Segment:
     pickling ranges and lists is what those strategies' events cost anyway). Read back from a
     recording or an older build: `blob`, a pickle of those columns, of "cols1" columns or of
     row tuples. `rows()` gives row tuples for any of them; `columns()` the "cols2" columns
-    (objects unpickled) or None.
+    (objects unpickled) or None. A segment read from a file (`untrusted`) has its pickles
+    walked (`check_pickle`) before its first load.
     """
 
-    __slots__ = ("first", "last", "_blob", "_cols", "nbytes")
+    __slots__ = ("first", "last", "_blob", "_cols", "nbytes", "_untrusted")
 
-    def __init__(self, first: int, last: int, blob: bytes | None = None, cols: tuple | None = None) -> None:
+    def __init__(self, first: int, last: int, blob: bytes | None = None, cols: tuple | None = None,
+                 untrusted: bool = False) -> None:
         self.first, self.last, self._blob, self._cols = first, last, blob, cols
+        self._untrusted = untrusted
         if cols is not None:
             self.nbytes = 200 + sum(len(cols[i]) for i in (3, 4, 5, 6, 7, 8, 9, 10, 12)) + 64 * len(cols[11])
         else:
@@ -275,10 +318,14 @@ class Segment:
         in another form. Raises pickle.UnpicklingError for a file's inconsistent columns."""
         cols = self._cols
         if cols is None:
-            data = safe_loads(self._blob)
+            data = safe_loads(self._blob, self._untrusted, refs=False)
             if not (data.__class__ is tuple and data and data[0] == COLUMNS2):
                 return None
-            cols = _objs_loaded(data) if len(data) == 16 and data[12].__class__ in (bytes, list) else data
+            if len(data) == 16 and data[12].__class__ in (bytes, list):
+                cols = _objs_loaded(data, self._untrusted)
+            else:
+                cols = data
+            self._untrusted = False  # walked whole once: later loads of the same bytes are safe
             why = validate_columns(cols)
             if why is not None:
                 raise pickle.UnpicklingError(f"recording segment {self.first}..{self.last}: {why}")
@@ -289,9 +336,13 @@ class Segment:
         cols = self.columns()
         if cols is not None:
             return rows_of_columns2(cols)
-        data = safe_loads(self._blob)
+        data = safe_loads(self._blob, self._untrusted, refs=False)
+        self._untrusted = False  # walked whole once: later loads of the same bytes are safe
         if data.__class__ is tuple and data and data[0] == COLUMNS:
             return rows_of_columns(data)
+        if not (data.__class__ is list and all(r.__class__ is tuple and len(r) >= 3 for r in data)):
+            raise pickle.UnpicklingError(f"recording segment {self.first}..{self.last} holds neither "
+                                         "event columns nor event rows")
         return data
 
     @classmethod
@@ -324,11 +375,11 @@ def mostly_python(cols: tuple) -> bool:
     return len(cols[12]) * 4 > cols[2] - cols[1] + 1
 
 
-def _objs_loaded(cols: tuple) -> tuple:
+def _objs_loaded(cols: tuple, bounded: bool = False) -> tuple:
     """Columns with the Python-recorded values as a list (they are kept pickled)."""
     objs = cols[12]
     if objs.__class__ is bytes:
-        return cols[:12] + (safe_loads(objs) if objs else [],) + cols[13:]
+        return cols[:12] + (safe_loads(objs, bounded, refs=False) if objs else [],) + cols[13:]
     return cols
 
 
@@ -769,7 +820,7 @@ class Replayer:
         self.seq = row[0]
 
     def _apply_prefix(self, row: tuple) -> None:
-        """Prefix-cache events (contract of issues 11/13/14): `stored` places blocks with the
+        """Prefix-cache events: `stored` places blocks with the
         owners and state it carries (a mirror's; a prefix-caching pool's stored blocks are
         already its sequences'); `removed` frees the blocks it names unless `taken_by` took
         them (that event placed them); `cleared` frees its `freed_ids`, else every block named;

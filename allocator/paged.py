@@ -126,6 +126,9 @@ class PagedPool(Pool):
     def _block_ids(self, aid: int) -> list[int]:
         return self._core.block_ids(aid)
 
+    def _block_runs(self, aid: int) -> list[list[int]]:
+        return self._core.block_runs(aid)
+
     def _compact(self) -> tuple[list[tuple[int, int, int]], bool]:
         """Two-finger compaction: the live blocks above the `used` line move into the free holes
         below it, lowest hole first. Only blocks that must move do; each allocation keeps its

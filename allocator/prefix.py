@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,6 +17,8 @@ from .vocab import PREFIX_POLICIES
 
 assert set(PREFIX_POLICIES) == set(POLICY_CODES), "the vocabulary and the core disagree on policies"
 MAX_SALT_CHARS = 256
+# The most tokens one open or append may name (the core counts tokens in int64, and sums them).
+MAX_SEQUENCE_TOKENS = 1 << 62
 
 
 @dataclass(slots=True)
@@ -29,7 +31,8 @@ class SequenceInfo:
     blocks: list[int]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"id": self.id, "num_tokens": self.num_tokens, "cached_tokens": self.cached_tokens,
+                "blocks": self.blocks}
 
 
 class PrefixPool(Pool):
@@ -208,7 +211,7 @@ class PrefixPool(Pool):
             raise InvalidRequest(str(exc)) from None
         except MemoryError as exc:
             self._last_id = sid - 1
-            raise self._prefix_oom(exc.args[0]) from None
+            raise self._short_of_blocks(exc) from None
         self._seqs[sid] = seq
         return SequenceInfo(sid, seq.num_tokens, seq.cached_tokens, seq.blocks.tolist())
 
@@ -232,7 +235,7 @@ class PrefixPool(Pool):
             if tokens is not None:
                 raise InvalidRequest(f"sequence {seq_id} was opened without token ids: append 'num_tokens'"
                                      + (" with 'block_hashes'" if seq.mode == 2 else ""))
-            n = _positive(num_tokens, "num_tokens")
+            n = _token_count(num_tokens, "num_tokens")
             if block_hashes is not None:
                 if seq.mode != 2:
                     raise InvalidRequest(f"sequence {seq_id} has no hash chain to extend; "
@@ -247,7 +250,7 @@ class PrefixPool(Pool):
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
         except MemoryError as exc:
-            raise self._prefix_oom(exc.args[0]) from None
+            raise self._short_of_blocks(exc) from None
         return self._info(seq)
 
     def close_sequence(self, seq_id: int) -> None:
@@ -446,6 +449,14 @@ class PrefixPool(Pool):
     def _info(self, seq) -> SequenceInfo:
         return SequenceInfo(seq.id, seq.num_tokens, seq.cached_tokens, seq.blocks.tolist())
 
+    def _short_of_blocks(self, exc: MemoryError) -> PrefixOutOfMemory:
+        """The error for the core's MemoryError(needed, available): more blocks than are free or
+        evictable. Any other MemoryError (the process itself out of memory) is no refusal of the
+        request's size: it propagates as it is."""
+        if len(exc.args) != 2:
+            raise exc
+        return self._prefix_oom(exc.args[0])
+
     def _prefix_oom(self, needed: int) -> PrefixOutOfMemory:
         core = self.core
         available = core.available()
@@ -461,9 +472,9 @@ def _int_list(values, what: str) -> list:
     return list(values)
 
 
-def _positive(value, what: str) -> int:
-    if value.__class__ is not int or value <= 0:
-        raise InvalidRequest(f"'{what}' must be a positive integer, got {value!r}")
+def _token_count(value, what: str) -> int:
+    if value.__class__ is not int or not 0 < value < MAX_SEQUENCE_TOKENS:
+        raise InvalidRequest(f"'{what}' must be a positive integer below 2**62, got {value!r}")
     return value
 
 

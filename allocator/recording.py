@@ -6,11 +6,11 @@ import json
 import pickle
 import sqlite3
 import time
-import zlib
 from pathlib import Path
 
 from .errors import Conflict, InvalidRequest
 from .history import History, HistoryView, Keyframe, Segment, pool_geometry
+from .vocab import FITS, STRATEGIES
 
 FORMAT = "kvscope-recording"
 VERSION = 1
@@ -167,20 +167,23 @@ def read_recording(path: str | Path, label: str | None = None,
     try:
         db = sqlite3.connect(path)  # not mode=ro: a killed writer's WAL may need recovering
         try:
-            meta = {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")}
+            meta = {k: load_meta(k, v) for k, v in db.execute("SELECT key, value FROM meta")}
             kfs = [Keyframe.from_row(*row) for row in
                    db.execute("SELECT seq, owner_z, state_z, scalars FROM keyframes ORDER BY seq")]
-            segs = [Segment(first, last, blob) for first, last, blob in
+            segs = [Segment(first, last, blob, untrusted=True) for first, last, blob in
                     db.execute("SELECT first, last, blob FROM segments ORDER BY first")]
         finally:
             db.close()
     except (sqlite3.Error, json.JSONDecodeError, pickle.UnpicklingError, TypeError, ValueError,
-            EOFError) as exc:
+            EOFError, RecursionError) as exc:
         raise InvalidRequest(f"{where} is an SQLite database but not a kvscope recording ({exc}); "
                              f"{OPEN_HINT}") from None
     if meta.get("format") != FORMAT or not kfs:
         raise InvalidRequest(f"{where} is an SQLite database but not a kvscope recording "
                              f"(format {meta.get('format')!r}); {OPEN_HINT}")
+    why = meta_problem(meta) or segments_problem(segs)
+    if why:
+        raise InvalidRequest(f"{where} is corrupt: {why}")
     try:
         # The data is plain (the loader refuses anything else) and consistent: refuse a bad
         # file up front rather than fail a replay later. Compact segments are checked whole
@@ -188,14 +191,11 @@ def read_recording(path: str | Path, label: str | None = None,
         for i, seg in enumerate(segs):
             if seg.columns() is None and i in (0, len(segs) - 1):
                 seg.rows()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, MemoryError, RecursionError) as exc:
         raise InvalidRequest(f"{where} is not a kvscope recording: {exc}") from None
-    geo = meta.get("geometry")
-    blocks = geo.get("num_blocks") if isinstance(geo, dict) else None
     if max_blocks is not None:
         check_geometry(meta, max_blocks, where)
-    if not isinstance(blocks, int) or blocks <= 0:
-        raise InvalidRequest(f"{where} is corrupt: its geometry {geo!r} names no block count")
+    blocks = meta["geometry"]["num_blocks"]
     for kf in kfs:
         why = kf.size_problem(blocks)
         if why:
@@ -204,9 +204,94 @@ def read_recording(path: str | Path, label: str | None = None,
     for a, b in zip(segs, segs[1:]):
         if b.first != a.last + 1:
             raise InvalidRequest(f"recording {where} is corrupt: events {a.last + 1}..{b.first - 1} missing")
+    if kfs[0].seq > last or (segs and kfs[0].seq < segs[0].first - 1):
+        raise InvalidRequest(f"recording {where} is corrupt: its first keyframe at {kfs[0].seq} is outside "
+                             f"its events ..{last}")
     view = HistoryView(geometry=meta["geometry"], keyframes=[k for k in kfs if k.seq <= last],
                        segments=segs, tail=[], last_seq=last, dropped_events=0)
     return meta, view
+
+
+MAX_META_DEPTH = 32  # nesting of a meta value: what kvscope writes is 4 deep at most
+
+
+def load_meta(key, value):
+    """One meta row's JSON value: text, no NaN or Infinity (no JSON answer could carry it),
+    nested at most MAX_META_DEPTH deep (the JSON encoder of every answer recurses). Raises
+    ValueError."""
+    if not (isinstance(key, str) and isinstance(value, str)):
+        raise ValueError(f"meta row {key!r} is not text")
+    out = json.loads(value, parse_constant=_no_constant)
+    stack = [(out, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth > MAX_META_DEPTH:
+                raise ValueError(f"meta {key!r} is nested more than {MAX_META_DEPTH} deep")
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return out
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+# What each meta value kvscope writes must be, when present (None: absent is allowed).
+META_TYPES = {"pool": str, "config": dict, "geometry": dict, "start_seq": int,
+              "started_at": (int, float), "stopped_at": (int, float), "last_seq": int}
+
+
+def meta_problem(meta: dict) -> str | None:
+    """What is wrong with a recording's meta values, or None."""
+    for key, kind in META_TYPES.items():
+        if key in meta and (not isinstance(meta[key], kind) or isinstance(meta[key], bool)):
+            return f"meta {key!r} is {meta[key]!r}"
+    return geometry_problem(meta.get("geometry"))
+
+
+def _is_int(v, low: int = 0) -> bool:
+    return v.__class__ is int and v >= low
+
+
+def geometry_problem(geo) -> str | None:
+    """What a recorded pool's geometry (`pool_geometry`) lacks or gets wrong, or None: every
+    field replay and stats read, of the type the writer writes, tiers inside the map."""
+    if not isinstance(geo, dict):
+        return f"its geometry {geo!r} is not a geometry"
+    if geo.get("strategy") not in STRATEGIES:
+        return f"its geometry names no known strategy ({geo.get('strategy')!r})"
+    if not (_is_int(geo.get("num_blocks"), 1) and _is_int(geo.get("block_bytes"), 1)):
+        return f"its geometry {geo!r} names no block count and block size"
+    if geo.get("scatter_fails").__class__ is not bool:
+        return "its geometry lacks scatter_fails (true or false)"
+    if geo["strategy"] == "contiguous" and geo.get("fit") not in FITS:
+        return f"its contiguous geometry names no fit of {FITS} ({geo.get('fit')!r})"
+    prefix = geo.get("prefix_caching")
+    if prefix is not None and not (isinstance(prefix, dict) and isinstance(prefix.get("policy"), str)
+                                   and prefix.get("kv_cache").__class__ is bool):
+        return f"its geometry's prefix_caching {prefix!r} is not {{policy, kv_cache}}"
+    if geo["strategy"] == "tiered":
+        return tiers_problem(geo.get("tiers"), geo["num_blocks"])
+    return None
+
+
+def tiers_problem(tiers, num_blocks: int) -> str | None:
+    if not (isinstance(tiers, list) and tiers):
+        return "its tiered geometry lacks its tiers"
+    for t in tiers:
+        if not (isinstance(t, dict) and isinstance(t.get("name"), str) and _is_int(t.get("units"), 1)
+                and _is_int(t.get("start")) and _is_int(t.get("count"))
+                and t["start"] + t["count"] * t["units"] <= num_blocks):
+            return f"its tier {t!r} is not {{name, units, start, count}} inside {num_blocks} blocks"
+    return None
+
+
+def segments_problem(segs: list[Segment]) -> str | None:
+    for seg in segs:
+        if not (_is_int(seg.first) and _is_int(seg.last) and seg.first <= seg.last
+                and isinstance(seg.blob, bytes)):
+            return f"segment {seg.first!r}..{seg.last!r} is not events first..last as bytes"
+    return None
 
 
 def check_untrusted(meta: dict, view: HistoryView, max_blocks: int, where: str) -> None:
@@ -267,15 +352,20 @@ def check_rows(view: HistoryView, each=None) -> None:
 def open_untrusted(path: str | Path, name: str, max_blocks: int, label: str, each=None) -> RecordedPool:
     """A RecordedPool of a file from elsewhere, refused with InvalidRequest (never another
     exception) when it is not a sound kvscope recording: `check_untrusted`, then every event
-    checked and replayed (`check_rows`, with the caller's `each(row)`). Blocking: O(events)."""
-    meta, view = read_recording(path, label, max_blocks)
-    check_untrusted(meta, view, max_blocks, label)
+    checked and replayed (`check_rows`, with the caller's `each(row)`), then the pool's config
+    and stats at its end built once (what serving it answers first). Blocking: O(events)."""
     try:
+        meta, view = read_recording(path, label, max_blocks)
+        check_untrusted(meta, view, max_blocks, label)
         check_rows(view, each)
-        return RecordedPool(path, name, preread=(meta, view))
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError, RecursionError,
-            zlib.error, pickle.UnpicklingError, EOFError) as exc:
-        raise InvalidRequest(f"{label} is corrupt: its events do not replay ({type(exc).__name__}: {exc})") from None
+        pool = RecordedPool(path, name, preread=(meta, view))
+        pool.config(), pool.stats()
+        return pool
+    except InvalidRequest:
+        raise
+    except Exception as exc:  # whatever a crafted file breaks in the reading is the file's fault
+        raise InvalidRequest(f"{label} is corrupt: its events do not replay ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})") from None
 
 
 class ReadOnly(Conflict, AttributeError):

@@ -155,20 +155,21 @@ EVENT_KINDS: dict[str, EventKind] = _by_name(
     EventKind("evict", ("key", "bytes", "blocks", "reason", "policy", "age_s", "idle_s"), "evict"),
     EventKind("policy", ("policy",), "policy"),
     EventKind("workload", ("name", "state", "done", "total"), "workload"),
-    # Prefix-cache events (the contract shared by issues 11, 13 and 14).
-    # `owners` / `state` (at the end, issue 14): each block's block-map owner and the state code
+    # Prefix-cache events: vLLM's BlockStored / BlockRemoved / AllBlocksCleared content, which the
+    # KV-event publisher and the mirror share, plus what a history replay needs.
+    # `owners` / `state` (at the end): each block's block-map owner and the state code
     # the blocks took, so a history replays stored blocks exactly (-1 in `blocks`: no slot).
     EventKind("stored", ("blocks", "block_hashes", "parent_block_hash", "token_ids", "block_size",
                          "seq_id", "owners", "state"), "prefix"),
-    # `taken_by` (issue 14): the sequence or allocation that took the evicted blocks, whose
+    # `taken_by`: the sequence or allocation that took the evicted blocks, whose
     # event (just before) names them with their new owner; absent or None: the blocks went free.
     EventKind("removed", ("blocks", "block_hashes", "reason", "taken_by"), "prefix"),
-    # `freed_ids` (issue 14): the blocks that went free (a prefix-caching pool's idle ones; held
+    # `freed_ids`: the blocks that went free (a prefix-caching pool's idle ones; held
     # blocks stay with their sequences); absent or None: every block named.
     EventKind("cleared", ("blocks", "block_hashes", "freed_ids"), "prefix"),
     # Sequences of a prefix-caching pool: `blocks` of open are all its blocks (cached ones first),
-    # of append the blocks newly taken, of close the blocks released. What replay needs (issue
-    # 14): open's blocks become the sequence's (USED) except `shared_ids`, hits on blocks other
+    # of append the blocks newly taken, of close the blocks released. What replay needs:
+    # open's blocks become the sequence's (USED) except `shared_ids`, hits on blocks other
     # sequences hold (SHARED, owner unchanged); append's become the sequence's; close names what
     # each block became (`freed_ids` free, `cached_ids` idle cached, `used_ids` one holder left;
     # the rest stay SHARED); `added_bytes`: the change of the pool's requested bytes.

@@ -14,7 +14,7 @@ def serve(argv: list[str], opening: bool = False) -> int:
 
     import uvicorn
 
-    from .http_protocol import MAX_HEAD_BYTES, KVScopeH11Protocol
+    from .http_protocol import SERVER_OPTIONS, KVScopeH11Protocol
     from .main import create_app
     from .security import WILDCARD_BINDS, is_loopback_bind
     from .settings import SettingsError, check_device, get_settings
@@ -87,13 +87,7 @@ def serve(argv: list[str], opening: bool = False) -> int:
     # as long as the process; freezing it keeps the cyclic GC's full collections from rescanning
     # it every time allocations and events age into the old generation.
     gc.freeze()
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                ws_per_message_deflate=False,
-                http=KVScopeH11Protocol,  # request-head timeout, JSON answer to malformed HTTP
-                h11_max_incomplete_event_size=MAX_HEAD_BYTES,
-                timeout_keep_alive=5,
-                ws_max_size=64 * 1024,  # clients send nothing the server reads
-                ws_ping_interval=20.0, ws_ping_timeout=20.0)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, **SERVER_OPTIONS)
     return 0
 
 
@@ -135,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(demo_main(rest))
     if command in ("replay", "scenario", "prefix"):
-        from workloads import cli as workloads_cli  # written separately; imported only when used
+        from workloads import cli as workloads_cli  # imported only when used
 
         run = getattr(workloads_cli, f"{command}_main")
         return int(run(rest) or 0)

@@ -15,7 +15,7 @@ from fastapi import Depends, Path, Request
 from allocator import KVCache, PrefixPool
 from allocator.errors import NotFound
 
-from .operations import cache_of, prefix_pool_of, refuse_cache_entry  # noqa: F401 - their old home; kept importable
+from .operations import cache_of, prefix_pool_of
 from .registry import PoolHandle, Registry
 from .schemas import POOL_NAME_PATTERN, Key
 from .settings import Settings

@@ -4,10 +4,12 @@ Core errors map by type (NotFound 404, Conflict 409, TooLarge 413, InvalidReques
 OutOfMemory 507); FastAPI's validation errors, and bodies that are not JSON, become 422
 naming the field (`body` for unparsable JSON); auth and body-size errors are `ApiError`s, also
 when FastAPI wraps one raised while it reads the body. Routes never catch core errors themselves.
+Anything else is a bug, answered 500 `internal` by InternalErrorMiddleware.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 
 from fastapi import FastAPI, Request
@@ -153,15 +155,53 @@ def _unparsable_body(cause: BaseException | None) -> JSONResponse:
         "field": "body", "errors": [{"field": "body", "message": problem}]}), 422)
 
 
-async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    # Reaching this is a bug: no input may produce a 5xx. Tests assert it never happens.
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return JSONResponse(error_body("internal", "internal server error"), 500)
+INTERNAL_BODY = json.dumps(error_body("internal", "internal server error")).encode()
+
+
+class InternalErrorMiddleware:
+    """Pure-ASGI: an exception no handler above took (a bug: no input may produce a 5xx, and
+    tests assert it never happens) is logged and answered 500 `internal` in the error shape,
+    and the connection stays usable for the client's next request.
+
+    NOTE: not `add_exception_handler(Exception, ...)`: Starlette gives that handler to its
+    outermost ServerErrorMiddleware, which re-raises after answering so the server sees the
+    error, and uvicorn then closes the keep-alive connection under the client (the client's
+    next request on it fails with a connection reset). Here the exception ends with the answer.
+    An exception after the answer started cannot be answered: it propagates, and uvicorn logs
+    it and closes the connection, the only way left to tell the client its body is cut short.
+    """
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception:
+            if started:
+                raise  # uvicorn logs it (once, however many of these it crosses)
+            log.exception("unhandled error on %s %s", scope["method"], scope.get("path", ""))
+            await send({"type": "http.response.start", "status": 500,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(INTERNAL_BODY)).encode())]})
+            await send({"type": "http.response.body",
+                        "body": b"" if scope["method"] == "HEAD" else INTERNAL_BODY})
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """The handlers of expected errors; unexpected ones: InternalErrorMiddleware (app/main.py)."""
     app.add_exception_handler(KVScopeError, handle_core)
     app.add_exception_handler(ApiError, handle_api)
     app.add_exception_handler(RequestValidationError, handle_validation)
     app.add_exception_handler(StarletteHTTPException, handle_http)
-    app.add_exception_handler(Exception, handle_unexpected)

@@ -70,3 +70,14 @@ class KVScopeH11Protocol(H11Protocol):
         except h11.LocalProtocolError:  # h11 cannot answer in its state: just close
             pass
         self.transport.close()
+
+
+# How `kvscope serve` runs uvicorn (app/cli.py), beside host, port and log level.
+SERVER_OPTIONS = dict(
+    ws_per_message_deflate=False,
+    http=KVScopeH11Protocol,  # request-head timeout, JSON answer to malformed HTTP
+    h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+    timeout_keep_alive=5,
+    ws_max_size=64 * 1024,  # clients send nothing the server reads
+    ws_ping_interval=20.0, ws_ping_timeout=20.0,
+)

@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from allocator.recording import RecordedPool
 
 from . import __version__
-from .errors import install_error_handlers
+from .errors import InternalErrorMiddleware, install_error_handlers
 from .head import HeadMiddleware
 from .housekeeping import Housekeeper
 from .instance import Instance
@@ -113,10 +113,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     install_openapi(app)
-    # Added innermost first: Security (outermost) -> Latency -> BodyLimit -> Head -> the app.
+    # Added innermost first: InternalError (outermost) -> Security -> Latency -> BodyLimit ->
+    # Head -> InternalError -> the app. The inner one answers a route's unexpected exception
+    # as every other answer is (security headers, latency by status, HEAD without a body);
+    # the outer one, an exception of a middleware itself.
+    app.add_middleware(InternalErrorMiddleware)
     app.add_middleware(HeadMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_body=settings.max_body,
                        wider={recordings.UPLOAD_PATH: settings.max_upload})
     app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
     app.add_middleware(SecurityMiddleware, settings=settings)
+    app.add_middleware(InternalErrorMiddleware)
     return app

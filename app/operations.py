@@ -4,18 +4,20 @@ A route validates its body with pydantic and calls one function here; the batch 
 (app/routes/ops.py) calls the same function for each op. So both refuse the same things with the
 same typed errors (sizes in bytes or tokens, an allocation that holds a cache entry, a pool with
 no cache) and change the core the same way. The functions return core values (ids, entries,
-reports); `*_result` turn them into the plain dicts a batch answers with, and the REST routes
-shape theirs with the response models in app/schemas.py.
+reports); the `*_result` functions turn them into the one shape each operation answers with,
+over REST (the body) and in a batch (`{"ok": true, **body}`; docs/API.md, "One shape per
+operation"). An operation whose REST answer is 204 has no body, and its batch result is
+`{"ok": true}`.
 
 NOTE: the batch path targets 1M blocks/s, so these functions do no more than the core call and
-the checks it needs: no response models, no block runs unless asked for.
+the checks it needs, and the results are plain dicts (no response models, no dataclasses.asdict).
 """
 
 from __future__ import annotations
 
 from allocator import KVCache, Pool, PrefixPool, SequenceInfo
 from allocator.cache import Entry, PutResult
-from allocator.errors import Conflict
+from allocator.errors import Conflict, NotFound
 
 # -- checks -------------------------------------------------------------------------------------
 
@@ -68,7 +70,7 @@ def free(pool: Pool, aid: int) -> None:
 
 def allocation_view(pool: Pool, aid: int) -> dict:
     """The allocation, plus its cache `key`, `age_s` and `idle_s` when it is a cache entry."""
-    out = pool.allocation(aid).to_dict()
+    out = allocation_result(pool, aid)
     cache = pool.cache
     key = cache.key_of(aid) if cache is not None else None
     if key is not None:
@@ -126,15 +128,53 @@ def defragment(pool: Pool) -> dict:
     return pool.defragment().to_dict()
 
 
-# -- batch results (app/routes/ops.py) ----------------------------------------------------------
+# -- results: one shape per operation, for REST and /ops ------------------------------------------
+def allocation_result(pool: Pool, aid: int) -> dict:
+    """What `allocate` answers: id, requested and allocated bytes, `blocks` as [start, count]
+    runs in data order, state, tier."""
+    return pool.allocation(aid).to_dict()
+
+
+def extend_result(pool: Pool, aid: int, moved: bool) -> dict:
+    """What `extend` answers: the allocation as `allocate` does, plus `moved`."""
+    out = allocation_result(pool, aid)
+    out["moved"] = moved
+    return out
+
+
+def entry_result(pool: Pool, entry: Entry) -> dict:
+    """What a cache hit answers: the entry (key, id, sizes, priority, pin, TTL, age, hits, blocks)."""
+    out = entry.to_dict(pool.cache.clock())
+    out["blocks"] = pool.block_runs(entry.id)
+    return out
+
+
+def put_result(pool: Pool, r: PutResult) -> dict:
+    """What `put` answers: the entry, the keys evicted to make room, whether it was `created`."""
+    return {"entry": entry_result(pool, r.entry), "evicted": r.evicted, "created": r.created}
+
+
+def get_result(pool: Pool, key: str) -> dict:
+    """What `get` answers: the entry on a hit (touched). Raises NotFound on a miss (counted as
+    one), Conflict (no cache)."""
+    entry = get(pool, key)
+    if entry is None:
+        raise NotFound("entry", key)
+    return entry_result(pool, entry)
+
+
+def sequence_result(seq: SequenceInfo) -> dict:
+    """What `open` and `append` answer: id, num_tokens, cached_tokens (at open), block ids."""
+    return seq.to_dict()
+
+
+# -- batch ops (app/routes/ops.py): {"ok": true} + the REST body ------------------------------------
 def _op_allocate(pool: Pool, op) -> dict:
-    aid = allocate(pool, op.bytes, op.tokens)
-    return {"ok": True, "id": aid, "allocated_bytes": pool.held_bytes(aid)}
+    return {"ok": True, **allocation_result(pool, allocate(pool, op.bytes, op.tokens))}
 
 
 def _op_extend(pool: Pool, op) -> dict:
-    moved = extend(pool, op.id, op.bytes, op.tokens)
-    return {"ok": True, "id": op.id, "moved": moved, "allocated_bytes": pool.held_bytes(op.id)}
+    return {"ok": True, **extend_result(pool, op.id, extend(pool, op.id, op.bytes, op.tokens))}
 
 
 def _op_free(pool: Pool, op) -> dict:
@@ -143,13 +183,12 @@ def _op_free(pool: Pool, op) -> dict:
 
 
 def _op_put(pool: Pool, op) -> dict:
-    r = put(pool, op.key, op.bytes, op.tokens, op.priority, op.ttl_s, op.pinned)
-    return {"ok": True, "id": r.entry.id, "created": r.created, "evicted": r.evicted}
+    return {"ok": True, **put_result(pool, put(pool, op.key, op.bytes, op.tokens, op.priority, op.ttl_s,
+                                               op.pinned))}
 
 
 def _op_get(pool: Pool, op) -> dict:
-    entry = get(pool, op.key)
-    return {"ok": True, "hit": False} if entry is None else {"ok": True, "hit": True, "id": entry.id}
+    return {"ok": True, **get_result(pool, op.key)}
 
 
 def _op_delete(pool: Pool, op) -> dict:
@@ -168,13 +207,11 @@ def _op_defragment(pool: Pool, op) -> dict:
 
 def _op_open(pool: Pool, op) -> dict:
     seq = open_sequence(pool, op.tokens, op.block_hashes, op.num_tokens, op.salt, op.next_use)
-    return {"ok": True, "id": seq.id, "num_tokens": seq.num_tokens,
-            "cached_tokens": seq.cached_tokens, "blocks": seq.blocks}
+    return {"ok": True, **sequence_result(seq)}
 
 
 def _op_append(pool: Pool, op) -> dict:
-    seq = append(pool, op.id, op.tokens, op.num_tokens, op.block_hashes)
-    return {"ok": True, "id": seq.id, "num_tokens": seq.num_tokens, "blocks": seq.blocks}
+    return {"ok": True, **sequence_result(append(pool, op.id, op.tokens, op.num_tokens, op.block_hashes))}
 
 
 def _op_close(pool: Pool, op) -> dict:

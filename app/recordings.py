@@ -136,6 +136,10 @@ class Recordings:
         not kept then). Blocking: run it off the event loop."""
         name = f"upload-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         pool = open_untrusted(part, pool_name_for(name), max_blocks, "the uploaded file", each=servable)
+        try:  # what GET /api/pools/{it} answers: JSON, no NaN (a crafted config or count breaks it)
+            json.dumps(jsonable_encoder({"config": pool.config(), "stats": pool.stats()}), allow_nan=False)
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise InvalidRequest(f"the uploaded file is corrupt: its pool does not answer as JSON ({exc})") from None
         final = self.file_of(name)
         os.link(part, final)  # fails rather than replace an existing file
         pool.path = str(final)

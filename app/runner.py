@@ -66,7 +66,11 @@ async def _drive(handle, hub, workload) -> None:
             async with handle.lock:
                 try:
                     running = bool(workload.advance(TICK_S))
-                except Exception as exc:  # a failing workload stops; the server keeps serving
+                except KVScopeError as exc:  # the pool cannot serve it (a request past its size)
+                    log.warning("workload on pool %s failed: %s", handle.name, exc)
+                    _fail(handle, hub, workload, exc)
+                    return
+                except Exception as exc:  # a bug; the workload stops, the server keeps serving
                     log.exception("workload on pool %s failed", handle.name)
                     _fail(handle, hub, workload, exc)
                     return
@@ -78,7 +82,8 @@ async def _drive(handle, hub, workload) -> None:
             if running and now - last_event >= EVENT_EVERY_S:
                 _record(handle, progress)
                 last_event = now
-            await asyncio.sleep(max(0.0, TICK_S - (loop.time() - started)))
+            if running:  # a finished workload's task ends now: a stop cannot land after "finished"
+                await asyncio.sleep(max(0.0, TICK_S - (loop.time() - started)))
     except asyncio.CancelledError:
         workload.stop()  # frees what it holds and logs "stopped"; no await: nothing interleaves
         progress = {**workload.progress(), "state": "stopped"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from allocator.vocab import (
     FITS,
@@ -86,7 +86,19 @@ class PrefixCachingSpec(Strict):
                                  "belady needs next_use on each sequence")
 
 
-ZMQ_ENDPOINT = r"^(tcp://[^\s/]+:\d{1,5}|ipc://[^\s]+|inproc://[^\s]+)$"
+# An engine's endpoint as its --kv-events-config names it: tcp:// (another host or container) or
+# ipc:// (a Unix socket on this host). inproc:// reaches only sockets of this server's own
+# process, where no engine publishes: refused with that reason rather than followed in silence.
+ZMQ_ENDPOINT = r"^(tcp://[^\s/]+:\d{1,5}|ipc://[^\s]+)$"
+
+
+def _not_inproc(endpoint):
+    if isinstance(endpoint, str) and endpoint.startswith("inproc://"):
+        raise ValueError(f"{endpoint!r}: inproc:// reaches only sockets inside this server's process, "
+                         "where no engine publishes; give the engine's tcp:// or ipc:// endpoint")
+    return endpoint
+
+
 def _tcp_port(endpoint: str) -> str:
     """A tcp:// endpoint's port must be a real one (the pattern allows five digits)."""
     if endpoint.startswith("tcp://") and not 0 < int(endpoint.rsplit(":", 1)[1]) <= 65535:
@@ -94,8 +106,8 @@ def _tcp_port(endpoint: str) -> str:
     return endpoint
 
 
-Endpoint = Annotated[str, Field(max_length=256, pattern=ZMQ_ENDPOINT,
-                                examples=["tcp://127.0.0.1:5557"]), AfterValidator(_tcp_port)]
+Endpoint = Annotated[str, Field(max_length=256, pattern=ZMQ_ENDPOINT, examples=["tcp://127.0.0.1:5557"]),
+                     BeforeValidator(_not_inproc), AfterValidator(_tcp_port)]
 Topic = Annotated[str, Field(max_length=256)]
 # A publisher binds: over the API only TCP, so that a request cannot make the server create a
 # socket file at a path of its choosing (ipc://).
@@ -262,7 +274,8 @@ class CheckOut(BaseModel):
 class DefragOut(BaseModel):
     moved_blocks: int
     moved_bytes: int
-    seconds: float
+    seconds: float = Field(description="the whole call")
+    copy_seconds: float = Field(description="the tensor gather + scatter alone")
     before: dict
     after: dict
 
@@ -329,6 +342,7 @@ class EntryOut(BaseModel):
     age_s: float
     idle_s: float
     hits: int
+    data_bytes: int = Field(description="bytes written into the entry's blocks with PUT .../data")
     blocks: list[list[int]] | None = None
 
 
@@ -336,11 +350,12 @@ class PutOut(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"entry": {"key": "session-1", "id": 3, "bytes": 65536, "allocated_bytes": 65536,
                    "priority": 0, "pinned": False, "ttl_s": None, "expires_in_s": None,
-                   "age_s": 0.0, "idle_s": 0.0, "hits": 0, "blocks": [[0, 16]]},
-         "evicted": ["session-0"]}]})
+                   "age_s": 0.0, "idle_s": 0.0, "hits": 0, "data_bytes": 0, "blocks": [[0, 16]]},
+         "evicted": ["session-0"], "created": True}]})
 
     entry: EntryOut
     evicted: list[str]
+    created: bool = Field(description="a new entry (REST: 201), else an existing one refreshed (200)")
 
 
 class EntryList(BaseModel):
@@ -539,7 +554,8 @@ class OpResult(BaseModel):
 
 class BatchOut(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [
-        {"results": [{"ok": True, "id": 1, "allocated_bytes": 65536},
+        {"results": [{"ok": True, "id": 1, "requested_bytes": 65536, "allocated_bytes": 65536,
+                      "blocks": [[0, 16]], "state": "used", "tier": None},
                      {"ok": False, "error": {"code": "not_found", "message": "allocation 9 not found",
                                              "details": {"kind": "allocation", "id": 9}}}]}]})
 

@@ -12,11 +12,16 @@ present or future, gets it without naming it:
    `KVSCOPE_ALLOWED_ORIGINS`. Else 403 `origin_not_allowed` (a websocket is refused before it
    opens: the browser sees the handshake fail). Requests without `Origin` are not from a
    browser page, and go on to the token.
-3. A POST must declare the media type of its route (`application/json`; the raw-data upload
-   and the recording upload `application/octet-stream`: a file is bytes, not JSON), even
-   without a body; a PUT, PATCH or DELETE must when it has a
-   body. Else 415 `unsupported_media_type`. Neither is a CORS-safelisted type, so a browser
-   has to preflight, which the server never grants: a cross-site form post cannot be sent.
+3. A mutating request with a body, or with a Content-Type, must declare the media type of
+   its route (`application/json`; the raw-data upload and the recording upload
+   `application/octet-stream`: a file is bytes, not JSON). Else 415 `unsupported_media_type`.
+   Neither is a CORS-safelisted type, so a browser has to preflight, which the server never
+   grants: a cross-site form post cannot be sent. A POST with neither body nor Content-Type
+   (`curl -X POST`, `httpx.post(url)`) passes when nothing marks it as sent by another site:
+   its Origin, if any, passed rule 2, and `Sec-Fetch-Site` is absent, `same-origin` or `none`
+   (a user's own navigation). A browser sends such a bodiless POST cross-site only with the
+   page's Origin (refused by rule 2) and, in every current browser, `Sec-Fetch-Site:
+   cross-site` or `same-site` (refused here with 415).
    (Checked after the token, so an unauthenticated caller learns nothing about routes.)
 4. The token (app/auth.py) on every path but the public ones; websockets get close 4401/4403.
 5. Security headers on every HTTP answer: a CSP without inline scripts or styles,
@@ -54,6 +59,8 @@ SECURITY_HEADERS = (
 )
 
 JSON = "application/json"
+# Sec-Fetch-Site values that do not say "another site sent this" (absent: not a browser).
+FIRST_PARTY_FETCH_SITES = frozenset({"same-origin", "none"})
 MAX_HEADER_BYTES = 16 * 1024  # as uvicorn's h11_max_incomplete_event_size (app/cli.py)
 
 
@@ -172,7 +179,7 @@ class SecurityMiddleware:
         for name, value in scope.get("headers", ()):
             head_bytes += len(name) + len(value) + 4
             if name in (b"host", b"origin", b"content-type", b"content-length", b"transfer-encoding",
-                        b"authorization"):
+                        b"authorization", b"sec-fetch-site"):
                 headers[name] = value.decode("latin-1")
         host = headers.get(b"host")
         path = scope.get("path", "")
@@ -216,8 +223,12 @@ class SecurityMiddleware:
     def _media_problem(self, scope, method: str, headers: dict) -> tuple[str, dict] | None:
         declared = headers.get(b"content-type")
         has_body = b"transfer-encoding" in headers or headers.get(b"content-length", "0").strip() not in ("", "0")
-        if method != "POST" and not has_body and declared is None:
-            return None
+        if not has_body and declared is None:
+            if method != "POST":
+                return None
+            site = headers.get(b"sec-fetch-site")
+            if site is None or site.strip().lower() in FIRST_PARTY_FETCH_SITES:
+                return None  # a script's bare POST; a foreign Origin was refused before this
         given = media_type(declared)
         # Fast path: JSON is every route's type but the few that declare others (the raw-data
         # upload); only those need matching, not the whole route list.
@@ -226,7 +237,7 @@ class SecurityMiddleware:
             return None
         want = " or ".join(sorted(accepted))
         what = f"Content-Type {declared!r}" if declared is not None else "no Content-Type"
-        return (f"{what}: send Content-Type: {want} (a POST too, even without a body)",
+        return (f"{what}: send Content-Type: {want} (a POST sent by another site too, even without a body)",
                 {"content_type": declared, "accepted": sorted(accepted)})
 
     async def _websocket(self, scope, receive, send, headers, host, path, head_bytes: int) -> None:

@@ -1,8 +1,12 @@
-"""Run every `bench/bench_*.py` module's `run()` in turn: `python -m bench [name ...]`."""
+"""Run every `bench/bench_*.py` module's `run()` in turn: `python -m bench [--quick] [name ...]`.
+
+`--quick` runs each at a smoke-test size (bench/quick.py): every path once, no figure judged, no
+report written; `tests/bench/test_bench_quick.py` runs it so that no bench rots unseen."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import time
 import traceback
@@ -18,7 +22,13 @@ ALSO = {"allocator": ("prefix",)}
 
 
 def main(argv: list[str]) -> int:
+    if "--quick" in argv:
+        os.environ["KVSCOPE_BENCH_QUICK"] = "1"  # before any bench module reads its sizes
+        argv = [a for a in argv if a != "--quick"]
     wanted = set(argv)
+    if os.environ.get("KVSCOPE_BENCH_QUICK", "") not in ("", "0"):
+        print("-- quick run: every bench at a smoke-test size; its figures measure nothing and no "
+              "aim printed below is judged", flush=True)
     for name in list(wanted):
         wanted.update(ALSO.get(name.removeprefix("bench_"), ()))
     failed = 0

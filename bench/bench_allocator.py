@@ -38,12 +38,13 @@ import torch
 
 from allocator import KVCache, create_pool
 from bench import vllm_baseline
+from bench.quick import sized
 
-POOL_BLOCKS = 1_000_000
+POOL_BLOCKS = sized(1_000_000, 65_536)
 BLOCK = 16  # bytes per block: the tensor is irrelevant to the bookkeeping measured here
-RUNS = int(os.environ.get("KVSCOPE_BENCH_RUNS", "3"))
-MOVED = 1_000_000  # blocks moved per workload on the pool paths
-CACHE_MOVED = 200_000  # on the cache paths (vLLM's 1-block evicting put is ~5 us)
+RUNS = int(os.environ.get("KVSCOPE_BENCH_RUNS", sized("3", "1")))
+MOVED = sized(1_000_000, 20_000)  # blocks moved per workload on the pool paths
+CACHE_MOVED = sized(200_000, 5_000)  # on the cache paths (vLLM's 1-block evicting put is ~5 us)
 CACHE_BLOCKS = 4_096  # cache budget in blocks, as the bench has always used (and vLLM's pool)
 BIG_CACHE_BLOCKS = 65_536  # the same with 16x the entries: every structure out of the CPU caches
 AIM_RATIO = 3.0
@@ -261,7 +262,7 @@ def metadata(with_vllm: bool) -> dict:
     kv_b = (kv_bytes - ids_bytes) / n
     del kept
     creates = []
-    for _ in range(5):
+    for _ in range(sized(5, 1)):
         gc.collect()
         t0 = time.perf_counter()
         pool = kv_pool()
@@ -296,9 +297,9 @@ def defrag_bandwidth() -> dict:
     """Compaction of a pool with every other block live, KV-sized blocks (64 KiB, 128 MiB pool):
     the copy alone and the whole defragment() call, against one contiguous copy_ of the same
     bytes into touched memory (a memcpy: the ceiling), same run; best of 5 each."""
-    blocks, bb = 2048, 64 * 1024
+    blocks, bb = sized(2048, 256), 64 * 1024
     copy_bw = total_bw = ref = 0.0
-    for _ in range(5):
+    for _ in range(sized(5, 1)):
         pool = create_pool("paged", num_blocks=blocks, block_bytes=bb, device="cpu")
         pool.storage.data.fill_(1)
         ids = [pool.allocate(bb) for _ in range(blocks)]

@@ -7,6 +7,10 @@ first on the idle page (the baseline) and then while a driver thread sends REST 
 (`POST /api/pools/{pool}/ops`) at the target rate, and prints load/idle ratios.
 
     .venv/bin/python -m bench.bench_dashboard [duration_s]
+
+The page runs under its own Content-Security-Policy (`script-src 'self'`, no bypass): what the
+bench evaluates in it is always a function (Playwright calls a function through the DevTools
+protocol; a string expression would need `eval`, which that policy refuses).
 """
 
 from __future__ import annotations
@@ -22,6 +26,11 @@ from pathlib import Path
 
 import httpx
 
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.quick import sized
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("KVSCOPE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -30,7 +39,8 @@ CHROMIUM_ARGS = [
     "--enable-precise-memory-info",
 ]
 POOL = "bench-1m"
-NUM_BLOCKS = 1_000_000
+NUM_BLOCKS = sized(1_000_000, 65_536)
+DURATION_S = sized(10.0, 1.0)
 # Small blocks keep the pool's tensor at 64 MiB: the benchmark is about the page, not storage.
 BLOCK_BYTES = 64
 TARGET_OPS_PER_S = 5_000
@@ -74,7 +84,7 @@ def _start_server() -> tuple[subprocess.Popen, str]:
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 40
+    deadline = time.monotonic() + 120  # a hang guard: a loaded host takes tens of seconds to import torch
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
@@ -142,8 +152,9 @@ def _summary(m: dict) -> dict:
     return {"fps": fps, "p95_ms": p95, "heap_mb": (m["heap"] or 0) / 2**20, "frames_received": m["framesReceived"]}
 
 
-def run(duration_s: float = 10.0, base_url: str | None = None) -> dict:
+def run(duration_s: float = DURATION_S, base_url: str | None = None) -> dict:
     """Measure idle and loaded page for `duration_s` each; print and return the figures."""
+    from playwright.sync_api import TimeoutError as PageTimeout
     from playwright.sync_api import sync_playwright
 
     proc = None
@@ -156,15 +167,16 @@ def run(duration_s: float = 10.0, base_url: str | None = None) -> dict:
                                             "block_bytes": BLOCK_BYTES})
         r.raise_for_status()
         # start half full so the map has something to draw
-        for _ in range(20):
+        for _ in range(sized(20, 2)):
             client.post(f"/api/pools/{POOL}/ops", json={"ops": [
                 {"op": "allocate", "bytes": BLOCK_BYTES * random.randint(1, 48)} for _ in range(1000)]})
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1440, "height": 1000})
             page.goto(f"{base_url}/?pool={POOL}")
-            page.wait_for_function("window.kvscope && window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0",
-                                   timeout=30_000)
+            page.wait_for_function(
+                "() => window.kvscope && window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0",
+                timeout=30_000)
             page.wait_for_timeout(1500)
             idle = _summary(page.evaluate(MEASURE_JS, int(duration_s * 1000)))
             driver = Driver(base_url)
@@ -173,13 +185,14 @@ def run(duration_s: float = 10.0, base_url: str | None = None) -> dict:
             loaded = _summary(page.evaluate(MEASURE_JS, int(duration_s * 1000)))
             driver.stop_event.set()
             driver.join(timeout=10)
-            paint = page.evaluate("window.kvscope.paintStats()")
+            paint = page.evaluate("() => window.kvscope.paintStats()")
             # after the load stops, the painted map must equal the server's block counts
             used = client.get(f"/api/pools/{POOL}/stats").json()["used_blocks"]
             try:
-                page.wait_for_function(f"window.kvscope.paintedCounts().occupied === {used}", timeout=10_000)
+                page.wait_for_function("(used) => window.kvscope.paintedCounts().occupied === used",
+                                       arg=used, timeout=10_000)
                 consistent = True
-            except Exception:
+            except PageTimeout:
                 consistent = False
             browser.close()
         ops_per_s = driver.ops_sent / driver.seconds if driver.seconds else 0.0
@@ -208,4 +221,4 @@ def run(duration_s: float = 10.0, base_url: str | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    run(float(sys.argv[1]) if len(sys.argv) > 1 else 10.0, os.environ.get("KVSCOPE_URL") or None)
+    run(float(sys.argv[1]) if len(sys.argv) > 1 else DURATION_S, os.environ.get("KVSCOPE_URL") or None)

@@ -25,12 +25,14 @@ if __package__ in (None, ""):
 
 from allocator import KVCache, create_pool
 from allocator.series import history_series
+from bench.quick import sized
 
 BLOCK = 256
 POOL_BLOCKS = 65_536
-WINDOW_S = 0.25
-EVENTS = 1_000_000
-POINTS = 200
+WINDOW_S = sized(0.25, 0.01)
+EVENTS = sized(1_000_000, 5_000)
+POINTS = sized(200, 3)
+BIG_BLOCKS = sized(1_000_000, 131_072)
 
 
 def single(history: bool):
@@ -88,7 +90,7 @@ def on_off(make) -> tuple[float, float]:
         on()
         off()
     best_on = best_off = 0.0
-    for _ in range(4):
+    for _ in range(sized(4, 1)):
         best_on = max(best_on, window(on, per))
         best_off = max(best_off, window(off, per))
     return best_on, best_off
@@ -131,7 +133,7 @@ def run() -> None:
         print(f"{name:34s} history on {on / 1e6:6.2f} M blocks/s   off {off / 1e6:6.2f} M blocks/s   "
               f"ratio {on / off:5.2f}x  (aim >= 0.5)")
     print(f"== history: any point of a {EVENTS:,}-event history ==")
-    for strategy, blocks in (("paged", POOL_BLOCKS), ("contiguous", POOL_BLOCKS), ("paged", 1_000_000)):
+    for strategy, blocks in (("paged", POOL_BLOCKS), ("contiguous", POOL_BLOCKS), ("paged", BIG_BLOCKS)):
         pool, secs = build(strategy, EVENTS, blocks)
         h = pool.history
         times = read_points(pool)

@@ -6,7 +6,10 @@ measured in the same run.
 2. apply: blocks/s into a MirrorPool (slots, block map, forest links, event log) against updating
    a plain Python set (the least any mirror must do).
 3. end to end over ZeroMQ ipc: kvscope Publisher -> Subscriber -> MirrorPool, against the same
-   payloads through a bare PUB/SUB pair (transport alone).
+   payloads through a bare PUB/SUB pair (transport alone); best of 3. Beside the wall-clock
+   rate, the subscriber thread's own CPU time (decode + apply of every batch, what bounds the
+   mirror on a core of its own) and the share of a core this process got while it ran: on a
+   shared host the wall rate measures the neighbours as much as the mirror.
 
 Run: python -m bench kvevents (or python -m bench.bench_kvevents); about 20 s.
 
@@ -16,6 +19,7 @@ many; the target is 100,000 blocks/s end to end (80x that).
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import tempfile
@@ -30,12 +34,15 @@ import msgspec
 import zmq
 
 from allocator.mirror import MirrorPool
+from bench.quick import sized
 from kvevents.codec import KVEventBatch, Removed, Stored, decode_batch, encode_batch
 from kvevents.publisher import Publisher
 from kvevents.subscriber import Subscriber
 
 TARGET_BLOCKS_PER_S = 100_000
 BLOCK_SIZE = 16
+BATCHES = sized(4000, 300)
+WIRE_RUNS = sized(3, 1)
 
 
 def workload(n_batches: int, seed: int = 0, live_cap: int = 20_000):
@@ -105,11 +112,21 @@ def bench_apply(batches) -> tuple[float, float]:
     return n / best_of(mirror), n / best_of(plain)
 
 
-def bench_wire(batches, folder: str) -> tuple[float, float]:
+def bench_wire(batches, folder: str) -> tuple[dict, float]:
+    """({wall, cpu, core_share} of the best of WIRE_RUNS end-to-end runs, bare PUB/SUB blocks/s)."""
+    best: dict = {}
+    for i in range(WIRE_RUNS):
+        run = wire_once(batches, f"{folder}/e2e{i}")
+        if not best or run["wall"] > best["wall"]:
+            best = run
+    return best, bare_pubsub(batches, folder)
+
+
+def wire_once(batches, where: str) -> dict:
+    """One end-to-end run: blocks/s of wall time, blocks per CPU-second of the subscriber
+    thread, and the process's CPU seconds per wall second over the run."""
     n = blocks_of(batches)
-    ctx = zmq.Context.instance()
-    # kvscope end to end
-    pub = Publisher(f"ipc://{folder}/e2e", replay_endpoint=f"ipc://{folder}/e2e-r", topic="kv")
+    pub = Publisher(f"ipc://{where}", replay_endpoint=f"ipc://{where}-r", topic="kv")
     pool = MirrorPool(65_536, name="b", device="cpu")
     lock = threading.Lock()
 
@@ -117,12 +134,14 @@ def bench_wire(batches, folder: str) -> tuple[float, float]:
         with lock:
             pool.apply(b.events)
 
-    sub = Subscriber(f"ipc://{folder}/e2e", topic="kv", replay_endpoint=f"ipc://{folder}/e2e-r",
+    sub = Subscriber(f"ipc://{where}", topic="kv", replay_endpoint=f"ipc://{where}-r",
                      on_batch=on_batch).start()
     time.sleep(0.3)
     pub.publish([])
     while sub.last_seq is None:
         time.sleep(0.01)
+    sub_clock = time.pthread_getcpuclockid(sub._thread.ident)
+    cpu0, proc0 = time.clock_gettime(sub_clock), time.process_time()
     t = time.perf_counter()
     for b in batches:
         pub.publish(b)
@@ -130,10 +149,17 @@ def bench_wire(batches, folder: str) -> tuple[float, float]:
     while sub.last_seq != last:
         time.sleep(0.0005)
     ours = time.perf_counter() - t
+    cpu, proc = time.clock_gettime(sub_clock) - cpu0, time.process_time() - proc0
     assert sub.lost_batches == 0, sub.status()
     sub.stop()
     pub.close()
-    # bare PUB/SUB with the same payloads
+    return {"wall": n / ours, "cpu": n / cpu, "core_share": proc / ours}
+
+
+def bare_pubsub(batches, folder: str) -> float:
+    """Blocks/s of the same payloads through a bare PUB/SUB pair (the transport alone)."""
+    n = blocks_of(batches)
+    ctx = zmq.Context.instance()
     payloads = [encode_batch(b, 1.0) for b in batches]
     p = ctx.socket(zmq.PUB)
     p.set_hwm(1_000_000)
@@ -159,11 +185,11 @@ def bench_wire(batches, folder: str) -> tuple[float, float]:
     raw = time.perf_counter() - t
     p.close(0)
     s.close(0)
-    return n / ours, n / raw
+    return n / raw
 
 
 def run() -> int:
-    batches = workload(4000)
+    batches = workload(BATCHES)
     n = blocks_of(batches)
     print(f"workload: {len(batches)} batches, {n:,} blocks stored+removed, "
           f"{sum(len(b) for b in batches):,} events")
@@ -173,10 +199,16 @@ def run() -> int:
     print(f"apply    MirrorPool {mirror:9,.0f} blocks/s   plain set {plain:12,.0f}   ratio {mirror / plain:.2f}")
     with tempfile.TemporaryDirectory() as folder:
         e2e, raw = bench_wire(batches, folder)
-    print(f"wire     kvscope e2e {e2e:8,.0f} blocks/s   bare PUB/SUB {raw:12,.0f}   ratio {e2e / raw:.2f}")
-    ok = e2e >= TARGET_BLOCKS_PER_S
+    print(f"wire     kvscope e2e {e2e['wall']:8,.0f} blocks/s   bare PUB/SUB {raw:12,.0f}   "
+          f"ratio {e2e['wall'] / raw:.2f}  (best of {WIRE_RUNS})")
+    print(f"         subscriber thread: {e2e['cpu']:,.0f} blocks per CPU-second (decode + apply); this "
+          f"process had {e2e['core_share']:.0%} of a core meanwhile (load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    ok = e2e["wall"] >= TARGET_BLOCKS_PER_S
     print(f"target   end to end >= {TARGET_BLOCKS_PER_S:,} blocks/s: {'met' if ok else 'MISSED'} "
-          f"({e2e / 1250:,.0f}x a busy engine's ~1,250 stored blocks/s)")
+          f"({e2e['wall'] / 1250:,.0f}x a busy engine's ~1,250 stored blocks/s)"
+          + ("" if ok else f"; on a core of its own the subscriber would do {e2e['cpu']:,.0f} "
+             f"({'the host, not the mirror, is short' if e2e['cpu'] >= TARGET_BLOCKS_PER_S else 'the mirror itself is short'})"))
     return 0
 
 

@@ -30,21 +30,20 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from allocator import create_pool
+from bench.quick import sized
 
 BLOCKS = 4096
 SEQ_BLOCKS = 16
 BS = 16
-ROUNDS = 7
-OPS = 2000
+ROUNDS = sized(7, 1)
+OPS = sized(2000, 100)
 TARGET = 3.0
 
 
 def vllm_module():
     """(vllm_baseline module, None) or (None, why it is unavailable)."""
-    try:
-        from bench import vllm_baseline
-    except ImportError:
-        return None, "bench/vllm_baseline.py (issue 10's harness) is not in this tree"
+    from bench import vllm_baseline
+
     if vllm_baseline.load() is None:
         return None, vllm_baseline.why_missing
     return vllm_baseline, None

@@ -26,12 +26,18 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.quick import sized
+
 ROOT = Path(__file__).resolve().parents[1]
-PHASE_S = 2.5
+PHASE_S = sized(2.5, 0.3)
 CONCURRENCY = (1, 16, 64)
 WS_CLIENTS = 10
 OPS_PER_S = 5_000
-STREAM_S = 8.0
+STREAM_S = sized(8.0, 1.0)
+BIG_BLOCKS = sized(1_000_000, 65_536)
 
 
 def _free_port() -> int:
@@ -47,7 +53,7 @@ def start_server() -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a hang guard: a loaded host takes tens of seconds to import torch
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/healthz", timeout=1).status_code == 200:
@@ -141,8 +147,8 @@ def bench_requests(url: str) -> list[dict]:
 def bench_batch(url: str) -> dict:
     blocks_per_op, ops_per_batch = 256, 2000
     with httpx.Client(base_url=url, timeout=60) as c:
-        c.post("/api/pools", json={"name": "batch", "num_blocks": 1_000_000, "block_bytes": 16})
-        moved, t_alloc, t_free, stop = 0, 0.0, 0.0, time.perf_counter() + 4.0
+        c.post("/api/pools", json={"name": "batch", "num_blocks": BIG_BLOCKS, "block_bytes": 16})
+        moved, t_alloc, t_free, stop = 0, 0.0, 0.0, time.perf_counter() + sized(4.0, 0.5)
         while time.perf_counter() < stop:
             ops = [{"op": "allocate", "bytes": 16 * blocks_per_op}] * ops_per_batch
             t0 = time.perf_counter()
@@ -211,7 +217,7 @@ class Watcher(threading.Thread):
 def bench_stream(url: str, pid: int) -> dict:
     ws_url = url.replace("http", "ws") + "/ws/pools/big"
     with httpx.Client(base_url=url, timeout=60) as c:
-        c.post("/api/pools", json={"name": "big", "num_blocks": 1_000_000, "block_bytes": 16})
+        c.post("/api/pools", json={"name": "big", "num_blocks": BIG_BLOCKS, "block_bytes": 16})
         watchers = [Watcher(ws_url) for _ in range(WS_CLIENTS)]
         for w in watchers:
             w.start()
@@ -264,7 +270,7 @@ def bench_stream(url: str, pid: int) -> dict:
 
 
 # -- 4. /healthz while an O(pool) call runs -------------------------------------------------------
-CHECK_BLOCKS = 1_000_000
+CHECK_BLOCKS = sized(1_000_000, 40_000)
 
 
 def _fragment(c: httpx.Client, name: str) -> None:
@@ -297,7 +303,7 @@ def bench_long_calls(url: str) -> dict:
     against idle /healthz p99 in the same run."""
     with httpx.Client(base_url=url, timeout=120) as c:
         _fragment(c, "frag")
-        idle = asyncio.run(_healthz_latencies(url, 2.0))
+        idle = asyncio.run(_healthz_latencies(url, sized(2.0, 0.3)))
         busy, durations, stop = threading.Event(), {"check": [], "blockmap": []}, threading.Event()
 
         def hammer() -> None:
@@ -312,7 +318,7 @@ def bench_long_calls(url: str) -> dict:
 
         worker = threading.Thread(target=hammer)
         worker.start()
-        during = asyncio.run(_healthz_latencies(url, 8.0, busy))
+        during = asyncio.run(_healthz_latencies(url, sized(8.0, 1.0), busy))
         stop.set()
         worker.join()
         c.delete("/api/pools/frag")
@@ -340,7 +346,7 @@ def run() -> dict:
               f"{batch['round_trip_blocks_per_s'] / 1e6:.2f} M blocks/s "
               f"({batch['round_trip_blocks_per_s'] / 1e6:.2f}x the 1M target)")
         stream = bench_stream(url, proc.pid)
-        print(f"stream, 1,000,000 blocks, {stream['clients']} websocket clients, "
+        print(f"stream, {BIG_BLOCKS:,} blocks, {stream['clients']} websocket clients, "
               f"{stream['ops_per_s']:.0f} ops/s: REST op -> delta p50 {stream['latency_p50_ms']:.1f} ms "
               f"(aim < 100; {stream['latency_p50_ms'] / 100:.2f}x), p99 {stream['latency_p99_ms']:.1f} ms; "
               f"{stream['observed']}/{stream['expected']} ops seen")
@@ -349,7 +355,7 @@ def run() -> dict:
               f"slow-client resyncs {stream['resync_snapshots']}; "
               f"server CPU {stream['server_cpu_share'] * 100:.0f}% of one core")
         long_calls = bench_long_calls(url)
-        print(f"/healthz during a 1M-block check + JSON block map (fragmented, 500k allocations; check "
+        print(f"/healthz during a {CHECK_BLOCKS:,}-block check + JSON block map (fragmented, {CHECK_BLOCKS // 2:,} allocations; check "
               f"{long_calls['check_s']:.2f} s, blockmap {long_calls['blockmap_s']:.2f} s median): p99 "
               f"{long_calls['busy_p99_ms']:.1f} ms (max {long_calls['busy_max_ms']:.1f}, {long_calls['samples']} "
               f"samples) vs idle p99 {long_calls['idle_p99_ms']:.1f} ms: {long_calls['ratio']:.1f}x")

@@ -21,11 +21,18 @@ from pathlib import Path
 
 import httpx
 
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.quick import sized
+
 ROOT = Path(__file__).resolve().parents[1]
-CLIENTS = 12
-BLOCKS = 1 << 20
-CHURN_S = 6.0
-STALL_MS = 2000
+CLIENTS = sized(12, 3)
+BLOCKS = sized(1 << 20, 1 << 16)
+CHURN_S = sized(6.0, 0.5)
+STALL_MS = sized(2000, 200)
+AFTER_S = sized(3.0, 0.5)  # waited past the stall limit before RSS is read again
+ALLOC_BLOCKS = sized(512, 32)  # per allocation: 1,000 of them take about half the pool
 
 
 def rss_mb(pid: int) -> float:
@@ -44,7 +51,7 @@ def start(stall_ms: int) -> tuple[subprocess.Popen, int]:
     env.pop("KVSCOPE_TOKEN", None)
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a hang guard: a loaded host takes tens of seconds to import torch
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
@@ -83,7 +90,7 @@ def churn(c: httpx.Client, seconds: float) -> None:
     """Allocate and free across the whole map, so every tick has deltas for every client."""
     stop = time.perf_counter() + seconds
     while time.perf_counter() < stop:
-        res = c.post("/api/pools/big/ops", json={"ops": [{"op": "allocate", "bytes": 16 * 512}] * 1000}).json()
+        res = c.post("/api/pools/big/ops", json={"ops": [{"op": "allocate", "bytes": 16 * ALLOC_BLOCKS}] * 1000}).json()
         c.post("/api/pools/big/ops", json={"ops": [{"op": "free", "id": r["id"]} for r in res["results"] if r["ok"]]})
 
 
@@ -98,7 +105,7 @@ def measure(stall_ms: int, clients_n: int = CLIENTS) -> dict:
             clients = [stalled_client(port) for _ in range(clients_n)]
             churn(c, CHURN_S)
             stalled = rss_mb(proc.pid)
-            time.sleep(STALL_MS / 1000 + 3)  # the stall limit, and a little more
+            time.sleep(STALL_MS / 1000 + AFTER_S)  # the stall limit, and a little more
             after = rss_mb(proc.pid)
         dropped = sum(closed_by_server(s) for s in clients)
         return {"before_mb": before, "stalled_mb": stalled, "after_mb": after, "dropped": dropped,
@@ -126,7 +133,7 @@ def run() -> dict:
     on, off = rows["stall rule on"], rows["stall rule off"]
     quiet = rows["no clients"]["after_mb"] - rows["no clients"]["before_mb"]
     held_on, held_off = on["after_mb"] - on["before_mb"] - quiet, off["after_mb"] - off["before_mb"] - quiet
-    print(f"RSS held because of the clients (less the no-client run) {STALL_MS / 1000 + 3:.0f} s after the churn (stall limit {STALL_MS / 1000:g} s): {held_on:.0f} MB with the rule vs "
+    print(f"RSS held because of the clients (less the no-client run) {STALL_MS / 1000 + AFTER_S:.0f} s after the churn (stall limit {STALL_MS / 1000:g} s): {held_on:.0f} MB with the rule vs "
           f"{held_off:.0f} MB without ({held_on / held_off if held_off > 0 else float('nan'):.2f}x)")
     return rows
 

@@ -199,6 +199,8 @@ def decode_batch(payload: bytes, max_events: int = MAX_BATCH_EVENTS) -> Batch:
         raw = _DECODER.decode(payload)
     except (msgspec.DecodeError, ValueError) as exc:
         raise WireError("malformed", f"not msgpack: {exc}") from None
+    except RecursionError:  # msgspec stops a payload nested deeper than the interpreter allows
+        raise WireError("malformed", "payload nested too deep to be a batch") from None
     if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[1], list):
         raise WireError("malformed", "payload is not [ts, events, dp_rank]")
     ts = raw[0]

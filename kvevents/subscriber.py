@@ -12,7 +12,11 @@ import zmq
 from .codec import MAX_BATCH_EVENTS, Batch, WireError, decode_batch, seq_bytes, seq_of
 
 ERROR_KINDS = ("malformed", "frames", "too_large", "unknown_type", "malformed_event", "apply",
-               "replay", "internal")
+               "replay", "seq_jump", "internal")
+# A forward jump of more seqs than any replay buffer holds (vLLM keeps 10,000 batches by
+# default; 2^32 would be hundreds of GB) is no loss: the engine's numbering moved (a restart
+# on another counter) or the seq frame is garbage.
+MAX_SEQ_GAP = 1 << 32
 
 
 class Subscriber:
@@ -26,6 +30,9 @@ class Subscriber:
     - Joining late: when the first seq seen is above 0, the missed history is asked for too.
     - Restart: a live seq at or below the last live one means the engine started over; the
       subscriber calls `on_restart()` (its cache is empty now) and follows the new sequence.
+    - Jump: a live seq more than `max_gap` past the last one is held, not counted lost. When the
+      next message continues it (seq + 1), the engine's numbering moved: a restart, and both
+      are applied. Otherwise it was garbage: dropped and counted in `errors["seq_jump"]`.
     - Bad input (wrong frame count, undecodable payload, huge batch, unknown or malformed events,
       an exception from the callbacks) is counted by kind in `errors`, the latest message kept
       in `last_error`; the thread never dies of it.
@@ -38,12 +45,14 @@ class Subscriber:
                  on_restart: Callable[[], None] | None = None, topic: str = "",
                  replay_endpoint: str | None = None, replay_timeout: float = 2.0,
                  max_events: int = MAX_BATCH_EVENTS, recorder=None,
-                 ctx: zmq.Context | None = None) -> None:
+                 ctx: zmq.Context | None = None, max_gap: int = MAX_SEQ_GAP) -> None:
         self.endpoint = endpoint
         self.topic = topic
         self.replay_endpoint = replay_endpoint
         self.replay_timeout = replay_timeout
         self.max_events = max_events
+        self.max_gap = max_gap
+        self._held: tuple[int, bytes] | None = None  # a jump's (seq, payload) until the next message
         self.recorder = recorder
         self._on_batch = on_batch
         self._on_restart = on_restart
@@ -121,6 +130,16 @@ class Subscriber:
             self._error("frames", f"live message with seq {seq}")
             return
         self.state = "live"
+        held, self._held = self._held, None
+        if seq - (-1 if self.last_live is None else self.last_live) > self.max_gap:
+            if held is None or seq != held[0] + 1:
+                if held is not None:
+                    self._error("seq_jump", f"seq {held[0]} jumped past {self.last_live}; dropped")
+                self._held = (seq, payload)
+                return
+            self._jumped(*held)  # continued: the engine's numbering moved
+        elif held is not None:
+            self._error("seq_jump", f"seq {held[0]} jumped past {self.last_live}; dropped")
         if self.last_live is not None and seq <= self.last_live:
             self.restarts += 1
             self.last_seq = None
@@ -140,6 +159,16 @@ class Subscriber:
                 return
             if seq > expected:
                 self.lost_batches += seq - expected
+        self._apply(seq, payload)
+
+    def _jumped(self, seq: int, payload: bytes) -> None:
+        """Follow a sequence that starts at `seq`, far past the last one: a restart (when there
+        was one) with nothing to replay in between."""
+        if self.last_live is not None:
+            self.restarts += 1
+            if self._on_restart is not None:
+                self._call(self._on_restart)
+        self.last_live = seq
         self._apply(seq, payload)
 
     def _apply(self, seq: int, payload: bytes) -> None:
@@ -198,6 +227,10 @@ class Subscriber:
             nxt = 0 if self.last_seq is None else self.last_seq + 1
             if seq < nxt:
                 continue
+            if seq - nxt > self.max_gap:  # garbage, not a replay of what was asked
+                self._error("replay", f"replay from {start} answered seq {seq}")
+                self._drop_dealer()  # the rest of this reply must not answer the next ask
+                return
             if seq > nxt:
                 self.lost_batches += seq - nxt
             self.replayed_batches += 1
@@ -222,11 +255,14 @@ class Subscriber:
             if left <= 0 or not dealer.poll(int(left * 1000) + 1):
                 self._error("replay", f"replay from {start}: no end marker within "
                                       f"{self.replay_timeout}s")
-                # A late answer must not be read as the reply to the next request.
-                dealer.close(linger=0)
-                self._dealer = None
+                self._drop_dealer()  # a late answer must not be read as the reply to the next request
                 return
             yield dealer.recv_multipart()
+
+    def _drop_dealer(self) -> None:
+        if self._dealer is not None:
+            self._dealer.close(linger=0)
+            self._dealer = None
 
     # -- reporting ------------------------------------------------------------------------------------
     def _error(self, kind: str, message: str) -> None:

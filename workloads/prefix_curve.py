@@ -13,8 +13,8 @@ arrival order, one at a time (no concurrency). For each request
 
 `hit_ratio = sum(hits) / sum(input_length)`. The capacity is the pool's size: capacity_tokens //
 tokens_per_block blocks. A prompt longer than the whole pool opens only its first pool-sized
-part (everything else evicted, as trimming the issue's insert-everything-then-trim definition
-would leave it). With infinite capacity nothing is evicted: the maximum hit ratio.
+part (everything else evicted, as inserting the whole prompt and then trimming the cache to its
+capacity would leave it). With infinite capacity nothing is evicted: the maximum hit ratio.
 
 Bélády's MIN (`belady`): the pool's `belady` policy with caller-supplied next uses. A block's next
 use is the index of the next request whose prompt contains it (inf if none), plus a depth

@@ -15,10 +15,10 @@ router = APIRouter(prefix="/api/pools/{pool}/allocations", tags=["allocations"])
 AllocationId = Annotated[int, Path(ge=0, le=1 << 62, description="allocation id")]
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=AllocationOut)
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=AllocationOut,
+             response_model_exclude_unset=True)
 async def allocate(body: SizeIn, handle: PoolDep) -> dict:
-    aid = operations.allocate(handle.pool, body.bytes, body.tokens)
-    return handle.pool.allocation(aid).to_dict()
+    return operations.allocation_result(handle.pool, operations.allocate(handle.pool, body.bytes, body.tokens))
 
 
 @router.get("/{id}", response_model=AllocationOut)
@@ -26,10 +26,9 @@ async def get_allocation(id: AllocationId, handle: PoolDep) -> dict:
     return operations.allocation_view(handle.pool, id)
 
 
-@router.post("/{id}/extend", response_model=AllocationOut)
+@router.post("/{id}/extend", response_model=AllocationOut, response_model_exclude_unset=True)
 async def extend(id: AllocationId, body: SizeIn, handle: PoolDep) -> dict:
-    moved = operations.extend(handle.pool, id, body.bytes, body.tokens)
-    return {**handle.pool.allocation(id).to_dict(), "moved": moved}
+    return operations.extend_result(handle.pool, id, operations.extend(handle.pool, id, body.bytes, body.tokens))
 
 
 @router.delete("/{id}", status_code=status.HTTP_204_NO_CONTENT)

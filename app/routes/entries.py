@@ -6,8 +6,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 
-from allocator.errors import NotFound
-
 from .. import operations
 from ..auth import check_token
 from ..deps import CacheDep, EntryKey, UnlockedCacheDep, UnlockedPoolDep
@@ -35,16 +33,13 @@ async def list_entries(
 async def put_entry(key: EntryKey, body: EntryPut, cache: CacheDep, response: Response) -> dict:
     result = operations.put(cache.pool, key, body.bytes, body.tokens, body.priority, body.ttl_s, body.pinned)
     response.status_code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
-    return {"entry": result.entry.to_dict(cache.clock(), cache.pool), "evicted": result.evicted}
+    return operations.put_result(cache.pool, result)
 
 
 @router.get("/{key}", response_model=EntryOut, dependencies=[Depends(check_token)],
             description="A hit touches the entry; a miss is 404. Needs the token when one is set.")
 async def get_entry(key: EntryKey, cache: CacheDep) -> dict:
-    entry = operations.get(cache.pool, key)
-    if entry is None:
-        raise NotFound("entry", key)
-    return entry.to_dict(cache.clock(), cache.pool)
+    return operations.get_result(cache.pool, key)
 
 
 @router.delete("/{key}", status_code=status.HTTP_204_NO_CONTENT)

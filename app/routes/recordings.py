@@ -132,8 +132,14 @@ async def upload_recording(request: Request, registry: RegistryDep, hub: HubDep)
     except Conflict:
         Pathlib(pool.path).unlink(missing_ok=True)  # a refused request keeps nothing
         raise
+    try:
+        out = handle.describe() | {"recording": Pathlib(pool.path).stem}
+    except BaseException:  # (open_untrusted built both once already): still, keep nothing
+        registry.remove(pool.name)
+        Pathlib(pool.path).unlink(missing_ok=True)
+        raise
     hub.attach(handle)
-    return handle.describe() | {"recording": Pathlib(pool.path).stem}
+    return out
 
 
 async def receive_to(request: Request, path: Pathlib, limit: int) -> int:

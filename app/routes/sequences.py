@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
 
+from .. import operations
 from ..deps import PrefixPoolDep
 from ..schemas import (
     BlockInfoOut,
@@ -28,8 +29,8 @@ BlockId = Annotated[int, Path(ge=0, le=1 << 32, description="block index")]
                          "`num_tokens`, or `num_tokens` alone (nothing cached). The longest cached "
                          "prefix is reused; 507 when every block is held.")
 async def open_sequence(body: SequenceOpen, pool: PrefixPoolDep) -> dict:
-    return pool.open_sequence(body.tokens, body.block_hashes, body.num_tokens, body.salt,
-                              body.next_use).to_dict()
+    return operations.sequence_result(operations.open_sequence(
+        pool, body.tokens, body.block_hashes, body.num_tokens, body.salt, body.next_use))
 
 
 @router.get("/sequences", response_model=SequenceList)
@@ -46,12 +47,12 @@ async def get_sequence(id: SequenceId, pool: PrefixPoolDep) -> dict:
              description="Grow a sequence: `tokens` (opened with tokens) or `num_tokens` with "
                          "`block_hashes` for the blocks it fills (opened with hashes).")
 async def append(id: SequenceId, body: SequenceAppend, pool: PrefixPoolDep) -> dict:
-    return pool.append(id, body.tokens, body.num_tokens, body.block_hashes).to_dict()
+    return operations.sequence_result(operations.append(pool, id, body.tokens, body.num_tokens, body.block_hashes))
 
 
 @router.delete("/sequences/{id}", status_code=status.HTTP_204_NO_CONTENT)
 async def close_sequence(id: SequenceId, pool: PrefixPoolDep) -> Response:
-    pool.close_sequence(id)
+    operations.close_sequence(pool, id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

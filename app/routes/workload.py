@@ -26,8 +26,11 @@ async def progress(handle: PoolDep) -> dict:
     return {"workload": current}
 
 
-@router.delete("", status_code=status.HTTP_204_NO_CONTENT)
+@router.delete("", status_code=status.HTTP_204_NO_CONTENT,
+               description="Stop the pool's workload: 204 once none runs, whether it was running "
+                           "or had already ended (a stop that races the end is not an error); "
+                           "404 when the pool never ran one.")
 async def stop(handle: PoolDep) -> Response:
-    if not await handle.stop_workload():
-        raise NotFound("running workload", handle.name)
+    if not await handle.stop_workload() and handle.workload_progress() is None:
+        raise NotFound("workload", handle.name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,4 +1,4 @@
-// REST client (README "REST API", docs/ARCHITECTURE.md). Adds the bearer token kept in this tab's
+// REST client (docs/API.md, docs/ARCHITECTURE.md). Adds the bearer token kept in this tab's
 // sessionStorage and turns `{"error": {code, message, details}}` bodies into ApiError. Modules call
 // the typed client (`pools.create(body)`, `pool(name).allocate(size)`), never build URLs.
 

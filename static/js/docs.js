@@ -1,7 +1,9 @@
 // /docs: starts the vendored Swagger UI. A module file, not an inline script: the server's CSP
 // (app/security.py) allows scripts from this origin only.
-// A POST, or a request with a body, must say Content-Type: application/json (the server refuses
-// anything a cross-site form could send); Swagger UI sends none for a bodiless POST, so add it.
+// A request with a body must say Content-Type: application/json (the server refuses anything a
+// cross-site form could send). Swagger UI sends no type for a bodiless POST, which the server
+// serves from this page as well; it gets the JSON type too, so the curl line Swagger shows for
+// it names the type the API documents.
 
 const MUTATING = new Set(["POST", "PUT", "PATCH", "DELETE"]);
 

@@ -25,6 +25,7 @@ class MSeq:
     salt: str | None
     cached_tokens: int
     nu: list  # next use of each block as given at open (inf for blocks appended later)
+    count: int | None = None  # tokens of a sequence opened by count alone (no ids, never cached)
 
 
 @dataclass
@@ -164,6 +165,29 @@ class PrefixModel:
             if self._store(k, nu):
                 del self.anon[seq.keys[i]]
                 seq.keys[i] = k
+        return evicted
+
+    def open_counted(self, sid: int, num_tokens: int) -> list:
+        """A sequence of `num_tokens` tokens given by count alone: unhashed blocks, no hits.
+        Returns the keys evicted; raises ModelOOM with nothing changed."""
+        nblocks = -(-num_tokens // self.bs)
+        if nblocks > self.free + len(self.idle_stamp):
+            raise ModelOOM()
+        evicted = self._take(nblocks)
+        keys = [self._new_anon() for _ in range(nblocks)]
+        self.seqs[sid] = MSeq([], keys, None, 0, [float("inf")] * nblocks, count=num_tokens)
+        self.queries += num_tokens
+        return evicted
+
+    def append_count(self, sid: int, n: int) -> list:
+        """Grow a sequence opened by count by n tokens: new blocks unhashed."""
+        seq = self.seqs[sid]
+        need = -(-(seq.count + n) // self.bs) - len(seq.keys)
+        if need > self.free + len(self.idle_stamp):
+            raise ModelOOM()
+        evicted = self._take(need)
+        seq.keys += [self._new_anon() for _ in range(need)]
+        seq.count += n
         return evicted
 
     def close(self, sid: int) -> None:

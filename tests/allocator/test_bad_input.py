@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 from kvtest_util import FakeClock, payload, pool_snapshot
 
@@ -67,6 +69,43 @@ def test_sizes_above_capacity(strategy: str) -> None:
     # A cache entry above the cache capacity can never fit either.
     unchanged(pool, lambda: cache.put("huge", 513), ExceedsCapacity)
     unchanged(pool, lambda: cache.put("a", 10**6), ExceedsCapacity)
+
+
+def refused_small(pool, call, errors) -> None:
+    """`call` is refused with nothing changed, having built nothing of the request's size."""
+    before = pool_snapshot(pool)
+    tracemalloc.start()
+    try:
+        with pytest.raises(errors):
+            call()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak} bytes allocated to refuse it"
+    assert pool_snapshot(pool) == before
+    assert pool.check() == [] and pool.cache.check() == []
+
+
+@pytest.mark.parametrize("strategy", [*STRATEGIES, "prefix"])
+@pytest.mark.parametrize("nbytes", [2**32, 2**34, 2**40, 2**60])
+def test_huge_sizes_are_refused_before_anything_of_their_size_is_built(strategy: str, nbytes: int) -> None:
+    """Every sized call, up to the API schema's byte maximum (2**60), on every strategy and on
+    a prefix-caching pool: refused (413 or 507 over HTTP) at the cost of a small request."""
+    if strategy == "prefix":
+        pool = create_pool("paged", num_blocks=64, block_bytes=16, device="cpu", tokens_per_block=4,
+                           prefix_caching={"policy": "lru"})
+        pool.write(pool.allocate(10), payload(10, 1))
+        cache = KVCache(pool, 512, "lru", clock=FakeClock())
+        cache.put("a", 20)
+        ids = pool.ids()
+    else:
+        pool, cache, ids = populated(strategy)
+    too_big = (ExceedsCapacity, OutOfMemory)
+    refused_small(pool, lambda: pool.allocate(nbytes), too_big)
+    refused_small(pool, lambda: pool.extend(ids[0], nbytes), too_big)
+    refused_small(pool, lambda: pool.allocate_many([16, nbytes]), too_big)
+    refused_small(pool, lambda: cache.put("new", nbytes), too_big)
+    refused_small(pool, lambda: cache.put("a", nbytes), too_big)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -38,7 +38,7 @@ def test_pool_events_in_order() -> None:
                                      "requested_bytes": 20, "allocated_bytes": 32, "blocks": 2,
                                      "block_ids": [0, 1], "state": 1}
     assert events[1]["requested_bytes"] == 40 and events[1]["allocated_bytes"] == 48
-    # Map-changing events name the rows they change, as plain lists (issue 14's replay).
+    # Map-changing events name the rows they change, as plain lists, which the history replays.
     assert events[1]["block_ids"] == [2] and events[1]["freed_ids"] == [] and events[1]["added_bytes"] == 20
     assert events[2]["block_ids"] == [0, 1, 2] and events[2]["requested_bytes"] == 40
 

@@ -167,3 +167,52 @@ def test_recording_of_a_prefix_caching_pool_replays_every_point(tmp_path) -> Non
         rep = view.replay_to(seq)
         assert np.array_equal(rep.owner, owner) and np.array_equal(rep.state, state)
         assert view.stats_at(seq) == stats
+
+
+def test_a_pickle_declaring_more_than_it_holds_is_refused_before_anything_is_allocated() -> None:
+    """check_pickle walks the opcodes: a frame, bytes or string longer than what follows it is
+    an UnpicklingError, whatever size it claims; a whole pickle of what the history writes passes."""
+    import pickle
+    import struct
+
+    from allocator.history import Segment, check_pickle, safe_loads
+
+    def claiming(op: bytes, size: int) -> bytes:
+        return b"\x80\x05" + op + struct.pack("<Q", size) + b"abc."
+
+    for blob in (claiming(b"\x95", 2**63), claiming(b"\x95", 2**63 - 1), claiming(b"\x8e", 2**50),
+                 claiming(b"\x8d", 2**40), claiming(b"\x96", 2**45), b"\x80\x05B" + struct.pack("<I", 2**31) + b".",
+                 b"\x80\x05\xff.", b""):
+        with pytest.raises(pickle.UnpicklingError):
+            check_pickle(blob)
+        with pytest.raises(pickle.UnpicklingError):
+            safe_loads(blob, bounded=True)
+    rows = [(1, 0.5, "allocate", 3, 100, 128, 1, b"\x00" * 8, 1), (2, 0.6, "free", 3, 1, 5, 100)]
+    seg = Segment.pack(rows)
+    check_pickle(seg.blob)
+    assert Segment(1, 2, seg.blob, untrusted=True).rows() == rows
+
+
+def test_a_local_recording_with_a_crafted_meta_or_geometry_is_invalid_not_a_crash(tmp_path) -> None:
+    """read_recording (listing the directory, `kvscope open`) refuses what an upload refuses."""
+    import json
+
+    pool = create_pool("tiered", num_blocks=64, block_bytes=BLOCK, device="cpu")
+    Recorder(pool, tmp_path / "base.kvrec").stop()
+    base = (tmp_path / "base.kvrec").read_bytes()
+    geo = json.dumps({"strategy": "tiered", "num_blocks": 64, "block_bytes": BLOCK, "scatter_fails": True})
+    for i, (sql, params, says) in enumerate([
+        ("UPDATE meta SET value = ? WHERE key = 'config'", ("[" * 100_000 + "]" * 100_000,), "recursion"),
+        ("UPDATE meta SET value = ? WHERE key = 'pool'", ("{" + '"a":{' * 40 + "}" * 41,), "nested more than"),
+        ("UPDATE meta SET value = ? WHERE key = 'geometry'", (geo,), "lacks its tiers"),
+        ("UPDATE meta SET value = 'Infinity' WHERE key = 'start_seq'", (), "Infinity"),
+        ("UPDATE keyframes SET scalars = ?", (b"\x80\x05\x95" + (2**63).to_bytes(8, "little") + b"N.",), "frame"),
+    ]):
+        path = tmp_path / f"bad{i}.kvrec"
+        path.write_bytes(base)
+        db = sqlite3.connect(path)
+        db.execute(sql, params)
+        db.commit()
+        db.close()
+        with pytest.raises(InvalidRequest, match=f"(?i){says}"):
+            read_recording(path)

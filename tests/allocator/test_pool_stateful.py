@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvtest_util import crc, free_runs_of, histogram, payload, pool_snapshot
 
 from allocator import NotFound, OutOfMemory, create_pool
+from allocator.pool import runs_of
 
 BLOCK = 16
 UNITS = 64
@@ -373,6 +374,8 @@ class PoolMachine(RuleBasedStateMachine):
         for aid, (_, data, _, _) in self.live.items():
             got = pool.read(aid, len(data))
             assert crc(got) == crc(data), f"allocation {aid} lost its bytes"
+            # the runs REST and batch results show: those of the block ids, in data order
+            assert pool.block_runs(aid) == pool.allocation(aid).blocks == runs_of(pool.block_ids(aid)), aid
 
 
 def machine(strategy: str, fit: str = "first"):

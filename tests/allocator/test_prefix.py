@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import random
+import tracemalloc
 
 import pytest
+from kvtest_util import pool_snapshot
 
 from allocator import (
     SHARED,
@@ -150,6 +152,8 @@ def test_block_hashes_from_the_caller_match_across_sequences():
     ({"block_hashes": [2**64], "num_tokens": 4}, "block_hashes[0]"),
     ({"block_hashes": [-1], "num_tokens": 4}, "block_hashes[0]"),
     ({"num_tokens": 0}, "positive"),
+    ({"num_tokens": 2**62}, "positive"),
+    ({"num_tokens": 2**64}, "positive"),
     ({"tokens": [1], "salt": 5}, "salt"),
     ({"tokens": [1], "next_use": [1, 2]}, "one number per block"),
     ({"tokens": [1], "next_use": [float("nan")]}, "next_use[0]"),
@@ -174,6 +178,66 @@ def test_bad_append_is_refused_and_changes_nothing():
     with pytest.raises(NotFound):
         pool.append(12345, tokens=[1])
     assert pool.sequence(a.id).num_tokens == 3 and pool.check() == []
+
+
+def snapshot(pool) -> tuple:
+    """What a refused open or append must leave as it was (the oom event and counter aside)."""
+    seqs = {sid: pool.sequence(sid) for sid in pool.sequence_ids()}
+    return pool_snapshot(pool), seqs, pool.prefix_stats()["blocks"], dict(pool.core.index)
+
+
+def refused(pool, call, error):
+    before, oom_seq = snapshot(pool), pool.events.last_seq
+    tracemalloc.start()
+    try:
+        with pytest.raises(error) as info:
+            call()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert snapshot(pool) == before
+    assert [e["type"] for e in pool.events.after(oom_seq)] in ([], ["oom"])
+    assert pool.check() == []
+    # judged before anything of the request's size is built (2**34 tokens once built 4 GiB)
+    assert peak < 1 << 20, f"{peak} bytes allocated to refuse it"
+    return info.value
+
+
+@pytest.mark.parametrize("num_tokens", [33, 2**32, 2**34, 2**40, 2**62 - 1])
+def test_a_sequence_larger_than_the_pool_is_refused_before_its_blocks_are_built(num_tokens):
+    pool = make(num_blocks=8)
+    pool.close_sequence(pool.open_sequence(tokens=list(range(8))).id)  # 2 idle cached blocks
+    held = pool.open_sequence(tokens=[7, 7, 7, 7, 7])
+    err = refused(pool, lambda: pool.open_sequence(num_tokens=num_tokens), PrefixOutOfMemory)
+    d = err.details()
+    assert (d["needed_blocks"], d["available_blocks"], d["held_blocks"], d["cached_blocks"]) == (
+        -(-num_tokens // BS), 6, 2, 2)
+    # a prompt longer than the pool, its first blocks cached: the same numbers as a full match
+    err = refused(pool, lambda: pool.open_sequence(tokens=list(range(8)) + [1] * 28), PrefixOutOfMemory)
+    assert err.details()["needed_blocks"] == 9 - 2
+    pool.close_sequence(held.id)
+    assert pool.open_sequence(num_tokens=32).num_tokens == 32 and pool.check() == []
+
+
+@pytest.mark.parametrize("opened", [{"block_hashes": [11, 12], "num_tokens": 10}, {"num_tokens": 10}])
+def test_an_append_past_the_pool_is_refused_and_check_stays_clean(opened):
+    pool = make(num_blocks=16)
+    seq = pool.open_sequence(**opened)
+    for n in (2**34, 2**40, 2**62 - 1 - 10):
+        err = refused(pool, lambda n=n: pool.append(seq.id, num_tokens=n), PrefixOutOfMemory)
+        assert err.details()["needed_blocks"] == -(-(10 + n) // BS) - 3
+    for n in (2**62, 2**63, 2**64, -(2**40)):
+        refused(pool, lambda n=n: pool.append(seq.id, num_tokens=n), InvalidRequest)
+    with pytest.raises(ValueError, match="below 2\\*\\*62"):  # the core guards its own sums
+        pool.core.append(pool._seqs[seq.id], None, 2**62, None)
+    assert pool.append(seq.id, num_tokens=6).num_tokens == 16
+    assert pool.requested_total == 16 // BS * 32 and pool.check() == []
+
+
+def test_an_append_of_a_count_to_a_sequence_of_token_ids_is_refused():
+    pool = make()
+    seq = pool.open_sequence(tokens=[1, 2, 3])
+    refused(pool, lambda: pool.append(seq.id, num_tokens=2**40), InvalidRequest)
 
 
 def test_reset_prefix_cache_clears_every_hash_and_frees_idle_blocks():

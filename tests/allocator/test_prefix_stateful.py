@@ -1,7 +1,9 @@
 """Stateful property tests of PrefixPool against the reference model in prefix_cache_model.py.
 
 Random open / append / close / reset-prefix / plain allocate and free, on a pool small enough
-that evictions and out-of-memory refusals are frequent. After every step: `pool.check() == []`;
+that evictions and out-of-memory refusals are frequent; sequences opened by token count alone,
+and appends of token counts from small to far past anything the pool holds (2**62 and up are
+invalid), which must be refused with nothing changed. After every step: `pool.check() == []`;
 every sequence's cached tokens; free, idle cached and indexed counts; the eviction order
 (exactly, as hashes, for lru / fifo / lfu / belady; as a set for s3fifo); the hashes each step
 evicted, in order; the token-weighted queries and hits. Blocks hold real bytes: each stored
@@ -18,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from prefix_cache_model import ModelOOM, PrefixModel
 
-from allocator import NotFound, PrefixOutOfMemory, create_pool
+from allocator import InvalidRequest, NotFound, PrefixOutOfMemory, create_pool
 
 BS = 4
 BLOCKS = 16
@@ -32,6 +34,9 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 
+# token counts: a few blocks, or past the pool, up to past what the core counts (2**62)
+counts = st.one_of(st.integers(1, 3 * BS), st.integers(BLOCKS * BS + 1, 2**40),
+                   st.integers(2**40, 2**62 - 1), st.integers(2**62, 2**64))
 prompts = st.builds(lambda sys, tail: sys + tail, st.sampled_from(SYSTEM),
                     st.lists(st.integers(0, 3), max_size=14))
 
@@ -128,10 +133,43 @@ class PrefixMachine(RuleBasedStateMachine):
     @rule(data=st.data(), tokens=st.lists(st.integers(0, 3), min_size=1, max_size=9))
     def append(self, data, tokens) -> None:
         sid = data.draw(st.sampled_from(sorted(self.model.seqs)))
+        if self.model.seqs[sid].count is not None:  # a sequence opened by count appends counts
+            self.refused(lambda: self.pool.append(sid, tokens=tokens))
+            return
         out = self.model_step(lambda: self.model.append(sid, tokens),
                               lambda: self.pool.append(sid, tokens=tokens))
         if out is not None:
             assert out[1].num_tokens == len(self.model.seqs[sid].tokens)
+
+    @rule(num_tokens=counts)
+    def open_counted(self, num_tokens) -> None:
+        sid = self.pool._last_id + 1
+        if num_tokens >= 2**62:
+            self.refused(lambda: self.pool.open_sequence(num_tokens=num_tokens))
+            return
+        out = self.model_step(lambda: self.model.open_counted(sid, num_tokens),
+                              lambda: self.pool.open_sequence(num_tokens=num_tokens))
+        if out is not None:
+            assert (out[1].id, out[1].num_tokens, out[1].cached_tokens) == (sid, num_tokens, 0)
+
+    @precondition(lambda self: self.model.seqs)
+    @rule(data=st.data(), n=counts)
+    def append_count(self, data, n) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.model.seqs)))
+        seq = self.model.seqs[sid]
+        if seq.count is None or n >= 2**62:  # a sequence of token ids appends ids
+            self.refused(lambda: self.pool.append(sid, num_tokens=n))
+            return
+        out = self.model_step(lambda: self.model.append_count(sid, n),
+                              lambda: self.pool.append(sid, num_tokens=n))
+        if out is not None:
+            assert out[1].num_tokens == seq.count
+
+    def refused(self, call) -> None:
+        self.new_events()
+        with pytest.raises(InvalidRequest):
+            call()
+        assert self.new_events() == []
 
     @precondition(lambda self: self.model.seqs)
     @rule(data=st.data())
@@ -188,6 +226,7 @@ class PrefixMachine(RuleBasedStateMachine):
             info = pool.sequence(sid)
             assert info.cached_tokens == mseq.cached_tokens
             assert len(info.blocks) == len(mseq.keys)
+            assert info.num_tokens == (len(mseq.tokens) if mseq.count is None else mseq.count)
         stats = pool.prefix_stats()
         assert (stats["queries"], stats["hits"]) == (model.queries, model.hit_tokens)
         assert stats["blocks"]["cached"] == len(model.idle_stamp)

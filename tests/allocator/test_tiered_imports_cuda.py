@@ -74,7 +74,7 @@ def test_allocator_never_imports_a_web_framework() -> None:
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="hardware: needs a CUDA device, none is visible")
 @pytest.mark.parametrize("strategy", ["paged", "tiered", "contiguous"])
 def test_cuda_pool_write_read_defragment_round_trip(strategy: str) -> None:
     pool = create_pool(strategy, num_blocks=256, block_bytes=4096, device="cuda")

@@ -1,5 +1,6 @@
-"""Helpers of the server tests: an in-process app (TestClient), a real uvicorn subprocess, and
-assertions on the error shape and on state left unchanged.
+"""Helpers of the server tests: an in-process app (TestClient), a real uvicorn subprocess, a
+real uvicorn serving an app the test built (LiveApp), and assertions on the error shape and on
+state left unchanged.
 
 Imported by name (`from apputil import ...`): every test folder has a `conftest` module, so
 importing helpers from "conftest" picks whichever folder pytest loaded last."""
@@ -10,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -123,3 +125,37 @@ class Server:
             self.proc.kill()
             out, _ = self.proc.communicate()
         return out.decode(errors="replace")
+
+
+class LiveApp:
+    """A real uvicorn, on a thread of this process, serving an app the test built (so that the
+    test can add a route or patch a pool), with the protocol and options of `kvscope serve`.
+    A context manager; `url` is set inside it."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    def __enter__(self) -> LiveApp:
+        import uvicorn
+
+        from app.http_protocol import SERVER_OPTIONS
+
+        for _ in range(3):  # the port is chosen before uvicorn binds it: another may take it
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                    **SERVER_OPTIONS)
+            self.server = uvicorn.Server(config)
+            self.thread = threading.Thread(target=self.server.run, daemon=True)
+            self.thread.start()
+            deadline = time.monotonic() + 30
+            while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if self.server.started:
+                return self
+            self.__exit__()
+        raise RuntimeError("uvicorn did not start")
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)

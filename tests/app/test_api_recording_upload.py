@@ -5,8 +5,13 @@ refused upload leaves no pool and no file behind."""
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
+import random
 import re
 import sqlite3
+import struct
 
 import httpx
 import pytest
@@ -247,7 +252,6 @@ def test_with_no_room_for_another_pool_the_upload_is_409_and_keeps_nothing(c, sr
 def test_a_killed_servers_upload_parts_are_swept_at_start(tmp_path) -> None:
     """Part files untouched for an hour (a server killed mid-upload) go when the next server
     starts on the directory; a fresh one (another server's upload in flight) stays."""
-    import os
     import time
 
     from app.recordings import STALE_PART_S, Recordings
@@ -263,3 +267,175 @@ def test_a_killed_servers_upload_parts_are_swept_at_start(tmp_path) -> None:
         os.utime(f, (stale, stale))
     Recordings(tmp_path, registry=None)
     assert sorted(p.name for p in tmp_path.iterdir()) == [fresh.name, kept.name]
+
+
+def edited(tmp_path, sql: str, params=(), strategy: str = "contiguous") -> bytes:
+    """A recording made here with one SQL statement run on its file."""
+    path = tmp_path / f"{strategy}.kvrec"
+    path.unlink(missing_ok=True)
+    pool = create_pool(strategy, num_blocks=64, block_bytes=128, device="cpu", name="made-here")
+    rec = Recorder(pool, path)
+    ids = [pool.allocate(64 + 5 * i) for i in range(12)]  # each fits a tiered pool's small tier
+    for aid in ids[::4]:
+        pool.free(aid)
+    rec.stop()
+    db = sqlite3.connect(path)
+    db.execute(sql, params)
+    db.commit()
+    db.close()
+    return path.read_bytes()
+
+
+def pickle_claiming(opcode: bytes, size: int) -> bytes:
+    """A protocol-5 pickle whose one opcode declares `size` bytes and holds three."""
+    return b"\x80\x05" + opcode + struct.pack("<Q", size) + b"abc."
+
+
+def shared_lists(depth: int) -> list:
+    """A list of two references to a list of two references ... `depth` deep: a 400-byte
+    pickle that is 2^depth elements to whoever walks it (as encoding an event to JSON does)."""
+    out: list = []
+    for _ in range(depth):
+        out = [out, out]
+    return out
+
+
+GEOMETRY = {"strategy": "contiguous", "num_blocks": 64, "block_bytes": 128, "scatter_fails": True, "fit": "first"}
+
+
+@pytest.mark.parametrize("what,sql,params,strategy,says", [
+    ("segments.last as text", "UPDATE segments SET last = 'abc'", (), "contiguous", "segment 1..'abc'"),
+    ("segments.last as a float", "UPDATE segments SET last = 2.5", (), "contiguous", "segment 1..2.5"),
+    ("a segment blob as text", "UPDATE segments SET blob = 'abc'", (), "contiguous", "not events first..last as bytes"),
+    ("a keyframe's pages as text", "UPDATE keyframes SET state_z = 'abc'", (), "paged", "pages are str"),
+    ("meta config nested 100,000 deep", "UPDATE meta SET value = ? WHERE key = 'config'",
+     ("[" * 100_000 + "]" * 100_000,), "contiguous", "recursion"),
+    ("meta config nested 40 deep", "UPDATE meta SET value = ? WHERE key = 'config'",
+     ("[" * 40 + "]" * 40,), "contiguous", "nested more than 32 deep"),
+    ("meta config a list", "UPDATE meta SET value = '[1, 2]' WHERE key = 'config'", (), "contiguous",
+     "meta 'config' is \\[1, 2\\]"),
+    ("meta started_at NaN", "UPDATE meta SET value = 'NaN' WHERE key = 'started_at'", (), "contiguous",
+     "NaN is not a JSON number"),
+    ("a keyframe's figures in a 2^63-byte frame", "UPDATE keyframes SET scalars = ?",
+     (b"\x80\x05\x95" + struct.pack("<Q", 2**63) + b"N.",), "contiguous", "frame of 9223372036854775808 bytes"),
+    ("a keyframe's pages in a 2^63-byte frame", "UPDATE keyframes SET owner_z = ?",
+     (b"\x80\x05\x95" + struct.pack("<Q", 2**63) + b"N.",), "contiguous", "frame of 9223372036854775808 bytes"),
+    ("a segment of a 2^50-byte BINBYTES8", "UPDATE segments SET blob = ?",
+     (pickle_claiming(b"\x8e", 2**50),), "contiguous", "expected 1125899906842624 bytes"),
+    ("a segment of a 2^40-byte BINUNICODE8", "UPDATE segments SET blob = ?",
+     (pickle_claiming(b"\x8d", 2**40),), "contiguous", "expected 1099511627776 bytes"),
+    ("a segment of an event holding 2^64 shared lists", "UPDATE segments SET blob = ?",
+     (pickle.dumps([(1, 0.5, "policy", "lru", shared_lists(64))], 5),), "contiguous",
+     "refer back to an object"),
+    ("a keyframe's figures of the wrong shape", "UPDATE keyframes SET scalars = ?",
+     (pickle.dumps((1, 2, "three", 4, ())),), "contiguous", "figures are not"),
+    ("a geometry without scatter_fails", "UPDATE meta SET value = ? WHERE key = 'geometry'",
+     (json.dumps({k: v for k, v in GEOMETRY.items() if k != "scatter_fails"}),), "contiguous",
+     "lacks scatter_fails"),
+    ("a contiguous geometry without its fit", "UPDATE meta SET value = ? WHERE key = 'geometry'",
+     (json.dumps({k: v for k, v in GEOMETRY.items() if k != "fit"}),), "contiguous", "names no fit"),
+    ("a tiered geometry without tiers", "UPDATE meta SET value = json_remove(value, '$.tiers') "
+     "WHERE key = 'geometry'", (), "tiered", "lacks its tiers"),
+    ("a tier past the map", "UPDATE meta SET value = json_set(value, '$.tiers[2].count', 99) "
+     "WHERE key = 'geometry'", (), "tiered", "inside 64 blocks"),
+])
+def test_a_crafted_recording_is_422_naming_the_fault_and_keeps_nothing(c, srv, tmp_path, what, sql, params,
+                                                                     strategy, says):
+    before = listing(c, srv)
+    err = assert_error(c.post("/api/recordings/upload", content=edited(tmp_path, sql, params, strategy),
+                              headers=OCTET), 422, "invalid_request")
+    assert re.search(says, err["message"], re.IGNORECASE), (what, err["message"])
+    assert "the uploaded file" in err["message"]
+    assert listing(c, srv) == before, what
+    assert c.get("/healthz").status_code == 200  # the same connection still answers
+
+
+def mutate(rng: random.Random, data: bytes, tmp_path) -> bytes:
+    """One random change to a valid recording: bytes flipped anywhere in the file, or one value
+    of one row rewritten (a stored blob's bytes, a type SQLite will keep, a pickle opcode claiming
+    a huge size, a geometry field dropped or changed)."""
+    how = rng.randrange(4)
+    if how == 0:
+        out = bytearray(data)
+        for _ in range(rng.randint(1, 8)):
+            out[rng.randrange(len(out))] = rng.randrange(256)
+        return bytes(out)
+    path = tmp_path / "fuzz.kvrec"
+    path.write_bytes(data)
+    db = sqlite3.connect(path)
+    table, cols = rng.choice([("segments", ("first", "last", "blob")),
+                              ("keyframes", ("seq", "owner_z", "state_z", "scalars")), ("meta", ("value",))])
+    rowid = rng.choice([r for (r,) in db.execute(f"SELECT rowid FROM {table}")])
+    col = rng.choice(cols)
+    (old,) = db.execute(f"SELECT {col} FROM {table} WHERE rowid = ?", (rowid,)).fetchone()
+    if how == 1 and isinstance(old, (bytes, str)) and old:
+        raw = bytearray(old.encode() if isinstance(old, str) else old)
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(len(raw))
+            if rng.random() < 0.5:
+                raw[i] = rng.randrange(256)
+            else:
+                raw[i:i + 9] = rng.choice([b"\x8e", b"\x8d", b"\x96", b"\x95"]) + struct.pack("<Q", rng.choice(
+                    [2**63, 2**50, 2**40, 2**31, len(raw) + 1]))
+        new = bytes(raw).decode("utf-8", "replace") if isinstance(old, str) else bytes(raw)
+    elif how == 2 and table == "meta":
+        value = json.loads(old)
+        if isinstance(value, dict) and value:
+            key = rng.choice(sorted(value))
+            if rng.random() < 0.5:
+                del value[key]
+            else:
+                value[key] = rng.choice([None, "x", -1, 0, 2**70, 1.5, [], {}, True, [[[]]]])
+        else:
+            value = rng.choice([None, "x", -1, 0, 2**70, 1.5, [], {}, True])
+        new = json.dumps(value)
+    else:
+        new = rng.choice([None, "text", -1, 0, 1, 2**62, 1.5, b"", b"\x80\x05N.", rng.randbytes(16)])
+    try:
+        db.execute(f"UPDATE {table} SET {col} = ? WHERE rowid = ?", (new, rowid))
+        db.commit()
+    except sqlite3.IntegrityError:  # a NOT NULL or a duplicate key: the file keeps its value
+        pass
+    db.close()
+    return path.read_bytes()
+
+
+FUZZ_SEED = int(os.environ.get("KVSCOPE_FUZZ_SEED", 0))
+FUZZ_CASES = int(os.environ.get("KVSCOPE_FUZZ_CASES", 300))  # more for a deeper run by hand
+
+
+def test_randomly_mutated_recordings_are_422_or_served_never_a_500(c, srv, tmp_path):
+    """Seeded: each case names its seed. A served one answers its pool, stats, history and a
+    past block map; a refused one keeps nothing; the server answers throughout."""
+    paged = tmp_path / "paged"
+    paged.mkdir()
+    bases = [recording(tmp_path)[0], (tmp_path / "kinds.kvrec", every_kind_recording(tmp_path / "kinds.kvrec"))[0]
+             .read_bytes(), edited(paged, "SELECT 1", (), "tiered"), edited(paged, "SELECT 1", (), "paged")]
+    before = listing(c, srv)
+    served = refused = 0
+    for seed in range(FUZZ_SEED, FUZZ_SEED + FUZZ_CASES):
+        rng = random.Random(seed)
+        data = mutate(rng, rng.choice(bases), tmp_path)
+        r = c.post("/api/recordings/upload", content=data, headers=OCTET)
+        assert r.status_code in (201, 422), (seed, r.status_code, r.text)
+        if r.status_code == 422:
+            refused += 1
+            assert "the uploaded file" in assert_error(r, 422, "invalid_request")["message"], seed
+            continue
+        served += 1
+        pool, name = r.json()["name"], r.json()["recording"]
+        last = c.get(f"/api/pools/{pool}/history").json()["last_seq"]
+        for path, params in [(f"/api/pools/{pool}", {}), (f"/api/pools/{pool}/stats", {}), ("/api/pools", {}),
+                             ("/api/recordings", {}), (f"/api/pools/{pool}/events", {}),
+                             (f"/api/pools/{pool}/export", {"format": "csv"}),
+                             (f"/api/pools/{pool}/export", {"format": "memory_viz"}),
+                             (f"/api/pools/{pool}/history/events", {"limit": 100}),
+                             (f"/api/pools/{pool}/history/series", {}),
+                             (f"/api/pools/{pool}/stats", {"at_seq": max(1, last - 3)}),
+                             (f"/api/pools/{pool}/blockmap", {"at_seq": max(1, last // 2)})]:
+            got = c.get(path, params=params)
+            assert got.status_code < 500, (seed, path, got.status_code, got.text)
+        assert c.delete(f"/api/pools/{pool}").status_code == 204
+        (srv.dir / f"{name}.kvrec").unlink()
+    assert listing(c, srv) == before
+    assert refused > FUZZ_CASES // 4 and served > 10, (served, refused)  # both paths were exercised

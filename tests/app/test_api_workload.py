@@ -1,7 +1,7 @@
 """Live workloads through the API: 202 with progress, 409 while running, DELETE stops, stream progress.
 
 The first tests run a stand-in engine that follows the `workloads/live.py` contract; the last one
-runs the real engine once it exists.
+runs the real engine.
 """
 
 from __future__ import annotations
@@ -118,8 +118,23 @@ def test_second_start_is_409_and_delete_stops(client, stand_in):
     events = client.get("/api/pools/default/events", params={"limit": 10000}).json()["events"]
     states = [e["state"] for e in events if e["type"] == "workload"]
     assert states[0] == "running" and states.count("stopped") == 1 and states[-1] == "stopped"
-    assert_error(client.delete(WL), 404, "not_found")
+    # stopping again, or after the workload ended on its own, is done already: 204, nothing logged
+    assert client.delete(WL).status_code == 204
+    assert client.get(WL).json()["workload"]["state"] == "stopped"
+    events = client.get("/api/pools/default/events", params={"limit": 10000}).json()["events"]
+    assert [e["state"] for e in events if e["type"] == "workload"] == states
     assert client.post(WL, json={"kind": "trace", "limit": 1}).status_code == 202
+
+
+def test_stop_after_the_workload_ended_is_204_and_without_one_ever_404(client, stand_in):
+    """A stop that races the workload's end (the page's Stop button) is not an error."""
+    assert_error(client.delete(WL), 404, "not_found")
+    assert client.post(WL, json={"kind": "trace", "limit": 5, "speed": 50.0}).status_code == 202
+    wait_for(client, "finished")
+    before = state_of(client)
+    assert client.delete(WL).status_code == 204
+    assert client.get(WL).json()["workload"]["state"] == "finished"
+    assert state_of(client) == before  # a finished workload keeps what it allocated
 
 
 def test_bad_specs(client, stand_in):
@@ -191,7 +206,6 @@ def test_deleting_the_pool_stops_its_workload(client, stand_in):
     {"kind": "trace", "limit": 50, "speed": 50.0},
 ])
 def test_real_engine_runs_against_the_pool(client, spec):
-    pytest.importorskip("workloads.live")
     r = client.post(WL, json=spec)
     assert r.status_code == 202, r.text
     assert {"name", "state", "done", "total"} <= set(r.json()["workload"])
@@ -200,3 +214,20 @@ def test_real_engine_runs_against_the_pool(client, spec):
     assert_ok_check(client)
     stats = client.get("/api/pools/default/stats").json()
     assert stats["allocation_count"] == stats.get("cache", {}).get("entries", 0)  # raw ones freed
+
+
+def test_a_scenario_past_the_pools_size_fails_with_the_cores_reason_and_no_traceback(client, caplog):
+    assert client.post("/api/pools", json={"name": "tiny", "num_blocks": 1, "block_bytes": 16}).status_code == 201
+    before = state_of(client, "tiny")
+    with caplog.at_level("WARNING", logger="kvscope"):
+        r = client.post("/api/pools/tiny/workload", json={"kind": "scenario", "name": "burst", "speed": 1000})
+        assert r.status_code == 202, r.text
+        deadline = time.monotonic() + 60
+        while (wl := client.get("/api/pools/tiny/workload").json()["workload"])["state"] == "running":
+            assert time.monotonic() < deadline, wl
+            time.sleep(0.02)
+    assert wl["state"] == "failed" and "more than the pool's whole capacity of 16 bytes" in wl["error"]
+    failed = [rec for rec in caplog.records if "workload on pool tiny failed" in rec.getMessage()]
+    assert failed and all(rec.exc_info is None for rec in failed)  # a refusal, not a bug
+    assert state_of(client, "tiny") == before
+    assert_ok_check(client, "tiny")

@@ -3,8 +3,9 @@ browser must preflight, security headers; HEAD and 405 Allow on every route."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
-from apputil import JSON, assert_error, make_client, state_of
+from apputil import JSON, Server, assert_error, make_client, state_of
 from starlette.websockets import WebSocketDisconnect
 
 from app.security import allowed_hosts_for
@@ -36,8 +37,12 @@ def test_a_cross_site_form_post_is_refused_and_changes_nothing(client, path, bod
     assert "application/json" in err["message"]
     for ctype in ("text/plain", "multipart/form-data; boundary=x"):
         assert_error(client.post(path, content=b"{}", headers={"content-type": ctype}), 415, "unsupported_media_type")
-    # a bodiless POST without a Content-Type is a "simple" request too (no preflight): refused
-    assert_error(client.post(path), 415, "unsupported_media_type")
+    # a bodiless POST without a Content-Type is a "simple" request too (no preflight): a browser
+    # sends it cross-site with the page's Origin and Sec-Fetch-Site, and either refuses it
+    assert_error(client.post(path, headers=EVIL), 403, "origin_not_allowed")
+    for site in ("cross-site", "same-site", "Cross-Site"):
+        err = assert_error(client.post(path, headers={"Sec-Fetch-Site": site}), 415, "unsupported_media_type")
+        assert "application/json" in err["message"]
     assert state_of(client) == before
 
 
@@ -187,3 +192,56 @@ def test_a_post_to_a_path_without_post_is_405_not_415(client):
     r = client.post("/api/pools/default/stats")  # no Content-Type either: the method is what is wrong
     assert_error(r, 405, "method_not_allowed")
     assert r.headers["allow"] == "GET, HEAD"
+
+
+class HttpState:
+    """`state_of` over plain HTTP, for a real server."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def get(self, path: str, **kw):
+        return httpx.get(self.url + path, **kw)
+
+
+@pytest.fixture(scope="module")
+def live():
+    srv = Server()
+    yield srv
+    log = srv.stop()
+    assert "Traceback" not in log, log
+
+
+def test_a_scripts_bare_post_is_served_by_a_real_server(live):
+    """`curl -X POST URL`, `requests.post(url)`, `httpx.post(url)`: no body, no Content-Type."""
+    url = live.url + "/api/pools/default"
+    assert httpx.post(url + "/allocations", json={"bytes": 40_000}).status_code == 201
+    r = httpx.post(url + "/defragment")
+    assert r.status_code == 200, r.text
+    assert {"moved_blocks", "moved_bytes", "before", "after"} <= set(r.json())
+    # what a browser says of a request the user or the page itself sent
+    for headers in ({"Sec-Fetch-Site": "same-origin"}, {"Sec-Fetch-Site": "none"},
+                    {"Origin": live.url}, {"Origin": live.url, "Sec-Fetch-Site": "same-origin"}):
+        assert httpx.post(url + "/defragment", headers=headers).status_code == 200, headers
+    # a bodiless POST to a route that needs a body is that route's 422, naming the body
+    err = assert_error(httpx.post(live.url + "/api/pools"), 422, "invalid_request")
+    assert "body" in err["message"]
+    assert httpx.post(url + "/reset").status_code == 200
+    assert httpx.get(url + "/stats").json()["allocation_count"] == 0
+
+
+def test_a_real_server_still_refuses_non_json_bodies_and_foreign_origins(live):
+    url = live.url + "/api/pools/default"
+    assert httpx.post(url + "/allocations", json={"bytes": 4096}).status_code == 201
+    before = state_of(HttpState(live.url))
+    for body, headers in ((b'{"bytes": 1}', {}), (b'{"bytes": 1}', {"content-type": "text/plain"}),
+                          (b"", {"content-type": "text/plain"}), (b"bytes=1", FORM)):
+        assert_error(httpx.post(url + "/allocations", content=body, headers=headers), 415,
+                     "unsupported_media_type")
+    for path in ("/defragment", "/reset", "/allocations"):
+        assert_error(httpx.post(url + path, headers=EVIL), 403, "origin_not_allowed")
+        assert_error(httpx.post(url + path, headers={**EVIL, "content-type": "text/plain"}), 403,
+                     "origin_not_allowed")
+        assert_error(httpx.post(url + path, headers={"Sec-Fetch-Site": "cross-site"}), 415,
+                     "unsupported_media_type")
+    assert state_of(HttpState(live.url)) == before

@@ -27,6 +27,8 @@ class Watcher:
         self.events: list[dict] = []
         self.frames = [snap]
         self.stats: dict | None = None
+        self.resyncs = 0  # snapshots received after the first
+        self.resync_messages = 0
 
     def pump_until(self, done, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -36,7 +38,14 @@ class Watcher:
             msg = self.ws.recv(timeout=left)
             if isinstance(msg, bytes):
                 frame = decode_frame(msg)
-                assert frame["frame"] == self.frames[-1]["frame"] + 1
+                if frame["kind"] == 1:
+                    # A snapshot after the first one is a resync: the server dropped this
+                    # client's backlog (it was not reading), so counters of dropped frames
+                    # are skipped; a JSON `resync` follows it.
+                    assert frame["frame"] > self.frames[-1]["frame"]
+                    self.resyncs += 1
+                else:
+                    assert frame["frame"] == self.frames[-1]["frame"] + 1
                 self.frames.append(frame)
                 apply_frame(self.owners, self.states, frame)
             else:
@@ -45,6 +54,8 @@ class Watcher:
                     self.events.extend(data["events"])
                 elif data["type"] == "stats":
                     self.stats = data["stats"]
+                elif data["type"] == "resync":
+                    self.resync_messages += 1
 
     def owned(self, aid: int) -> list[int]:
         return [b for b, o in enumerate(self.owners) if o == aid]

@@ -91,4 +91,26 @@ def test_compare_view_runs_prefix_chat_with_prefix_caching_on_and_off(page, api)
     texts = page.locator(".compare-pane .prefix-hit").all_inner_texts()
     assert texts[0].endswith("%") and "off" in texts[1]
     page.click("#b-compare-stop")
+    page.wait_for_function("document.querySelector('#compare-status').textContent === 'stop: done'",
+                           timeout=10_000)
+    assert page.console_log.errors == []
+
+
+def test_compare_stop_after_the_workloads_ended_answers_without_errors(page, api):
+    """Stop clicked after both workloads finished (what a loaded machine makes of the test
+    above): the page says done, and the browser logs no failed request."""
+    page.goto("/#compare")
+    page.select_option("#f-compare [name=name]", "prefix-chat")
+    page.fill("#f-compare [name=num_blocks]", "256")
+    page.fill("#f-compare [name=block_bytes]", "1 KiB")
+    page.fill("#f-compare [name=speed]", "1000")
+    page.click("#f-compare button[type=submit]")
+    page.wait_for_function(
+        "(() => { const s = window.kvscope.compare(); return s.length === 2"
+        " && s.every(p => p.workload && p.workload.state === 'finished'); })()", timeout=60_000)
+    page.click("#b-compare-stop")
+    page.wait_for_function("document.querySelector('#compare-status').textContent === 'stop: done'",
+                           timeout=10_000)
+    assert [api.get(f"/api/pools/{p}/workload").json()["workload"]["state"]
+            for p in ("cmp-prefix-on", "cmp-prefix-off")] == ["finished", "finished"]
     assert page.console_log.errors == []

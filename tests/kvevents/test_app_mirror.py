@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from apputil import assert_error, make_client
 from kve_metrics_http import metrics_server
 from kve_source import RefPrefixCache, to_engine
 from test_real_publishers import wait_for
@@ -12,9 +13,6 @@ from test_real_publishers import wait_for
 from allocator.mirror import MirrorPool
 from kvevents.follow import follow
 from kvevents.publisher import Publisher
-
-pytest.importorskip("fastapi")
-from apputil import assert_error, make_client  # noqa: E402
 
 METRICS = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
@@ -93,6 +91,11 @@ def test_mirror_pool_follows_vllm(ipc, vllm_kv, metrics_url):
     ({"strategy": "mirror", "num_blocks": 8, "mirror": {"endpoint": "tcp://h:1"},
       "publish": {"endpoint": "ipc:///tmp/x.sock"}}, "publish"),
     ({"strategy": "mirror", "num_blocks": 8, "mirror": {"endpoint": "tcp://h:1", "extra": 1}}, "extra"),
+    ({"strategy": "mirror", "num_blocks": 8, "mirror": {"endpoint": "inproc://engine"}},
+     "inproc:// reaches only sockets inside this server's process"),
+    ({"strategy": "mirror", "num_blocks": 8, "mirror": {"endpoint": "tcp://h:1", "replay_endpoint": "inproc://r"}},
+     "give the engine's tcp:// or ipc:// endpoint"),
+    ({"strategy": "mirror", "num_blocks": 8, "mirror": {"endpoint": "ipc://"}}, "endpoint"),
 ])
 def test_bad_mirror_specs_are_422_and_change_nothing(body, where):
     with make_client() as client:

@@ -1,22 +1,14 @@
 """A prefix-caching pool created over REST with `publish`: its sequences' stored / removed /
-cleared events reach a router-side mirror exactly (skipped where the allocator has no prefix
-caching yet)."""
+cleared events reach a router-side mirror exactly."""
 
 from __future__ import annotations
 
-import inspect
 import random
 
-import pytest
 from test_real_publishers import wait_for
 
-from allocator import PoolSpec
 from allocator.mirror import MirrorPool
 from kvevents.follow import follow
-
-pytestmark = pytest.mark.skipif(
-    "prefix_caching" not in inspect.signature(PoolSpec.parse).parameters,
-    reason="the allocator's prefix caching (issue 11) is not in this tree")
 
 
 def events_set(client, name) -> set[int]:

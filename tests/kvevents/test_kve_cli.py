@@ -107,18 +107,9 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path):
 
 
 def test_serve_publish_default_pool(tmp_path):
-    """`kvscope serve --publish`: with the allocator's prefix caching, the default pool publishes;
-    without it (issue 11 not in this tree), one line and exit 2, never a traceback."""
-    import inspect
-
-    from allocator import PoolSpec
-
+    """`kvscope serve --publish`: the default pool is a prefix-caching pool that publishes its
+    events; a publish endpoint that is not a ZeroMQ address is one line and exit 2."""
     port = free_port()
-    args = ["serve", "--publish", f"tcp://127.0.0.1:{port}", "--port", str(free_port())]
-    if "prefix_caching" not in inspect.signature(PoolSpec.parse).parameters:
-        r = run(*args)
-        assert r.returncode == 2 and "prefix caching" in r.stderr and "Traceback" not in r.stderr
-        return
     cli = Cli("serve", "--publish", f"tcp://*:{port}", "--publish-topic", "kv")
     try:
         assert cli.stats("default")["strategy"] == "paged"
@@ -131,17 +122,12 @@ def test_serve_publish_default_pool(tmp_path):
 def test_prefix_publish_is_a_live_engine(tmp_path):
     """`kvscope prefix --trace F --publish E --speed X`: a router-side mirror ends with the set
     the same trace leaves on the same prefix-caching pool."""
-    import inspect
     import random
 
-    from allocator import PoolSpec, create_pool
-
-    pytest = __import__("pytest")
-    mooncake = pytest.importorskip("workloads.mooncake", reason="issue 12's trace reader is not in this tree")
-    if "prefix_caching" not in inspect.signature(PoolSpec.parse).parameters:
-        pytest.skip("the allocator's prefix caching (issue 11) is not in this tree")
+    from allocator import create_pool
     from allocator.mirror import MirrorPool
     from kvevents.follow import follow
+    from workloads import mooncake
 
     rng = random.Random(5)
     lines = []

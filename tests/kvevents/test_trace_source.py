@@ -32,18 +32,14 @@ def trace(n: int, seed: int = 0):
 
 
 def prefix_pools():
-    pools = [("contract", lambda: ContractPrefixPool(40, 16))]
-    try:
-        from allocator import create_pool
+    from allocator import create_pool
 
-        create_pool("paged", num_blocks=4, block_bytes=16, tokens_per_block=16, device="cpu",
-                    prefix_caching={"policy": "lru"})
-        pools.append(("allocator", lambda: create_pool(
+    return [
+        ("contract", lambda: ContractPrefixPool(40, 16)),
+        ("allocator", lambda: create_pool(
             "paged", num_blocks=40, block_bytes=16, tokens_per_block=16, device="cpu",
-            event_capacity=100_000, prefix_caching={"policy": "lru"})))
-    except Exception:  # the allocator's prefix caching (issue 11) is not in this tree yet
-        pass
-    return pools
+            event_capacity=100_000, prefix_caching={"policy": "lru"})),
+    ]
 
 
 def reference_set(pool) -> set[int]:
