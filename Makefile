@@ -8,8 +8,9 @@ PORT    ?= $(or $(KVSCOPE_PORT),8000)
 # pip-installed into .venv first on a GPU host) is kept whatever TORCH says.
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
+ENGINE_VENV ?= .venv-engine
 
-.PHONY: install build run test test-py test-js test-stress test-debug-core bench lint clean
+.PHONY: install build run test test-py test-js test-stress test-debug-core bench lint clean engines-env test-engines
 
 install: $(VENV)/.installed
 
@@ -78,5 +79,16 @@ bench: install
 lint: install
 	$(VENV)/bin/ruff check allocator app workloads kvevents tests bench
 
+# The engine environment: vLLM's CPU build beside kvscope, in a venv of its own (.venv-engine),
+# and a tiny model directory. A second run only checks its stamps.
+engines-env:
+	ENGINE_VENV=$(ENGINE_VENV) bash scripts/engines-env.sh
+
+# Tests that run real vLLM engines (marker `engines`); they need `make engines-env` first, and
+# fail (never skip) without it.
+test-engines: engines-env
+	KVSCOPE_ENGINE_VENV=$(abspath $(ENGINE_VENV)) $(ENGINE_VENV)/bin/python -m pytest -q -m engines \
+	  -p no:cacheprovider tests/engines $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache build $(DEBUG_CORE) *.egg-info allocator/*.c allocator/*.so allocator/*.html
+	rm -rf $(VENV) $(ENGINE_VENV) .pytest_cache build $(DEBUG_CORE) *.egg-info allocator/*.c allocator/*.so allocator/*.html

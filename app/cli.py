@@ -1,4 +1,4 @@
-"""`kvscope serve | replay | scenario | prefix | mirror | recording`."""
+"""`kvscope serve | replay | scenario | prefix | mirror | recording | demo`."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def serve(argv: list[str], opening: bool = False) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,route,mirror,fleet,recording} [options]\n"
+    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,route,mirror,fleet,recording,demo} [options]\n"
              "  serve      run the server: dashboard, REST API, stream, metrics (kvscope serve -h)\n"
              "  open       serve pool history recordings (.kvrec) read-only, scrubbable in the dashboard (kvscope open -h)\n"
              "  record     run a scenario or trace headless on one pool, recording it to a .kvrec (kvscope record -h)\n"
@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
              "  route      routing policies over N replicas: hit ratio vs load vs TTFT (kvscope route -h)\n"
              "  mirror     the dashboard on a live vLLM/SGLang engine's prefix cache (kvscope mirror -h)\n"
              "  fleet      the dashboard on many engines at once: one prefix index, duplication, matches (kvscope fleet -h)\n"
-             "  recording  summarise or play back a mirror's KV-event recording, .kvevents (kvscope recording -h)")
+             "  recording  summarise or play back a mirror's KV-event recording, .kvevents (kvscope recording -h)\n"
+             "  demo       real vLLM CPU engines under a Mooncake trace, on the dashboard (kvscope demo -h)")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2
@@ -144,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import cli_events
 
         return int((cli_events.mirror_main if command == "mirror" else cli_events.recording_main)(rest))
+    if command == "demo":
+        from .engines.demo import demo_main
+
+        return int(demo_main(rest))
     if command in ("replay", "scenario", "prefix", "route"):
         from workloads import cli as workloads_cli  # imported only when used
 
