@@ -8,7 +8,15 @@ from collections.abc import Callable
 
 from ._core import CacheCore, Entry, PutResult
 from .blockmap import CACHED, PINNED
-from .errors import Conflict, CorruptState, ExceedsCapacity, InvalidRequest, NotFound, OutOfMemory, positive_int
+from .errors import (
+    Conflict,
+    CorruptState,
+    ExceedsCapacity,
+    InvalidRequest,
+    NotFound,
+    OutOfMemory,
+    positive_int,
+)
 from .policies import POLICIES
 from .pool import Pool
 from .vocab import EVICTION_REASONS

@@ -201,7 +201,7 @@ def busy_cache(rng: random.Random) -> KVCache:
     pool = create_pool("paged", num_blocks=rng.choice((16, 40)), block_bytes=BB, device="cpu",
                        event_capacity=64)
     cache = KVCache(pool, policy=rng.choice(("lru", "fifo", "lfu", "s3fifo")))
-    for k in range(rng.randrange(8, 60)):
+    for _ in range(rng.randrange(8, 60)):
         key = f"k{rng.randrange(30)}"
         r = rng.random()
         if r < 0.3:
@@ -244,7 +244,7 @@ def corrupt_cache(rng: random.Random, cache: KVCache) -> bool:
 
 
 def follow_up_cache(rng: random.Random, cache: KVCache) -> None:
-    for k in range(60):
+    for _ in range(60):
         key = f"f{rng.randrange(40)}"
         if rng.random() < 0.3:
             cache.get(key)

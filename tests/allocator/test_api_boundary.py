@@ -11,6 +11,7 @@ See docs/ARCHITECTURE.md, "The compiled core's boundary".
 from __future__ import annotations
 
 import pytest
+from allocator._core import FreeStack, LinkedList, RefCounts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvtest_util import pool_snapshot
@@ -24,7 +25,6 @@ from allocator import (
     OutOfMemory,
     create_pool,
 )
-from allocator._core import FreeStack, LinkedList, RefCounts
 
 N = 32
 BB = 64
