@@ -159,6 +159,9 @@ def test_head_works_on_every_get_route(client):
     client.post("/api/pools/default/allocations", json={"bytes": 1})
     client.post("/api/pools/default/workload", json={"kind": "scenario", "name": "burst"})
     assert client.post("/api/routing", json={"limit": 10, "policies": ["session"]}).status_code == 202  # r1
+    # fleet f with engine e0 (nothing listens there: the engine shows as unreachable)
+    fleet = {"name": "f", "engines": [{"name": "e0", "endpoint": "tcp://127.0.0.1:9"}]}
+    assert client.post("/api/fleets", json=fleet).status_code == 201
     for method, template in every_route(client.app):
         if method != "GET":
             continue

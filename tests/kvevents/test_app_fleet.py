@@ -10,14 +10,12 @@ import time
 
 import httpx
 import pytest
+from apputil import ROOT, Server, assert_error, make_client
 from kve_metrics_http import metrics_server
 from kve_source import RefPrefixCache, chain_hash, signed
 from test_app_mirror import METRICS
 from test_fleet_publishers import free_port_pair, held_prefix
 from test_real_publishers import DEADLINE, Engine, wait_for
-
-pytest.importorskip("fastapi")
-from apputil import ROOT, Server, assert_error, make_client  # noqa: E402
 
 
 def engine_body(eng: Engine, name: str, **kw) -> dict:
