@@ -8,8 +8,9 @@ PORT    ?= $(or $(KVSCOPE_PORT),8000)
 # pip-installed into .venv first on a GPU host) is kept whatever TORCH says.
 TORCH   ?= torch==2.13.0
 PYTEST_ARGS ?=
+ENGINE_VENV ?= .venv-engine
 
-.PHONY: install build run test test-py test-js test-stress bench lint clean
+.PHONY: install build run test test-py test-js test-stress test-debug-core bench lint clean engines-env test-engines
 
 install: $(VENV)/.installed
 
@@ -49,6 +50,25 @@ test-stress: install
 	done; \
 	echo "test-stress: $(STRESS_RUNS) runs passed"
 
+# The allocator's property tests once more, against the bounds-checked debug build of the
+# compiled core (KVSCOPE_CYTHON_DEBUG=1, see setup.py: a bad index into a memoryview or list is
+# an IndexError with a traceback, not a crash). Built in a copy under build-debug/, so the
+# normal in-place build stays as it is; `-P` keeps the checkout's own allocator/ off sys.path.
+DEBUG_CORE  := build-debug
+DEBUG_TESTS := tests/allocator/test_core_differential.py tests/allocator/test_pool_stateful.py \
+	tests/allocator/test_cache_stateful.py tests/allocator/test_prefix_stateful.py \
+	tests/allocator/test_policies_differential.py tests/allocator/test_core_primitives.py \
+	tests/allocator/test_api_boundary.py
+
+test-debug-core: install
+	$(PY) -c "import Cython" 2>/dev/null || $(PIP) install -q "Cython>=3.0"
+	rm -rf $(DEBUG_CORE) && mkdir -p $(DEBUG_CORE)/allocator
+	cp setup.py $(DEBUG_CORE)/
+	cp allocator/*.py allocator/*.pyx allocator/*.pxd allocator/*.pxi $(DEBUG_CORE)/allocator/
+	cd $(DEBUG_CORE) && KVSCOPE_CYTHON_DEBUG=1 $(abspath $(PY)) setup.py -q build_ext --inplace >/dev/null
+	PYTHONPATH=$(abspath $(DEBUG_CORE)) $(PY) -P -c "import allocator; assert '/$(DEBUG_CORE)/' in allocator.__file__, allocator.__file__"
+	PYTHONPATH=$(abspath $(DEBUG_CORE)) $(PY) -P -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(DEBUG_TESTS)
+
 test-js:
 	@if command -v node >/dev/null 2>&1; then node --test static/js/tests/; \
 	else echo "node not found: JS unit tests need Node.js >= 18" >&2; exit 1; fi
@@ -59,5 +79,16 @@ bench: install
 lint: install
 	$(VENV)/bin/ruff check allocator app workloads kvevents tests bench
 
+# The engine environment: vLLM's CPU build beside kvscope, in a venv of its own (.venv-engine),
+# and a tiny model directory. A second run only checks its stamps.
+engines-env:
+	ENGINE_VENV=$(ENGINE_VENV) bash scripts/engines-env.sh
+
+# Tests that run real vLLM engines (marker `engines`); they need `make engines-env` first, and
+# fail (never skip) without it.
+test-engines: engines-env
+	KVSCOPE_ENGINE_VENV=$(abspath $(ENGINE_VENV)) $(ENGINE_VENV)/bin/python -m pytest -q -m engines \
+	  -p no:cacheprovider tests/engines $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info allocator/*.c allocator/*.so allocator/*.html
+	rm -rf $(VENV) $(ENGINE_VENV) .pytest_cache build $(DEBUG_CORE) *.egg-info allocator/*.c allocator/*.so allocator/*.html

@@ -17,7 +17,7 @@ DEBUG = os.environ.get("KVSCOPE_CYTHON_DEBUG") == "1"
 
 # Other compiled modules (e.g. allocator/_prefix.pyx) go in this list; they may
 # `cimport` the primitives of allocator/_core.pxd.
-MODULES = ["allocator._core", "allocator._prefix"]
+MODULES = ["allocator._core", "allocator._prefix", "allocator._fleet"]
 
 extensions = [
     Extension(

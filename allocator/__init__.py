@@ -18,6 +18,7 @@ from .cache import Entry, KVCache, PutResult
 from .contiguous import ContiguousPool
 from .errors import (
     Conflict,
+    CorruptState,
     ExceedsCapacity,
     InvalidRequest,
     KVScopeError,
@@ -59,7 +60,7 @@ def create_pool(strategy: str = "paged", **options) -> Pool:
 
 
 __all__ = [
-    "Allocation", "BlockMap", "BlockStorage", "CACHED", "CacheSpec", "Conflict", "ContiguousPool",
+    "Allocation", "BlockMap", "BlockStorage", "CACHED", "CacheSpec", "Conflict", "ContiguousPool", "CorruptState",
     "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "ExceedsCapacity", "FITS", "FREE", "History", "HistoryView", "OutsideHistory",
     "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "MirrorPool", "ModelGeometry", "NotFound",
     "OutOfMemory", "PINNED", "POLICIES", "PREFIX_POLICIES", "PagedPool", "Pool", "PoolSpec",

@@ -59,8 +59,8 @@ cdef class BlockMap:
 
     def assign_range(self, Py_ssize_t start, Py_ssize_t count, int32_t owner, uint8_t state) -> None:
         """Set owner and state of blocks [start, start+count)."""
-        if start < 0 or count < 0 or start + count > self.num_blocks:
-            raise IndexError(f"blocks [{start}, {start + count}) outside the map")
+        if start < 0 or count < 0 or start > self.num_blocks or count > self.num_blocks - start:
+            raise IndexError(f"blocks [{start}, {start} + {count}) outside the map")  # no overflowing sum
         cdef Py_ssize_t b
         cdef uint32_t v = self.version
         for b in range(start, start + count):

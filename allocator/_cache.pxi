@@ -29,7 +29,8 @@ cdef class Entry:
     cdef public double last_access
     cdef public int64_t hits
     cdef public int64_t data_bytes  # length of the payload last written; reads return exactly that
-    cdef public int32_t pslot       # slot in its priority's policy structure (-1: not filed)
+    cdef readonly int32_t pslot     # slot in its priority's policy structure (-1: not filed);
+                                    # read-only to Python: the compiled policy trusts it
 
     def __init__(self, str key, int64_t id, int64_t nbytes, int64_t allocated_bytes,
                  priority=0, bint pinned=False, ttl_s=None, expires_at=None,
@@ -39,6 +40,14 @@ cdef class Entry:
         self.priority, self.pinned, self.ttl_s, self.expires_at = priority, pinned, ttl_s, expires_at
         self.created_at, self.last_access, self.hits, self.data_bytes = created_at, last_access, hits, data_bytes
         self.pslot = -1
+
+    def _poke(self, str field, int32_t value) -> int:
+        """Overwrite `pslot` and return what it held (corruption tests only: check() must
+        then name the damage)."""
+        if field != "pslot":
+            raise KeyError(field)
+        old, self.pslot = self.pslot, value
+        return old
 
     def __repr__(self) -> str:
         return (f"Entry(key={self.key!r}, id={self.id}, nbytes={self.nbytes}, "

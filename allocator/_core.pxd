@@ -174,6 +174,11 @@ cdef class EventRing:
     cdef int maybe_spill(self) except -1
     cdef tuple _decoded(self, Py_ssize_t slot, uint8_t k)
     cdef inline void set_aux(self, uint8_t x) noexcept
+    cdef inline int64_t _first_held(self, int64_t after) noexcept
+    cdef str _string(self, int64_t i)
+    cdef inline int _need_sane(self, Py_ssize_t slot, int64_t seq) except -1
+    cdef inline bint _layout_missing(self, Py_ssize_t slot) noexcept
+    cdef object _event_problem(self, Py_ssize_t slot)
 
 
 cdef double wall_time() noexcept nogil
@@ -235,6 +240,9 @@ cdef class PagedCore:
     cdef int rehash(self, Py_ssize_t cap) except -1
     cdef int32_t take(self, Py_ssize_t n, int64_t aid, uint8_t state, int32_t *ids,
                       int32_t *last) noexcept
-    cdef void give_back(self, int32_t head, int32_t tail, int32_t *ids) noexcept
+    cdef void give_back(self, int32_t head, int32_t tail, Py_ssize_t n, int32_t *ids) noexcept
+    cdef Py_ssize_t find_safe(self, int64_t aid) noexcept
+    cdef object chain_problem(self, Py_ssize_t s, list out)
+    cdef object free_chain_problem(self, int32_t[::1] out)
     cdef int64_t alloc_one(self, int64_t nbytes, Py_ssize_t n, uint8_t state, double now) except -1
     cdef int free_slot(self, Py_ssize_t slot, double now) except -1

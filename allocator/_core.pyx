@@ -13,6 +13,8 @@ from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
 import numpy as np
+from .errors import CorruptState as _CorruptState
+from .errors import block_state as _block_state
 from array import array as _array
 from cpython.array cimport clone as _clone_ints
 from cpython.array cimport array as _carray

@@ -107,13 +107,14 @@ cdef class EventRing:
         history packs these. Numeric events: allocate (id, requested, allocated, blocks,
         block_ids, state), free (id, blocks, block_ids, requested_bytes)."""
         cdef list out = []
-        cdef int64_t s = max(seq + 1, self.last_seq - self.count + 1)
+        cdef int64_t s = self._first_held(seq)
         cdef Py_ssize_t slot, n, pos
         cdef uint8_t k
         cdef int64_t *v
         cdef object ids
         while s <= self.last_seq:
             slot = self._slot(s)
+            self._need_sane(slot, s)
             k = self.kind[slot]
             name = self._names[k & CODE_MASK]
             if k & FLAG_OBJ:
@@ -153,9 +154,107 @@ cdef class EventRing:
             elif ch == "f":
                 vals.append(i2f(v[pos]))
             else:
-                vals.append(self._strings[v[pos]])
+                vals.append(self._string(v[pos]))
             pos += 1
         return tuple(vals)
+
+    cdef inline int64_t _first_held(self, int64_t after) noexcept:
+        """The oldest held seq past `after` (never below 1, whatever the counters say)."""
+        if after >= self.last_seq:  # (also keeps after + 1 from overflowing)
+            return self.last_seq + 1
+        return max(after + 1, self.last_seq - self.count + 1, 1)
+
+    cdef str _string(self, int64_t i):
+        if i < 0 or i >= len(self._strings):
+            raise _CorruptState(f"an event names string {i}; the table holds {len(self._strings)}")
+        return self._strings[i]
+
+    cdef inline int _need_sane(self, Py_ssize_t slot, int64_t seq) except -1:
+        """CorruptState unless the event in `slot` can be read without a bad index: its kind
+        code names a kind and its block ids lie inside the id ring (check() says more)."""
+        cdef int32_t n = self.bn[slot]
+        cdef int64_t pos
+        if (self.kind[slot] & CODE_MASK) >= len(self._names) or self._layout_missing(slot):
+            raise _CorruptState(f"event {seq}: kind code {self.kind[slot]} (check() names it)")
+        if n > 0:
+            pos = self.boff[slot] % self.bcap
+            if n > self.bcap or pos < 0 or pos + n > self.bcap:
+                raise _CorruptState(f"event {seq}: {n} block ids at {self.boff[slot]} (check() names it)")
+        return 0
+
+    cdef inline bint _layout_missing(self, Py_ssize_t slot) noexcept:
+        """A compiled event (numeric or keyed) of a kind without a compiled layout."""
+        return not (self.kind[slot] & FLAG_OBJ) and self._layouts[self.kind[slot] & CODE_MASK] is None
+
+    def check(self) -> list:
+        """Problems with the ring (empty = ok). Every index is checked before it is used: the
+        count and sequence numbers, each held event's kind code and values, where its block
+        ids lie in the id ring (written and not yet overwritten) and a keyed event's strings."""
+        cdef int64_t seq
+        cdef Py_ssize_t slot
+        if not 0 <= self.count <= self.capacity:
+            return [f"the ring claims {self.count} events, its capacity is {self.capacity}"]
+        if self.last_seq < self.count:
+            return [f"the newest event is {self.last_seq} but the ring claims {self.count} events"]
+        if self.bpos < 0:
+            return [f"the id ring's write position is {self.bpos}"]
+        for seq in range(self.last_seq - self.count + 1, self.last_seq + 1):
+            slot = self._slot(seq)
+            problem = self._event_problem(slot)
+            if problem is not None:
+                return [f"event {seq}: {problem}"]
+        return []
+
+    cdef object _event_problem(self, Py_ssize_t slot):
+        cdef uint8_t k = self.kind[slot]
+        cdef int32_t n = self.bn[slot]
+        cdef int64_t start = self.boff[slot]
+        cdef int64_t *v = &self.vals[slot * NVALS]
+        cdef Py_ssize_t j, pos = 0
+        if (k & CODE_MASK) >= len(self._names):
+            return f"kind code {k & CODE_MASK} names no kind (there are {len(self._names)})"
+        if (k & FLAG_OBJ) and (k & FLAG_KEY):
+            return "marked both a value tuple and a keyed event"
+        if k & FLAG_OBJ and type(self._objs[slot]) is not tuple:
+            return f"a {self._names[k & CODE_MASK]} recorded from Python holds no value tuple"
+        if self._layout_missing(slot):
+            return f"a compiled {self._names[k & CODE_MASK]} event, a kind without a compiled layout"
+        if k & FLAG_KEY:
+            layout = self._layouts[k & CODE_MASK]
+            for j in range(1, len(layout)):
+                if layout[j] == "s" and not 0 <= v[pos] < len(self._strings):
+                    return f"names string {v[pos]}; the table holds {len(self._strings)}"
+                pos += 1
+        if n < -1 or n > self.bcap:
+            return f"claims {n} block ids (the id ring holds {self.bcap})"
+        if n > 0:
+            if start < 0 or start > self.bpos - n:
+                return f"its {n} block ids at {start} lie past the {self.bpos} written"
+            if start < self.bpos - self.bcap:
+                return f"its {n} block ids at {start} were overwritten (written up to {self.bpos})"
+            if start % self.bcap + n > self.bcap:
+                return f"its {n} block ids at {start} wrap around the id ring"
+        return None
+
+    def _raw(self) -> dict:
+        """The ring's arrays as writable numpy views (ts, kind, vals, boff, bn, bring, aux),
+        for corruption tests and debugging: a write bypasses every invariant, and check()
+        must then name the damage."""
+        return dict(zip(("ts", "kind", "vals", "boff", "bn", "bring", "aux"), self._arrays))
+
+    def _poke(self, str field, int64_t value) -> int:
+        """Overwrite `count`, `last_seq` or `bpos` and return what it held (corruption tests
+        only, like `_raw`)."""
+        cdef int64_t old
+        if field == "count":
+            old, self.count = self.count, value
+        elif field == "last_seq":
+            old, self.last_seq = self.last_seq, value
+        elif field == "bpos":
+            old, self.bpos = self.bpos, value
+        else:
+            raise KeyError(field)
+        return old
 
     def export(self, int64_t seq, int64_t block_bytes=1):
         """Events with seq > `seq` in compact columns, for the history to keep without a Python
@@ -175,7 +274,7 @@ cdef class EventRing:
           read per the kind's COMPILED_LAYOUTS (strings index `strings`);
         - Python-recorded events: their value tuple in `objs`.
         `names` are the kind names by code."""
-        cdef int64_t first = max(seq + 1, self.last_seq - self.count + 1)
+        cdef int64_t first = self._first_held(seq)
         cdef Py_ssize_t n = <Py_ssize_t>(self.last_seq - first + 1), i, j, slot, m, b, e
         cdef Py_ssize_t nnum = 0, nkey = 0, total = 0, pos, run
         cdef uint8_t k
@@ -194,6 +293,7 @@ cdef class EventRing:
         cdef object held = self._objs
         slot = slot0
         for i in range(n):
+            self._need_sane(slot, first + i)
             k = self.kind[slot]
             ts_v[i] = self.ts[slot]
             kd_v[i] = k
@@ -401,7 +501,7 @@ cdef class EventRing:
         it changed, in the order it changed them ([] when none were recorded, None when there
         were more than the id ring holds)."""
         cdef list out = []
-        cdef int64_t s = max(seq + 1, self.last_seq - self.count + 1)
+        cdef int64_t s = self._first_held(seq)
         cdef Py_ssize_t slot, j, n, pos
         cdef uint8_t k
         cdef str ch
@@ -410,6 +510,7 @@ cdef class EventRing:
         cdef int64_t *v
         while s <= self.last_seq and len(out) < limit:
             slot = self._slot(s)
+            self._need_sane(slot, s)
             k = self.kind[slot]
             name = self._names[k & CODE_MASK]
             s += 1
@@ -433,7 +534,7 @@ cdef class EventRing:
                     elif ch == "f":
                         event[names[j]] = i2f(v[pos])
                     else:
-                        event[names[j]] = self._strings[v[pos]]
+                        event[names[j]] = self._string(v[pos])
                     pos += 1
             if block_ids:
                 n = self.bn[slot]

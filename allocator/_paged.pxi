@@ -40,7 +40,14 @@ cdef class PagedCore:
     Invariants (`check()` verifies them): the free chain and the allocations' chains partition
     the blocks; each chain has its record's count and ends at its tail; owner[b] is the id of
     the allocation whose chain holds b (-1 on the free chain); the table finds every live
-    record; requested_total is the sum of requested bytes.
+    record; the unused record slots form one chain through `r_tail`; requested_total is the sum
+    of requested bytes.
+
+    NOTE: the hot paths (allocate, free, the cache's put) trust those invariants and check no
+    index. Every reader that walks a structure for Python (`block_ids`, `free_blocks`,
+    `check`, the id lookups of `slot_of`) walks at most the steps the structure claims, never
+    more than the pool or table holds, and checks each index before following it: a broken
+    structure is a problem string from check() or a CorruptState, never a read out of bounds.
     """
 
     def __cinit__(self, BlockMap bm, EventRing events, int64_t block_bytes, oom, bad_size,
@@ -134,11 +141,29 @@ cdef class PagedCore:
                 return i
             i = (i + 1) & self.hmask
 
+    cdef Py_ssize_t find_safe(self, int64_t aid) noexcept:
+        """find() for the readers and check(): at most one pass over the table, and a slot
+        outside the records stops it (-2: the table is corrupt) instead of being followed."""
+        cdef Py_ssize_t i = self.home(aid), k
+        cdef int32_t s
+        for k in range(self.hmask + 1):
+            s = self.htab[i]
+            if s == -1:
+                return -1
+            if s < 0 or s >= self.rcap:
+                return -2
+            if self.r_aid[s] == aid:
+                return i
+            i = (i + 1) & self.hmask
+        return -2
+
     cdef Py_ssize_t slot_of(self, object aid) except -1:
         """The record slot of allocation `aid`; NotFound for anything else (1.0 and True hash
-        like 1: they must not find id 1)."""
+        like 1: they must not find id 1); CorruptState when the id table is broken."""
         cdef int64_t a = exact_int(aid)
-        cdef Py_ssize_t pos = self.find(a) if 0 < a <= self.last_id else -1
+        cdef Py_ssize_t pos = self.find_safe(a) if 0 < a <= self.last_id else -1
+        if pos == -2:
+            raise _CorruptState(f"the id table is corrupt (looking up allocation {a}): check() names it")
         if pos < 0:
             raise self._not_found("allocation", aid)
         return self.htab[pos]
@@ -196,7 +221,7 @@ cdef class PagedCore:
     def tag_of(self, aid):
         """The tag of allocation `aid`, or None (untagged, or no such allocation)."""
         cdef int64_t a = exact_int(aid)
-        cdef Py_ssize_t pos = self.find(a) if 0 < a <= self.last_id and self.tags is not None else -1
+        cdef Py_ssize_t pos = self.find_safe(a) if 0 < a <= self.last_id and self.tags is not None else -1
         return None if pos < 0 else self.tags[self.htab[pos]]
 
     def tagged_ids(self):
@@ -255,26 +280,25 @@ cdef class PagedCore:
         last[0] = prev
         return first
 
-    cdef void give_back(self, int32_t head, int32_t tail, int32_t *ids) noexcept:
-        """Unstamp the chain head..tail and splice it in front of the free chain."""
+    cdef void give_back(self, int32_t head, int32_t tail, Py_ssize_t n, int32_t *ids) noexcept:
+        """Unstamp the n-block chain head..tail and splice it in front of the free chain (a
+        walk of exactly n steps: `ids` has room for n)."""
         cdef int32_t b = head
         cdef uint32_t v = self.bm.version
-        cdef Py_ssize_t i = 0
+        cdef Py_ssize_t i
         cdef int32_t *own = self.own
         cdef uint8_t *st = self.st
         cdef uint32_t *cv = self.cv
         cdef int32_t *nxt = self.nxt
-        while True:
+        for i in range(n):
             own[b] = -1
             st[b] = 0
             cv[b >> CHUNK_SHIFT_C] = v
             if ids != NULL:
                 ids[i] = b
-            i += 1
-            self.free_count += 1
-            if b == tail:
-                break
-            b = nxt[b]
+            if i + 1 < n:
+                b = nxt[b]
+        self.free_count += n
         nxt[tail] = self.free_head
         self.free_head = head
 
@@ -299,7 +323,7 @@ cdef class PagedCore:
         cdef int64_t aid = self.r_aid[s]
         cdef int32_t n = self.r_n[s]
         cdef int32_t *ids = self.ev.record_num(self.code_free, aid, n, self.r_req[s], 0, n, now)
-        self.give_back(self.r_head[s], self.r_tail[s], ids)
+        self.give_back(self.r_head[s], self.r_tail[s], n, ids)
         self.requested_total -= self.r_req[s]
         self.frees += 1
         self.drop_record(pos)
@@ -307,14 +331,17 @@ cdef class PagedCore:
         return 0
 
     # -- operations (the pool binds these as its methods) --------------------------------
-    def allocate(self, nbytes, int state=1):
+    def allocate(self, nbytes, state=1):
         """Allocate `nbytes` as ceil(nbytes / block_bytes) blocks; returns the allocation id.
 
-        Raises InvalidRequest (size not a positive int) or OutOfMemory (cause "capacity")."""
+        Raises InvalidRequest (size not a positive int, state not USED / CACHED / PINNED) or
+        OutOfMemory (cause "capacity")."""
         cdef int64_t nb = exact_int(nbytes)
         cdef int64_t free_bytes = self.free_count * self.block_bytes
         if nb <= 0:
             self._bad_size(nbytes)
+        if not (state is 1 or state is 2 or state is 3):  # the cached small ints: no compare
+            _block_state(state)
         if nb > free_bytes:
             raise self._oom(nbytes, free_bytes, free_bytes, "capacity")
         return self.alloc_one(nb, (nb + self.block_bytes - 1) // self.block_bytes, <uint8_t>state,
@@ -328,11 +355,12 @@ cdef class PagedCore:
             raise self._not_found("allocation", aid)
         self.free_slot(pos, wall_time())
 
-    def allocate_many(self, sizes, int state=1) -> list:
+    def allocate_many(self, sizes, state=1) -> list:
         """Allocate each of `sizes` (bytes), all or nothing; returns the ids in order.
         Raises InvalidRequest or OutOfMemory (then nothing was allocated)."""
         cdef int64_t nb, total = 0, cap = self.num_blocks * self.block_bytes
         cdef list out = []
+        _block_state(state)
         for nbytes in sizes:
             nb = exact_int(nbytes)
             if nb <= 0:
@@ -370,9 +398,12 @@ cdef class PagedCore:
             seen.add(aid)
 
     def extend(self, aid, int64_t nbytes) -> list:
-        """Grow `aid` by `nbytes` requested bytes, taking the blocks that needs (same state as
-        its first block); returns the new block ids. NotFound / OutOfMemory (then unchanged)."""
+        """Grow `aid` by `nbytes` (> 0) requested bytes, taking the blocks that needs (same
+        state as its first block); returns the new block ids. NotFound / OutOfMemory (then
+        unchanged); ValueError for nbytes <= 0 (Pool.extend says so in its own words first)."""
         cdef Py_ssize_t s = self.slot_of(aid)
+        if nbytes <= 0:
+            raise ValueError(f"extend by {nbytes} bytes: must be positive")
         cdef int64_t need = (self.r_req[s] + nbytes + self.block_bytes - 1) // self.block_bytes - self.r_n[s]
         cdef int32_t last, first
         cdef int64_t free_bytes = self.free_count * self.block_bytes
@@ -390,8 +421,12 @@ cdef class PagedCore:
 
     def truncate(self, aid, int64_t nbytes) -> list:
         """Shrink `aid` to `nbytes` (0 < nbytes <= its size), freeing the blocks past the new
-        end; returns their ids. NotFound for an unknown id."""
+        end; returns their ids. NotFound for an unknown id, ValueError for a size outside
+        1..its size (Pool.truncate says so in its own words first)."""
         cdef Py_ssize_t s = self.slot_of(aid), i
+        if nbytes <= 0 or nbytes > self.r_req[s]:
+            raise ValueError(f"truncate allocation {aid} of {self.r_req[s]} bytes to {nbytes}: "
+                             f"must be 1..{self.r_req[s]}")
         cdef int64_t keep = (nbytes + self.block_bytes - 1) // self.block_bytes
         cdef int32_t b = self.r_head[s], cut
         ids = np.empty(self.r_n[s] - keep, dtype=np.int32)
@@ -400,7 +435,7 @@ cdef class PagedCore:
                 b = self.nxt[b]
             cut = self.nxt[b]
             self.nxt[b] = NIL
-            self.give_back(cut, self.r_tail[s], i32_ptr(ids))
+            self.give_back(cut, self.r_tail[s], self.r_n[s] - keep, i32_ptr(ids))
             self.r_tail[s] = b
             self.r_n[s] = <int32_t>keep
         self.requested_total += nbytes - self.r_req[s]
@@ -409,10 +444,12 @@ cdef class PagedCore:
 
     def set_state(self, aid, uint8_t state) -> None:
         """Mark every block of `aid` with `state` (stamping the map). NotFound."""
-        cdef Py_ssize_t s = self.slot_of(aid)
+        cdef Py_ssize_t s = self.slot_of(aid), i
         cdef int32_t b = self.r_head[s]
         cdef uint32_t v = self.bm.version
-        while b != NIL:
+        if self.chain_problem(s, None) is not None:
+            raise _CorruptState(self.chain_problem(s, None))
+        for i in range(self.r_n[s]):
             self.st[b] = state
             self.cv[b >> CHUNK_SHIFT_C] = v
             b = self.nxt[b]
@@ -420,7 +457,7 @@ cdef class PagedCore:
     # -- reading -------------------------------------------------------------------------
     def __contains__(self, aid) -> bool:
         cdef int64_t a = exact_int(aid)
-        return 0 < a <= self.last_id and self.find(a) >= 0
+        return 0 < a <= self.last_id and self.find_safe(a) >= 0
 
     def requested(self, aid) -> int:
         """Requested bytes of `aid`. NotFound."""
@@ -434,13 +471,13 @@ cdef class PagedCore:
         return self.r_head[self.slot_of(aid)]
 
     def block_ids(self, aid) -> list:
-        """Blocks of `aid` in data order. NotFound."""
-        cdef Py_ssize_t s = self.slot_of(aid), i
-        cdef int32_t b = self.r_head[s]
+        """Blocks of `aid` in data order. NotFound; CorruptState when its chain is broken (the
+        walk stops at the first bad link instead of following it)."""
+        cdef Py_ssize_t s = self.slot_of(aid)
         cdef list out = []
-        for i in range(self.r_n[s]):
-            out.append(b)
-            b = self.nxt[b]
+        problem = self.chain_problem(s, out)
+        if problem is not None:
+            raise _CorruptState(problem)
         return out
 
     def block_runs(self, aid) -> list:
@@ -459,6 +496,31 @@ cdef class PagedCore:
             out.append([start, count])
         return out
 
+    cdef object chain_problem(self, Py_ssize_t s, list out):
+        """What is wrong with the chain of record slot `s` (None: sound). Walks at most the
+        count its record claims, never past the pool, checking each block before reading its
+        link; the blocks walked go to `out` unless it is None."""
+        cdef int64_t aid = self.r_aid[s]
+        cdef int32_t n = self.r_n[s], b = self.r_head[s], prev = NIL
+        cdef Py_ssize_t i
+        if n <= 0 or n > self.num_blocks:
+            return f"allocation {aid}: its record claims {n} blocks, the pool has {self.num_blocks}"
+        for i in range(n):
+            if b < 0 or b >= self.num_blocks:
+                where = "starts at" if i == 0 else f"runs from block {prev} to"
+                return f"allocation {aid}: its chain {where} block {b}, outside 0..{self.num_blocks - 1}"
+            if b >= self.fresh or self.own[b] == -1:
+                return f"allocation {aid}: its chain runs into block {b}, which is free"
+            if out is not None:
+                out.append(b)
+            prev = b
+            b = self.nxt[b]
+        if prev != self.r_tail[s]:
+            return f"allocation {aid}: its chain of {n} blocks ends at block {prev}, not at its tail {self.r_tail[s]}"
+        if b != NIL:
+            return f"allocation {aid}: its tail block {prev} links on to {b}"
+        return None
+
     def ids(self) -> list:
         """Live allocation ids, oldest first."""
         aids = self._rec[0]
@@ -473,52 +535,133 @@ cdef class PagedCore:
 
     def free_blocks(self) -> object:
         """The free blocks in the order they would be handed out (numpy int32): the free
-        chain, then the fresh ones; None when the chain does not hold free_count minus the
-        fresh blocks (a cycle, a lost block)."""
+        chain, then the fresh ones; None when the free structure is broken (check() says how)."""
+        if not (0 <= self.free_count <= self.num_blocks):
+            return None
         out = np.empty(self.free_count, dtype=np.int32)
-        cdef int32_t[::1] o = out
+        if self.free_chain_problem(out) is not None:
+            return None
+        return out
+
+    cdef object free_chain_problem(self, int32_t[::1] out):
+        """What is wrong with the free blocks (None: sound): the chain from free_head holds
+        exactly free_count - (num_blocks - fresh) blocks, each handed out before (below
+        `fresh`). Walks at most that many links, checking each before following it; writes
+        the chain, then the fresh blocks, to `out` (free_count long) unless it is None."""
+        cdef Py_ssize_t n = self.num_blocks, i = 0, chained
         cdef int32_t b = self.free_head
-        cdef Py_ssize_t i = 0, chained = self.free_count - (self.num_blocks - self.fresh)
+        if not 0 <= self.fresh <= n:
+            return f"the fresh-block mark is {self.fresh}, outside 0..{n}"
+        if not 0 <= self.free_count <= n:
+            return f"the free count is {self.free_count}, outside 0..{n}"
+        chained = self.free_count - (n - self.fresh)
+        if chained < 0:
+            return f"the free count is {self.free_count}, but {n - self.fresh} blocks were never handed out"
         while b != NIL:
-            if i >= chained or b < 0 or b >= self.num_blocks:
-                return None
-            o[i] = b
+            if i >= chained:
+                return f"the free chain runs past its {chained} freed blocks (to block {b})"
+            if b < 0 or b >= self.fresh:
+                return f"the free chain runs into block {b}, which was never handed out"
+            if out is not None:
+                out[i] = b
             i += 1
             b = self.nxt[b]
         if i != chained:
-            return None
-        out[i:] = np.arange(self.fresh, self.num_blocks, dtype=np.int32)
-        return out
+            return f"the free chain from block {self.free_head} holds {i} blocks, not the {chained} freed"
+        if out is not None:
+            for b in range(self.fresh, n):
+                out[i] = b
+                i += 1
+        return None
 
     def check(self) -> list:
-        """Problems with the records, chains and table (empty = ok); names the first culprit."""
+        """Problems with the records, chains and table (empty = ok); names the first culprit.
+        Every walk is bounded and every index checked before it is followed (see the NOTE)."""
         problems = []
-        cdef Py_ssize_t s, i, seen = 0
-        cdef int32_t b
+        cdef Py_ssize_t s, i, seen = 0, entries = 0, unused = 0, pos
+        cdef int64_t aid
+        cdef int32_t t
+        if self.rcap != self._rec[0].shape[0]:
+            return [f"the records claim {self.rcap} slots, their arrays hold {self._rec[0].shape[0]}"]
         total = 0
         for s in range(self.rcap):
-            if not self.r_aid[s]:
+            aid = self.r_aid[s]
+            if not aid:
                 continue
             seen += 1
-            aid = self.r_aid[s]
             total += self.r_req[s]
-            if self.find(aid) < 0 or self.htab[self.find(aid)] != s:
+            pos = self.find_safe(aid)
+            if pos < 0 or self.htab[pos] != s:
                 problems.append(f"allocation {aid}: the id table does not find its record")
-            b = self.r_head[s]
-            for i in range(self.r_n[s] - 1):
-                if b < 0 or b >= self.num_blocks:
-                    break
-                b = self.nxt[b]
-            if b != self.r_tail[s] or b < 0 or self.nxt[b] != NIL:
-                problems.append(f"allocation {aid}: its chain of {self.r_n[s]} blocks does not end at its tail {self.r_tail[s]}")
+            problem = self.chain_problem(s, None)
+            if problem is not None:
+                problems.append(problem)
+        bad = None
+        for i in range(self.hmask + 1):
+            t = self.htab[i]
+            if t == -1:
+                continue
+            entries += 1
+            if bad is None and (t < 0 or t >= self.rcap):
+                bad = f"id table position {i} holds slot {t}, outside 0..{self.rcap - 1}"
+            elif bad is None and not self.r_aid[t]:
+                bad = f"id table position {i} names the unused record slot {t}"
+        if bad is not None:
+            problems.append(bad)
+        if entries != self.live:
+            problems.append(f"the id table holds {entries} entries for {self.live} live allocations")
         if seen != self.live:
             problems.append(f"{seen} live records, the count says {self.live}")
+        t = self.slot_free
+        while t != NIL:
+            if t < 0 or t >= self.rcap:
+                problems.append(f"the unused-slot chain runs to slot {t}, outside 0..{self.rcap - 1}")
+                break
+            if self.r_aid[t]:
+                problems.append(f"the unused-slot chain runs into slot {t} of live allocation {self.r_aid[t]}")
+                break
+            unused += 1
+            if unused > self.rcap - seen:
+                problems.append(f"the unused-slot chain holds more than the {self.rcap - seen} unused slots")
+                break
+            t = self.r_tail[t]
+        else:
+            if unused != self.rcap - seen:
+                problems.append(f"the unused-slot chain holds {unused} slots, {self.rcap - seen} are unused")
         if total != self.requested_total:
             problems.append(f"requested_total is {self.requested_total}, records add up to {total}")
-        if self.free_blocks() is None:
-            problems.append(f"the free chain from block {self.free_head} does not hold the "
-                            f"{self.free_count - (self.num_blocks - self.fresh)} freed blocks")
+        problem = self.free_chain_problem(None)
+        if problem is not None:
+            problems.append(problem)
         return problems
+
+    def _raw(self) -> dict:
+        """The compiled arrays as writable numpy views, by name: `next` (the chain links),
+        `htab` (the id table) and the record columns `aid`, `req`, `head`, `tail`, `n`. For
+        corruption tests and debugging: a write bypasses every invariant, and check() must
+        then name the damage."""
+        return {"next": self.next_arr, "htab": self._htab, "aid": self._rec[0], "req": self._rec[1],
+                "head": self._rec[2], "tail": self._rec[3], "n": self._rec[4]}
+
+    def _poke(self, str field, int64_t value) -> int:
+        """Overwrite one scalar field (free_head, fresh, free_count, live, slot_free, rcap) and
+        return what it held; corruption tests only, like `_raw`."""
+        cdef int64_t old
+        if field == "free_head":
+            old, self.free_head = self.free_head, <int32_t>value
+        elif field == "fresh":
+            old, self.fresh = self.fresh, <int32_t>value
+        elif field == "free_count":
+            old, self.free_count = self.free_count, value
+        elif field == "live":
+            old, self.live = self.live, value
+        elif field == "slot_free":
+            old, self.slot_free = self.slot_free, <int32_t>value
+        elif field == "rcap":
+            old, self.rcap = self.rcap, value
+        else:
+            raise KeyError(field)
+        return old
 
     def compact_chains(self, src, dst) -> None:
         """Rewrite chains, records and the free chain after blocks src[i] -> dst[i] moved (the

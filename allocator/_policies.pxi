@@ -117,9 +117,13 @@ cdef class KeyedPolicy:
         return self._slot[key]
 
     cdef list walk_slots(self, _Bucket b):
+        """The slots of list `b`, head first: at most its size, each checked before its link
+        is followed (CorruptState at a bad one; check() names it)."""
         cdef list out = []
         cdef int32_t s = b.l.head
         while s != NIL:
+            if s < 0 or s >= self.cap or len(out) >= b.l.size:
+                raise _CorruptState(f"{self.name}: a list links to slot {s} (check() names it)")
             out.append(s)
             s = self.next[s]
         return out
@@ -128,6 +132,8 @@ cdef class KeyedPolicy:
         cdef list out = []
         cdef int32_t s = b.l.head
         while s != NIL and (limit < 0 or len(out) < limit):
+            if s < 0 or s >= self.cap or len(out) >= b.l.size:
+                raise _CorruptState(f"{self.name}: a list links to slot {s} (check() names it)")
             out.append(self._keys[s])
             s = self.next[s]
         return out
@@ -164,15 +170,22 @@ cdef class KeyedPolicy:
             return None
         return self._keys[self.c_victim_slot()]
 
-    # Slot API from Python (tests; the cache calls the c_* methods).
+    # Slot API from Python (tests; the cache calls the c_* methods, with slots it keeps).
     def _insert_slot(self, key) -> int:
         return self.c_insert_slot(key)
 
     def _touch_slot(self, int32_t s) -> None:
+        self._held_slot(s)
         self.c_touch_slot(s)
 
     def _remove_slot(self, int32_t s, bint evicted=False) -> None:
+        self._held_slot(s)
         self.c_remove_slot(s, evicted)
+
+    cdef int _held_slot(self, int32_t s) except -1:
+        if not 0 <= s < self.cap or self._keys[s] is None:
+            raise KeyError(f"slot {s} holds no key")
+        return 0
 
     def insert(self, key) -> None:
         if self.slotted:
@@ -189,20 +202,77 @@ cdef class KeyedPolicy:
         self.c_touch(key)
 
     cdef list check_list(self, _Bucket b, str what):
+        """Problems with list `b`: walks at most its size (and never more than the slots),
+        checking each slot before reading its links."""
         cdef int32_t s = b.l.head, p = NIL
         cdef Py_ssize_t n = 0
         while s != NIL:
+            if s < 0 or s >= self.cap:
+                return [f"{self.name} {what}: links to slot {s}, outside 0..{self.cap - 1}"]
             if self.prev[s] != p:
                 return [f"{self.name} {what}: {self._keys[s]!r} has a broken back link"]
             if self._keys[s] is None:
                 return [f"{self.name} {what}: holds an unused slot {s}"]
             p, s = s, self.next[s]
             n += 1
-            if n > self.cap:
-                return [f"{self.name} {what}: the list has a cycle"]
+            if n > b.l.size or n > self.cap:
+                return [f"{self.name} {what}: the list runs past its size of {b.l.size} (a cycle or a stray link)"]
         if p != b.l.tail or n != b.l.size:
             return [f"{self.name} {what}: tail or size disagrees with the links ({n} walked, size {b.l.size})"]
         return []
+
+    cdef list check_slots(self):
+        """Problems with the slots outside the lists: the unused ones form one chain (walked at
+        most as far as there are unused slots), and `count` keys are held."""
+        cdef int32_t s = self.unused
+        cdef Py_ssize_t n = 0, free = self.cap - self.count
+        if len(self._keys) != self.cap:
+            return [f"{self.name}: {len(self._keys)} key slots for a capacity of {self.cap}"]
+        held = self.cap - self._keys.count(None)
+        if held != self.count:
+            return [f"{self.name}: {held} slots hold keys, the count says {self.count}"]
+        while s != NIL:
+            if s < 0 or s >= self.cap:
+                return [f"{self.name}: the unused-slot chain runs to slot {s}, outside 0..{self.cap - 1}"]
+            if self._keys[s] is not None:
+                return [f"{self.name}: the unused-slot chain runs into {self._keys[s]!r}'s slot {s}"]
+            n += 1
+            if n > free:
+                return [f"{self.name}: the unused-slot chain runs past the {free} unused slots"]
+            s = self.next[s]
+        if n != free:
+            return [f"{self.name}: the unused-slot chain holds {n} slots, {free} are unused"]
+        return []
+
+    def _raw(self) -> dict:
+        """The slot arrays as writable numpy views (`prev`, `next`, and a policy's own), for
+        corruption tests and debugging: a write bypasses every invariant, and check() must
+        then name the damage."""
+        return {"prev": self._prev_arr, "next": self._next_arr}
+
+    def _poke(self, str field, int64_t value) -> int:
+        """Overwrite one scalar field, `unused`, `count`, or `list<i>.head|tail|size` of the
+        i-th list, and return what it held (corruption tests only, like `_raw`)."""
+        cdef _Bucket b
+        cdef int64_t old
+        if field == "unused":
+            old, self.unused = self.unused, <int32_t>value
+        elif field == "count":
+            old, self.count = self.count, value
+        elif field.startswith("list") and "." in field:
+            index, part = field[4:].split(".")
+            b = self._lists[int(index)]
+            if part == "head":
+                old, b.l.head = b.l.head, <int32_t>value
+            elif part == "tail":
+                old, b.l.tail = b.l.tail, <int32_t>value
+            elif part == "size":
+                old, b.l.size = b.l.size, value
+            else:
+                raise KeyError(field)
+        else:
+            raise KeyError(field)
+        return old
 
     def keys(self) -> set:
         if self.slotted:
@@ -250,7 +320,7 @@ cdef class LRU(KeyedPolicy):
         return self.walk(self.order_, -1 if limit is None else limit)
 
     def check(self) -> list:
-        problems = self.check_list(self.order_, "order")
+        problems = self.check_slots() + self.check_list(self.order_, "order")
         if self.order_.l.size != self.count:
             problems.append(f"{self.name}: {self.count} keys, {self.order_.l.size} in the order")
         return problems
@@ -293,6 +363,9 @@ cdef class LFU(KeyedPolicy):
         cdef int64_t[::1] mv = f
         self.freq = &mv[0]
         return 0
+
+    def _raw(self) -> dict:
+        return {**KeyedPolicy._raw(self), "freq": self._freq_arr}
 
     cdef void _file(self, int32_t s, int64_t f):
         cdef _Bucket b = self._buckets.get(f)
@@ -357,12 +430,13 @@ cdef class LFU(KeyedPolicy):
         return out
 
     def check(self) -> list:
-        problems = []
+        problems = self.check_slots()
         n = 0
         for f, b in self._buckets.items():
-            problems += self.check_list(b, f"bucket {f}")
+            broken = self.check_list(b, f"bucket {f}")
+            problems += broken
             n += (<_Bucket>b).l.size
-            for s in self.walk_slots(b):
+            for s in ([] if broken else self.walk_slots(b)):
                 if self.freq[s] != f:
                     problems.append(f"lfu: {self._keys[s]!r} of frequency {self.freq[s]} is in bucket {f}")
         if n != self.count:
@@ -488,16 +562,24 @@ cdef class S3FIFO(KeyedPolicy):
             out.append(key)
         return out
 
+    def _raw(self) -> dict:
+        return {**KeyedPolicy._raw(self), "hits": self._hits_arr, "in_small": self._small_arr}
+
     def ghost_keys(self) -> list:
         return list(self._ghost)
 
     def check(self) -> list:
-        problems = self.check_list(self.small, "small") + self.check_list(self.main, "main")
+        small = self.check_list(self.small, "small")
+        main = self.check_list(self.main, "main")
+        problems = self.check_slots() + small + main
         if self.small.l.size + self.main.l.size != self.count:
             problems.append(f"s3fifo: {self.count} keys, {self.small.l.size + self.main.l.size} queued")
-        for s in self.walk_slots(self.small):
+        for s in ([] if small else self.walk_slots(self.small)):
             if not self.in_small[s]:
                 problems.append(f"s3fifo: {self._keys[s]!r} is in small but marked main")
+        for s in ([] if main else self.walk_slots(self.main)):
+            if self.in_small[s]:
+                problems.append(f"s3fifo: {self._keys[s]!r} is in main but marked small")
         if set(self._ghost) & self.keys():
             problems.append("s3fifo: a key is both held and remembered by the ghost")
         return problems

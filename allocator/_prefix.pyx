@@ -44,6 +44,8 @@ from collections import OrderedDict
 import numpy as np
 from array import array
 
+from .errors import CorruptState
+
 cdef enum:
     FREE = 0
     USED = 1
@@ -914,23 +916,13 @@ cdef class PrefixCore:
         if n <= 0:
             return out
         if self.policy == P_LRU:
-            b = self.lst[0].head
-            while b != NIL and len(out) < n:
-                out.append(b)
-                b = self.nxt[b]
-            return out
+            return self._walk(0)[:n]
         if self.policy != P_S3FIFO:
-            items = [(self.key1[self.heap[i]], self.key2[self.heap[i]], self.heap[i])
-                     for i in range(self.heap_size)]
+            items = [(self.key1[b], self.key2[b], b) for b in self._heap_blocks()]
             items.sort()
             return [x[2] for x in items[:n]]
         # s3fifo: run the policy on copies of the two queues and the hit counts
-        small, main = [], []
-        for q, dest in ((Q_SMALL, small), (Q_MAIN, main)):
-            b = self.lst[q].head
-            while b != NIL:
-                dest.append(b)
-                b = self.nxt[b]
+        small, main = self._walk(Q_SMALL), self._walk(Q_MAIN)
         freq = {x: self.freq[x] for x in small + main}
         si = mi = 0
         total = len(small) + len(main)
@@ -957,17 +949,149 @@ cdef class PrefixCore:
 
     def evictable_blocks(self):
         """Every idle cached block, in no particular order (for check)."""
-        cdef int b
-        out = []
         if self.policy == P_LRU or self.policy == P_S3FIFO:
-            for q in (0, 1):
-                b = self.lst[q].head
-                while b != NIL:
-                    out.append(b)
-                    b = self.nxt[b]
-        else:
-            out = [self.heap[i] for i in range(self.heap_size)]
+            return self._walk(0) + self._walk(1)
+        return self._heap_blocks()
+
+    cdef list _walk(self, int q):
+        """The blocks of list q, head first. CorruptState at a link outside the pool or past
+        the list's size (check() names it): the walk never follows a bad index."""
+        cdef list out = []
+        cdef int b = self.lst[q].head
+        while b != NIL:
+            if b < 0 or b >= self.num_blocks or len(out) >= self.lst[q].size:
+                raise CorruptState(f"eviction list {q} links to block {b} (check() names it)")
+            out.append(b)
+            b = self.nxt[b]
         return out
+
+    cdef list _heap_blocks(self):
+        """The blocks in the eviction heap. CorruptState when its size or an entry lies
+        outside the pool (check() names it)."""
+        cdef Py_ssize_t i
+        if not 0 <= self.heap_size <= self.num_blocks:
+            raise CorruptState(f"the eviction heap claims {self.heap_size} blocks (check() names it)")
+        out = [self.heap[i] for i in range(self.heap_size)]
+        for b in out:
+            if not 0 <= b < self.num_blocks:
+                raise CorruptState(f"the eviction heap holds block {b} (check() names it)")
+        return out
+
+    cdef object _list_problem(self, int q):
+        """What is wrong with eviction list q (None: sound): walked at most its size and
+        never past the pool, each block checked before its links are read."""
+        cdef int b = self.lst[q].head, p = NIL
+        cdef Py_ssize_t n = 0, size = self.lst[q].size
+        if not 0 <= size <= self.num_blocks:
+            return f"eviction list {q} claims {size} blocks, the pool has {self.num_blocks}"
+        while b != NIL:
+            if b < 0 or b >= self.num_blocks:
+                return f"eviction list {q} links from block {p} to {b}, outside 0..{self.num_blocks - 1}"
+            if self.prev[b] != p:
+                return f"eviction list {q}: block {b} links back to {self.prev[b]}, not {p}"
+            if self.where[b] != W_EVICT:
+                return f"eviction list {q} runs into block {b}, which is not evictable (location {self.where[b]})"
+            if self.policy == P_S3FIFO and self.queue[b] != q:
+                return f"eviction list {q} holds block {b} of queue {self.queue[b]}"
+            n += 1
+            if n > size:
+                return f"eviction list {q} runs past its size of {size} (a cycle or a stray link)"
+            p, b = b, self.nxt[b]
+        if p != self.lst[q].tail or n != size:
+            return f"eviction list {q}: {n} blocks walked to {p}, its size is {size} and tail {self.lst[q].tail}"
+        return None
+
+    def check(self) -> list:
+        """Problems with the compiled structures alone (empty = ok): the free stack, the
+        eviction list(s) or heap, the location codes and the blocks the hash index names.
+        Every walk is bounded by what the structure claims and by the pool, and every index
+        is checked before it is followed; PrefixPool.check compares them with its records
+        once they hold."""
+        cdef Py_ssize_t n = self.num_blocks, i, q
+        cdef int b
+        if not 0 <= self.fs.top <= n:
+            return [f"the free stack claims {self.fs.top} blocks, the pool has {n}"]
+        for i in range(self.fs.top):
+            b = self.free_stack[i]
+            if b < 0 or b >= n:
+                return [f"free stack entry {i} is block {b}, outside 0..{n - 1}"]
+        bad = np.flatnonzero(np.asarray(self.where) > W_EVICT)
+        if bad.size:
+            return [f"block {int(bad[0])} has location code {self.where[int(bad[0])]}"]
+        if not 0 <= self.n_evictable <= n:
+            return [f"the evictable count is {self.n_evictable}, the pool has {n}"]
+        if self.policy == P_S3FIFO:
+            bad = np.flatnonzero(np.asarray(self.queue) > Q_MAIN)
+            if bad.size:
+                return [f"block {int(bad[0])} is filed for s3fifo queue {self.queue[int(bad[0])]}"]
+        if self.policy == P_LRU or self.policy == P_S3FIFO:
+            for q in range(2):
+                problem = self._list_problem(q)
+                if problem is not None:
+                    return [problem]
+            if self.heap_size != 0:
+                return [f"the eviction heap holds {self.heap_size} blocks under a list policy"]
+            if self.lst[0].size + self.lst[1].size != self.n_evictable:
+                return [f"the eviction lists hold {self.lst[0].size + self.lst[1].size} blocks, "
+                        f"the evictable count is {self.n_evictable}"]
+        else:
+            for q in range(2):
+                if self.lst[q].head != NIL or self.lst[q].tail != NIL or self.lst[q].size:
+                    return [f"eviction list {q} claims blocks under a heap policy"]
+            if self.heap_size != self.n_evictable:
+                return [f"the eviction heap holds {self.heap_size} blocks, the evictable count is {self.n_evictable}"]
+            for i in range(self.heap_size):
+                b = self.heap[i]
+                if b < 0 or b >= n:
+                    return [f"eviction heap position {i} holds block {b}, outside 0..{n - 1}"]
+                if self.hpos[b] != i:
+                    return [f"eviction heap position {i} holds block {b}, whose position says {self.hpos[b]}"]
+                if self.where[b] != W_EVICT:
+                    return [f"the eviction heap holds block {b}, which is not evictable (location {self.where[b]})"]
+                if i > 0 and self._less(b, self.heap[(i - 1) >> 1]):
+                    return [f"the eviction heap is out of order at position {i}"]
+        for h, bo in self.index.items():
+            if type(bo) is not int or not 0 <= bo < n:
+                return [f"hash {h!r} indexes block {bo!r}, outside 0..{n - 1}"]
+        return []
+
+    def _raw(self) -> dict:
+        """The per-block arrays as writable numpy views, by name, for corruption tests and
+        debugging: a write bypasses every invariant, and check() must then name the damage."""
+        return {"refcnt": self.refcnt_np, "hash": self.hash_np, "hashed": self.hashed_np,
+                "where": np.asarray(self.where), "prev": np.asarray(self.prev),
+                "next": np.asarray(self.nxt), "heap": np.asarray(self.heap),
+                "hpos": np.asarray(self.hpos), "free_stack": np.asarray(self.free_stack),
+                "queue": np.asarray(self.queue), "freq": np.asarray(self.freq)}
+
+    def _poke(self, str field, int64_t value) -> int:
+        """Overwrite one scalar field, `top` (the free stack's), `heap_size`, `n_evictable`
+        or `list<q>.head|tail|size`, and return what it held (corruption tests only, like
+        `_raw`)."""
+        cdef int q
+        cdef int64_t old
+        if field == "top":
+            old, self.fs.top = self.fs.top, value
+        elif field == "heap_size":
+            old, self.heap_size = self.heap_size, <int>value
+        elif field == "n_evictable":
+            old, self.n_evictable = self.n_evictable, <int>value
+        elif field.startswith("list") and "." in field:
+            index, part = field[4:].split(".")
+            q = int(index)
+            if q not in (0, 1):
+                raise KeyError(field)
+            if part == "head":
+                old, self.lst[q].head = self.lst[q].head, <int32_t>value
+            elif part == "tail":
+                old, self.lst[q].tail = self.lst[q].tail, <int32_t>value
+            elif part == "size":
+                old, self.lst[q].size = self.lst[q].size, value
+            else:
+                raise KeyError(field)
+        else:
+            raise KeyError(field)
+        return old
 
     def free_blocks(self):
         return np.asarray(self.free_stack)[:self.fs.top].copy()
@@ -978,17 +1102,25 @@ cdef class PrefixCore:
     def heap_ok(self):
         """Whether the heap property and positions hold (fifo/lfu/belady)."""
         cdef int i
+        if not 0 <= self.heap_size <= self.num_blocks:
+            return False
         for i in range(self.heap_size):
-            if self.hpos[self.heap[i]] != i:
+            if not 0 <= self.heap[i] < self.num_blocks or self.hpos[self.heap[i]] != i:
                 return False
             if i > 0 and self._less(self.heap[i], self.heap[(i - 1) >> 1]):
                 return False
         return True
 
     def block_hits(self, int b):
+        """Hits on block b since it was last taken. IndexError outside the pool."""
+        if not 0 <= b < self.num_blocks:
+            raise IndexError(f"block {b} outside 0..{self.num_blocks - 1}")
         return self.hits[b]
 
     def next_use_of(self, int b):
+        """Block b's Bélády key (its next use). IndexError outside the pool."""
+        if not 0 <= b < self.num_blocks:
+            raise IndexError(f"block {b} outside 0..{self.num_blocks - 1}")
         return self.next_use[b]
 
     def histograms(self):

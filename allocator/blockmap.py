@@ -7,11 +7,13 @@ code stamps its arrays directly; this module names its constants.
 from __future__ import annotations
 
 from ._core import BlockMap
+from .errors import ALLOCATION_STATES
 from .vocab import BLOCK_STATES, STATE_NAMES
 
 # State codes (allocator/vocab.py names them; the codes are the stream's wire format).
 FREE, USED, CACHED, PINNED, SHARED = (BLOCK_STATES[n] for n in ("free", "used", "cached", "pinned", "shared"))
 NO_OWNER = -1
+assert ALLOCATION_STATES == (USED, CACHED, PINNED), "errors.block_state and the vocabulary disagree"
 
 # A change marks the chunk of CHUNK blocks holding it. 64 blocks keep a delta's overhead small
 # (a run of 64 changed cells costs 64*5 bytes) while the version array of a 1M-block pool stays

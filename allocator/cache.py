@@ -8,7 +8,15 @@ from collections.abc import Callable
 
 from ._core import CacheCore, Entry, PutResult
 from .blockmap import CACHED, PINNED
-from .errors import Conflict, ExceedsCapacity, InvalidRequest, NotFound, OutOfMemory, positive_int
+from .errors import (
+    Conflict,
+    CorruptState,
+    ExceedsCapacity,
+    InvalidRequest,
+    NotFound,
+    OutOfMemory,
+    positive_int,
+)
 from .policies import POLICIES
 from .pool import Pool
 from .vocab import EVICTION_REASONS
@@ -35,6 +43,10 @@ class KVCache(CacheCore):
     eviction when the shortfall is visible up front (pinned bytes, or free + evictable memory
     in the pool); on a contiguous pool fragmentation can still defeat it after evictions,
     which are then recorded as events like any other.
+
+    NOTE: the boundary. Keys (str of 1..256 chars) and sizes (positive ints up to the
+    capacity), priorities and TTLs are checked by `put` before the compiled path runs; an
+    `Entry` handed out is a view whose policy slot (`pslot`) Python cannot write.
     """
 
     def __init__(
@@ -254,7 +266,11 @@ class KVCache(CacheCore):
             if e.id not in self.pool:
                 problems.append(f"entry {key!r}: allocation {e.id} is not in the pool")
                 continue
-            held = len(self.pool._block_ids(e.id)) * self.pool.block_bytes
+            try:
+                held = len(self.pool._block_ids(e.id)) * self.pool.block_bytes
+            except CorruptState as broken:  # the pool's check() names it too
+                problems.append(f"entry {key!r}: {broken}")
+                continue
             if held != e.allocated_bytes:
                 problems.append(f"entry {key!r} records {e.allocated_bytes} bytes, its allocation holds {held}")
             if id_map.get(e.id) != key:
@@ -274,6 +290,10 @@ class KVCache(CacheCore):
             problems.append(f"id map has {len(id_map)} ids for {len(self._entries)} entries")
         held: set[str] = set()
         for prio, s in self._by_priority.items():
+            broken = s.check()
+            if broken:  # its keys and count cannot be trusted: the rest would only echo it
+                problems += [f"priority {prio}: {p}" for p in broken]
+                continue
             keys = s.keys()
             if len(keys) != len(s):
                 problems.append(f"policy structure at priority {prio} holds duplicates")

@@ -63,6 +63,13 @@ class NotFound(KVScopeError, KeyError):
         return {"kind": self.kind, "id": self.ident}
 
 
+class CorruptState(RuntimeError):
+    """The compiled bookkeeping contradicts itself (a broken chain, a slot outside its array):
+    a bug or a memory overwrite, never the caller's input. Raised by the readers that walk a
+    compiled structure instead of following a bad index; `check()` names the same damage as a
+    problem string. Deliberately not a KVScopeError: the server answers it as an internal error."""
+
+
 class Conflict(KVScopeError):
     """The request clashes with current state (name taken, entry pinned, pool busy...)."""
 
@@ -108,6 +115,19 @@ def positive_int(value: object, what: str, *, minimum: int = 1) -> int:
     if value < minimum:
         raise InvalidRequest(f"{what} must be {'positive' if minimum == 1 else f'at least {minimum}'}, got {value}")
     return value
+
+
+# The states an allocation's blocks may take (allocator/vocab.py BLOCK_STATES: used, cached,
+# pinned); free and shared are the pool's own to set.
+ALLOCATION_STATES = (1, 2, 3)
+
+
+def block_state(state: object) -> int:
+    """`state` if it is a state an allocation's blocks may take (USED, CACHED, PINNED), else
+    InvalidRequest: the block map keeps it in a byte that check() reads back."""
+    if state.__class__ is not int or state not in ALLOCATION_STATES:
+        raise InvalidRequest(f"block state must be 1 (used), 2 (cached) or 3 (pinned), got {state!r}")
+    return state
 
 
 class PrefixOutOfMemory(OutOfMemory):

@@ -6,7 +6,7 @@ import numpy as np
 
 from ._core import PagedCore
 from .blockmap import FREE, NO_OWNER, USED
-from .errors import NotFound
+from .errors import NotFound, block_state
 from .events import stored_ids
 from .pool import Pool, free_mismatch, pair_runs
 
@@ -105,8 +105,10 @@ class PagedPool(Pool):
         return self.blockmap.state[self._core.first_block(aid)]
 
     def set_state(self, aid: int, state: int) -> None:
-        """Mark the blocks of `aid` USED, CACHED or PINNED (the cache does this)."""
-        self._core.set_state(aid, state)
+        """Mark the blocks of `aid` USED, CACHED or PINNED (the cache does this). Raises
+        NotFound, InvalidRequest (another state)."""
+        self._core.count(aid)  # NotFound first, as every pool answers
+        self._core.set_state(aid, block_state(state))
         self.events.record("state", aid, state, stored_ids(self._core.block_ids(aid)))
 
     def _reset_free_structure(self) -> None:

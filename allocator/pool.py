@@ -10,7 +10,15 @@ from typing import Protocol
 import numpy as np
 
 from .blockmap import CACHED, FREE, NO_OWNER, PINNED, STATE_NAMES, USED, BlockMap
-from .errors import ExceedsCapacity, InvalidRequest, NotFound, OutOfMemory, positive_int
+from .errors import (
+    CorruptState,
+    ExceedsCapacity,
+    InvalidRequest,
+    NotFound,
+    OutOfMemory,
+    block_state,
+    positive_int,
+)
 from .events import EventLog, stored_ids
 from .geometry import ModelGeometry, size_in_bytes
 from .history import DEFAULT_HISTORY_BYTES, History
@@ -109,6 +117,16 @@ class Pool(ABC):
     Invariants (see `check`): the blocks of live allocations and the free structure partition
     the pool; the block map's owner of each block is the allocation holding it (or -1);
     `requested_total` / `allocated_total` / `used_blocks` equal the sums over allocations.
+
+    NOTE: the boundary. Ids, sizes and states from outside enter only through the public
+    methods, and each one checks them before the compiled core sees them: allocation ids
+    (`free`, `free_many`, `extend`, `truncate`, `block_ids`, `allocation`, `held_bytes`,
+    `growth_bytes`, `read`, `write`, `set_state`, `in`) must name a live allocation of this
+    pool (NotFound: never a freed one, never a bool or float that hashes like an id); sizes
+    (`allocate`, `allocate_many`, `extend`, `truncate`, `read`) must be positive ints within
+    what the call allows (InvalidRequest / OutOfMemory); block states (`allocate`,
+    `allocate_many`, `set_state`) must be USED, CACHED or PINNED. Behind the boundary the hot
+    paths trust the invariants; `check()` verifies them without trusting them.
     """
 
     strategy = "base"
@@ -192,6 +210,7 @@ class Pool(ABC):
         """
         if nbytes.__class__ is not int or nbytes <= 0:
             self._bad_size(nbytes)
+        block_state(state)
         aid = self._last_id + 1
         self._allocate(aid, nbytes, state)
         self._last_id = aid
@@ -250,18 +269,20 @@ class Pool(ABC):
                 # request past the whole pool is an OOM refused up front, as a paged pool's is.
                 free = self.capacity_bytes - self.allocated_total
                 raise self._oom(sum(sizes), free, self.largest_free_bytes(), "capacity", one_request=False)
+        block_state(state)
         mark = (self._last_id, self._frees, self.events.last_seq, self._cursor())
         ids: list[int] = []
         try:
             for nbytes in sizes:
                 ids.append(self.allocate(nbytes, state))
-        except OutOfMemory as exc:
+        except (OutOfMemory, InvalidRequest) as exc:  # InvalidRequest: a size above the capacity
             for aid in reversed(ids):  # LIFO: every free structure returns to where it was
                 self._release(aid)
             self._last_id, self._frees, seq, cursor = mark
             self.events.truncate(seq)
             self._restore_cursor(cursor)
-            self.events.record("oom", exc.requested, exc.free, exc.largest_free, exc.cause)
+            if isinstance(exc, OutOfMemory):
+                self.events.record("oom", exc.requested, exc.free, exc.largest_free, exc.cause)
             raise
         return ids
 
@@ -345,8 +366,10 @@ class Pool(ABC):
         return self.storage.read(self._block_ids(aid), rec[0] if nbytes is None else nbytes)
 
     def set_state(self, aid: int, state: int) -> None:
-        """Mark the blocks of `aid` USED, CACHED or PINNED (the cache does this)."""
+        """Mark the blocks of `aid` USED, CACHED or PINNED (the cache does this). Raises
+        NotFound, InvalidRequest (another state)."""
         self._record(aid)
+        block_state(state)
         blocks = self._block_ids(aid)
         self.blockmap.set_state(blocks, state)
         self.events.record("state", aid, state, stored_ids(blocks))
@@ -472,7 +495,14 @@ class Pool(ABC):
         expected = np.full(self.num_blocks, NO_OWNER, dtype=np.int64)
         requested = allocated = used = 0
         for aid, rec in self._allocs.items():
-            blocks = np.asarray(list(self._block_ids(aid)), dtype=np.int64)
+            try:
+                blocks = np.asarray(list(self._block_ids(aid)), dtype=np.int64)
+            except CorruptState as broken:  # a compiled walk stopped at a bad link
+                problems.append(str(broken))
+                continue
+            except NotFound:  # a record whose id the id lookup does not know
+                problems.append(f"allocation {aid} is recorded but not found by its id")
+                continue
             if blocks.size == 0:
                 problems.append(f"allocation {aid} holds no blocks")
                 continue
@@ -513,7 +543,7 @@ class Pool(ABC):
         ):
             if have != want:
                 problems.append(f"counter {what} is {have}, allocations add up to {want}")
-        return problems
+        return list(dict.fromkeys(problems))  # a broken chain is named by two of the checks
 
     # -- what each strategy implements ------------------------------------------------------
     # NOTE: not abstract: a strategy whose hot path is written out in full (paged) overrides

@@ -347,7 +347,9 @@ class PrefixPool(Pool):
     def check(self) -> list[str]:
         """Verify every invariant; returns the problems found (empty = ok). Not for hot paths."""
         core, n, bs = self.core, self.num_blocks, self.tokens_per_block
-        problems: list[str] = []
+        problems: list[str] = core.check()
+        if problems:  # what follows indexes the pool by those structures: they must hold first
+            return problems
         expected = np.zeros(n, np.int64)
         plain = np.zeros(n, bool)
         for aid, (requested, blocks) in self._allocs.items():

@@ -1,4 +1,4 @@
-"""`kvscope serve | replay | scenario | prefix | mirror | recording`."""
+"""`kvscope serve | replay | scenario | prefix | mirror | recording | demo`."""
 
 from __future__ import annotations
 
@@ -43,7 +43,21 @@ def serve(argv: list[str], opening: bool = False) -> int:
                              "in vLLM's format (e.g. tcp://*:5557)")
     parser.add_argument("--publish-replay-endpoint", metavar="ENDPOINT", help="its replay socket (e.g. tcp://*:5558)")
     parser.add_argument("--publish-topic", default="", help="its topic")
+    if not opening:
+        from .cli_fleet import FILE_HELP
+
+        parser.add_argument("--fleet", metavar="FILE.json", help="start with a fleet: " + FILE_HELP)
     args = parser.parse_args(argv)
+    startup_fleets = []
+    if getattr(args, "fleet", None):
+        from .cli_fleet import load_fleet_file
+
+        try:
+            name, engines = load_fleet_file(args.fleet)
+        except ValueError as exc:
+            print(f"kvscope serve: --fleet {exc}", file=sys.stderr)
+            return 2
+        startup_fleets.append((name, engines, {}))
     if args.publish is None and (args.publish_replay_endpoint or args.publish_topic):
         parser.error("--publish-replay-endpoint and --publish-topic need --publish")
     device = settings.device if args.device is None else args.device
@@ -74,6 +88,7 @@ def serve(argv: list[str], opening: bool = False) -> int:
         print(f"kvscope serve: {exc}", file=sys.stderr)
         return 2
     app = create_app(settings)
+    app.state.startup_fleets = startup_fleets
     if args.publish is not None:
         from .cli_events import default_publish_spec
 
@@ -93,7 +108,7 @@ def serve(argv: list[str], opening: bool = False) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,route,mirror,recording} [options]\n"
+    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,route,mirror,fleet,recording,demo} [options]\n"
              "  serve      run the server: dashboard, REST API, stream, metrics (kvscope serve -h)\n"
              "  open       serve pool history recordings (.kvrec) read-only, scrubbable in the dashboard (kvscope open -h)\n"
              "  record     run a scenario or trace headless on one pool, recording it to a .kvrec (kvscope record -h)\n"
@@ -103,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
              "             with --publish ENDPOINT, the trace as a live KV-event source (kvscope prefix --publish E -h)\n"
              "  route      routing policies over N replicas: hit ratio vs load vs TTFT (kvscope route -h)\n"
              "  mirror     the dashboard on a live vLLM/SGLang engine's prefix cache (kvscope mirror -h)\n"
-             "  recording  summarise or play back a mirror's KV-event recording, .kvevents (kvscope recording -h)")
+             "  fleet      the dashboard on many engines at once: one prefix index, duplication, matches (kvscope fleet -h)\n"
+             "  recording  summarise or play back a mirror's KV-event recording, .kvevents (kvscope recording -h)\n"
+             "  demo       real vLLM CPU engines under a Mooncake trace, on the dashboard (kvscope demo -h)")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2
@@ -120,10 +137,18 @@ def main(argv: list[str] | None = None) -> int:
         from . import cli_events
 
         return int(cli_events.prefix_publish_main(rest))
+    if command == "fleet":
+        from .cli_fleet import fleet_main
+
+        return int(fleet_main(rest))
     if command in ("mirror", "recording"):
         from . import cli_events
 
         return int((cli_events.mirror_main if command == "mirror" else cli_events.recording_main)(rest))
+    if command == "demo":
+        from .engines.demo import demo_main
+
+        return int(demo_main(rest))
     if command in ("replay", "scenario", "prefix", "route"):
         from workloads import cli as workloads_cli  # imported only when used
 

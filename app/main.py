@@ -13,6 +13,7 @@ from allocator.recording import RecordedPool
 
 from . import __version__
 from .errors import InternalErrorMiddleware, install_error_handlers
+from .fleets import Fleets
 from .head import HeadMiddleware
 from .housekeeping import Housekeeper
 from .instance import Instance
@@ -26,6 +27,7 @@ from .registry import Registry
 from .routes import (
     allocations,
     entries,
+    fleets,
     history,
     meta,
     ops,
@@ -43,7 +45,8 @@ from .settings import Settings, get_settings
 from .stream import Hub
 
 API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router, meta.router,
-               sequences.router, history.router, recordings.router, prefix.router, routing.router)
+               sequences.router, history.router, recordings.router, prefix.router, routing.router,
+               fleets.router)
 
 
 def default_pool_spec(settings: Settings) -> dict:
@@ -71,8 +74,11 @@ async def lifespan(app: FastAPI):
     for path in app.state.settings.open_recordings:  # kvscope open FILE
         pool = RecordedPool(path, pool_name_for(Path(path).stem))
         hub.attach(registry.adopt(pool.name, pool))
+    for name, engines, options in getattr(app.state, "startup_fleets", ()):  # serve --fleet
+        await app.state.fleets.create(name, engines, **options)
     app.state.housekeeper.start()
     yield
+    await app.state.fleets.close_all()
     app.state.recordings.stop_all()
     app.state.routing_runs.stop_all()
     await app.state.housekeeper.stop()
@@ -98,7 +104,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.recordings = Recordings(settings.recordings_dir, app.state.registry)
     app.state.housekeeper = Housekeeper(app.state.registry)
     app.state.routing_runs = RoutingRuns()
-    app.state.metrics = Metrics(app.state.registry)
+    app.state.fleets = Fleets()
+    app.state.metrics = Metrics(app.state.registry, app.state.fleets)
     install_error_handlers(app)
     for router in API_ROUTERS:
         app.include_router(router)  # the token: app/security.py, for every route at once

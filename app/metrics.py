@@ -97,12 +97,61 @@ def prefix_metrics(registry):
     yield from (queries, hits, evicted, blocks, *hists.values())
 
 
+class FleetCollector:
+    """Reads every fleet at scrape time (on the event loop, where fleet changes run)."""
+
+    def __init__(self, fleets) -> None:
+        self.fleets = fleets
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        fam = {
+            "unique": GaugeMetricFamily("kvscope_fleet_unique_blocks", "Distinct blocks cached "
+                                        "across the fleet", labels=["fleet"]),
+            "dup": GaugeMetricFamily("kvscope_fleet_duplicated_blocks", "Distinct blocks cached "
+                                     "on two or more engines", labels=["fleet"]),
+            "copies": GaugeMetricFamily("kvscope_fleet_duplicate_copies", "Extra copies of "
+                                        "blocks cached on more than one engine", labels=["fleet"]),
+            "rec": CounterMetricFamily("kvscope_fleet_cross_engine_recomputes", "Blocks an engine "
+                                       "stored while another engine already held them",
+                                       labels=["fleet"]),
+            "tok": CounterMetricFamily("kvscope_fleet_recompute_tokens", "Tokens of those blocks",
+                                       labels=["fleet"]),
+            "cached": GaugeMetricFamily("kvscope_fleet_engine_cached_blocks", "Blocks an engine "
+                                        "holds", labels=["fleet", "engine", "server"]),
+            "lag": GaugeMetricFamily("kvscope_fleet_engine_lag_seconds", "Seconds since the "
+                                     "engine's last batch arrived", labels=["fleet", "engine"]),
+            "errors": CounterMetricFamily("kvscope_fleet_engine_errors", "Bad input from the "
+                                          "engine's stream (batches and events)",
+                                          labels=["fleet", "engine"]),
+        }
+        for handle in self.fleets or ():
+            fleet, name = handle.fleet, handle.name
+            s = fleet.index.stats()
+            fam["unique"].add_metric([name], s["unique_blocks"])
+            fam["dup"].add_metric([name], s["duplicated_blocks"])
+            fam["copies"].add_metric([name], s["duplicate_copies"])
+            fam["rec"].add_metric([name], s["cross_engine_recomputes"])
+            fam["tok"].add_metric([name], s["recompute_tokens"])
+            for row in fleet.engines():
+                fam["cached"].add_metric([name, row["name"], row["server"]], row["cached_blocks"])
+                lag = row["stream"].get("lag_s")
+                if lag is not None:
+                    fam["lag"].add_metric([name, row["name"]], lag)
+                fam["errors"].add_metric([name, row["name"]], row["stream"].get("error_count", 0)
+                                         + row["malformed_events"])
+        yield from fam.values()
+
+
 class Metrics:
     """The per-app Prometheus registry (tests build many apps in one process)."""
 
-    def __init__(self, pools) -> None:
+    def __init__(self, pools, fleets=None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(PoolCollector(pools))
+        self.registry.register(FleetCollector(fleets))
         self.latency = Histogram("kvscope_request_duration_seconds", "Request latency",
                                  ["method", "route", "status"], registry=self.registry,
                                  buckets=LATENCY_BUCKETS)

@@ -1,4 +1,6 @@
-"""Run every `bench/bench_*.py` module's `run()` in turn: `python -m bench [--quick] [name ...]`.
+"""Run every `bench/bench_*.py` module's `run()` in turn:
+`python -m bench [--quick] [name ...] [--json FILE]` (`--json` goes to the benches whose `run`
+takes `json_path`).
 
 `--quick` runs each at a smoke-test size (bench/quick.py): every path once, no figure judged, no
 report written; `tests/bench/test_bench_quick.py` runs it so that no bench rots unseen."""
@@ -6,6 +8,7 @@ report written; `tests/bench/test_bench_quick.py` runs it so that no bench rots 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 import time
@@ -25,6 +28,10 @@ def main(argv: list[str]) -> int:
     if "--quick" in argv:
         os.environ["KVSCOPE_BENCH_QUICK"] = "1"  # before any bench module reads its sizes
         argv = [a for a in argv if a != "--quick"]
+    json_path = None
+    if "--json" in argv[:-1]:
+        i = argv.index("--json")
+        json_path, argv = argv[i + 1], argv[:i] + argv[i + 2:]
     wanted = set(argv)
     if os.environ.get("KVSCOPE_BENCH_QUICK", "") not in ("", "0"):
         print("-- quick run: every bench at a smoke-test size; its figures measure nothing and no "
@@ -45,7 +52,10 @@ def main(argv: list[str]) -> int:
                 print(f"-- {name}: FAILED, no run() function")
                 failed += 1
                 continue
-            run()
+            if json_path and "json_path" in inspect.signature(run).parameters:
+                run(json_path)
+            else:
+                run()
         except Exception:
             traceback.print_exc()
             print(f"-- {name}: FAILED after {time.perf_counter() - t0:.1f} s")

@@ -15,7 +15,8 @@
 Without the vLLM wheel (see bench/vllm_baseline.py) the vLLM columns say why and kvscope runs
 alone. Other benches reuse `Row`, `run_rows` and `print_rows` for their own paths.
 
-Run: python -m bench allocator   (KVSCOPE_BENCH_RUNS=5 for more runs; about a minute at 3).
+Run: python -m bench allocator   (KVSCOPE_BENCH_RUNS=5 for more runs; about a minute at 3;
+KVSCOPE_BENCH_ROWS=cache_evict_big for one throughput row alone).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ CACHE_MOVED = sized(200_000, 5_000)  # on the cache paths (vLLM's 1-block evicti
 CACHE_BLOCKS = 4_096  # cache budget in blocks, as the bench has always used (and vLLM's pool)
 BIG_CACHE_BLOCKS = 65_536  # the same with 16x the entries: every structure out of the CPU caches
 AIM_RATIO = 3.0
+# KVSCOPE_BENCH_ROWS=cache_evict_big,churn measures those throughput rows alone (keys in rows()).
+ONLY = {k for k in os.environ.get("KVSCOPE_BENCH_ROWS", "").split(",") if k}
 
 # A workload factory builds its state (untimed) and returns a step function and the blocks
 # the timed call moves.
@@ -329,7 +332,11 @@ def run() -> dict:
     if not have_vllm:
         print(note)
     t0 = time.perf_counter()
-    out = {"throughput": print_rows(run_rows(rows(), vllm=have_vllm), note),
+    picked = [row for row in rows() if not ONLY or row.key in ONLY]
+    if ONLY:  # a selection measures its rows alone, without the memory and defrag parts
+        print(f"rows selected by KVSCOPE_BENCH_ROWS: {', '.join(row.key for row in picked) or 'none'}")
+        return {"throughput": print_rows(run_rows(picked, vllm=have_vllm), note)}
+    out = {"throughput": print_rows(run_rows(picked, vllm=have_vllm), note),
            "metadata": metadata(have_vllm), "defrag": defrag_bandwidth()}
     print(f"(allocator bench took {time.perf_counter() - t0:.1f} s)")
     return out

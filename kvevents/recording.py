@@ -59,6 +59,13 @@ class Recorder:
 def read(path: str) -> Iterator[tuple[float, int, bytes]]:
     """(recv_ts, seq, payload) of every record. Raises WireError on a file that is not a
     recording; a record cut short at the end (a crash while writing) ends the reading."""
+    for ts, seq, _topic, payload in read_records(path):
+        yield ts, seq, payload
+
+
+def read_records(path: str) -> Iterator[tuple[float, int, bytes, bytes]]:
+    """(recv_ts, seq, topic, payload) of every record (a fleet recording's topic names the
+    engine). Raises WireError as `read` does."""
     dec = msgspec.msgpack.Decoder()
     with open(path, "rb") as f:
         head = f.read(len(MAGIC))
@@ -84,7 +91,7 @@ def read(path: str) -> Iterator[tuple[float, int, bytes]]:
                 continue
             if not (isinstance(obj, list) and len(obj) == 4 and isinstance(obj[3], bytes)):
                 raise WireError("malformed", f"{path}: a record is not [ts, seq, topic, payload]")
-            yield float(obj[0]), int(obj[1]), obj[3]
+            yield float(obj[0]), int(obj[1]), obj[2] if isinstance(obj[2], bytes) else b"", obj[3]
 
 
 def replay_into(path: str, pool, speed: float | None = None, apply=None, stop=None,

@@ -186,3 +186,14 @@ export const recordings = {
    */
   upload: (file) => api("POST", "/api/recordings/upload", file),
 };
+
+/** Fleets (app/routes/fleets.py): many engines in one prefix index. */
+export const fleets = {
+  list: () => api("GET", "/api/fleets"),
+  /** @param {string} name @param {number} [samples] */
+  get: (name, samples = 300) => api("GET", `/api/fleets/${encodeURIComponent(name)}?samples=${samples}`),
+  /** @param {string} name */
+  blocks: (name) => api("GET", `/api/fleets/${encodeURIComponent(name)}/blocks`),
+  /** @param {string} name @param {{tokens: number[]}|{block_hashes: number[], engine: string}|{key: string}} body */
+  match: (name, body) => api("POST", `/api/fleets/${encodeURIComponent(name)}/match`, body),
+};

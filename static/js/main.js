@@ -6,6 +6,7 @@ import { createCompare } from "./compare.js";
 import { createControls, promptToken } from "./controls.js";
 import { poolOnCurve } from "./curve.js";
 import { createCurveChart } from "./curve-chart.js";
+import { createFleetView } from "./fleet-view.js";
 import { escapeHtml } from "./dom.js";
 import { feedPool } from "./feed.js";
 import { PROTOCOL_VERSION } from "./frames.js";
@@ -317,8 +318,11 @@ function showView(view) {
   $("#view-dashboard").hidden = view !== "dashboard";
   $("#view-compare").hidden = view !== "compare";
   $("#view-routing").hidden = view !== "routing";
+  $("#view-fleet").hidden = view !== "fleet";
   $("#alerts").hidden = view !== "dashboard"; // they are about the dashboard's pool, not the compared ones
   if (view === "compare") compare.show();
+  if (view === "fleet") fleetView.show();
+  else fleetView.hide();
   if (window.location.hash !== `#${view}`) window.history.replaceState(null, "", view === "dashboard" ? window.location.pathname + window.location.search : `#${view}`);
 }
 document.querySelectorAll("[data-view]").forEach((b) => b.addEventListener("click", () => showView(/** @type {HTMLElement} */ (b).dataset.view || "dashboard")));
@@ -326,7 +330,8 @@ document.querySelectorAll("[data-view]").forEach((b) => b.addEventListener("clic
 if (poolName) refreshPools(poolName);
 else showFirstPool();
 const routing = createRoutingView($);
-showView({ "#compare": "compare", "#routing": "routing" }[window.location.hash] || "dashboard");
+const fleetView = createFleetView();
+showView({ "#compare": "compare", "#routing": "routing", "#fleet": "fleet" }[window.location.hash] || "dashboard");
 
 /**
  * Read-only debug hook for the browser tests and the benchmark. Nothing here changes state.
@@ -358,6 +363,7 @@ Object.defineProperty(window, "kvscope", {
     events: () => model.events.slice(),
     lastFrame: () => model.lastFrame,
     compare: () => compare.summary(),
+    fleet: () => fleetView.summary(),
     prefixCurve: () => curve.summary(),
     /** The Routing view: {id, state, done, total, table: {headers, rows}, error} of its run. */
     routing: () => routing.summary(),

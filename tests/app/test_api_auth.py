@@ -18,7 +18,8 @@ H = {"Authorization": "Bearer s3cret"}
 PUBLIC = {("GET", "/"), ("GET", "/docs"), ("GET", "/openapi.json"), ("GET", "/healthz"),
           ("GET", "/metrics"), ("GET", "/static")}
 SAMPLE = {"pool": "default", "key": "a", "id": "1", "block": "0", "name": "r1",  # name: a recording
-          "run_id": "r1"}  # run_id: a routing run
+          "run_id": "r1",  # run_id: a routing run
+          "fleet": "f", "engine": "e0"}
 # Routes that only a prefix-caching pool serves are tried on one (PREFIX_POOL), so they answer
 # for real rather than with "this pool has no prefix caching".
 PREFIX_ROUTES = ("/sequences", "/prefix-cache")

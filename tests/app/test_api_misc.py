@@ -238,11 +238,15 @@ def test_registry_find_is_none_for_an_unknown_pool(client):
 
 
 def test_api_doc_rest_block_names_every_api_route(client):
-    """Each method and path under /api appears on one line of docs/API.md's REST block (a line
-    may list siblings as `parent/a | b`)."""
+    """Each method and path under /api appears on one line of docs/API.md's REST block, or of a
+    REST block of a feature's own page in docs/ (a line may list siblings as `parent/a | b`)."""
+    fenced = r"^```\w*\n(.*?)^```"
     text = (ROOT / "docs" / "API.md").read_text()
-    block = next(b for b in re.findall(r"^```\w*\n(.*?)^```", text, flags=re.S | re.M)
+    block = next(b for b in re.findall(fenced, text, flags=re.S | re.M)
                  if "/api/pools/{pool}/ops" in b)
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        block += "\n" + "\n".join(b for b in re.findall(fenced, doc.read_text(), flags=re.S | re.M)
+                                  if re.search(r"^(GET|POST|PUT|DELETE)\s+/api/", b, flags=re.M))
     missing = []
     for path, ops in client.get("/openapi.json").json()["paths"].items():
         if not path.startswith("/api"):

@@ -23,7 +23,10 @@ def chain_hash(parent: int | None, tokens: list[int]) -> int:
 
 
 class RefPrefixCache:
-    def __init__(self, capacity: int = 48, block_size: int = 4, seed: int = 0) -> None:
+    def __init__(self, capacity: int = 48, block_size: int = 4, seed: int = 0,
+                 hash_seed: int | None = None) -> None:
+        # hash_seed: the root's parent in the hash chain, as vLLM seeds each process's hashes
+        self.hash_seed = hash_seed
         self.capacity = capacity
         self.block_size = block_size
         self.rng = random.Random(seed)
@@ -40,7 +43,7 @@ class RefPrefixCache:
         for _ in range(requests):
             tokens = list(self.rng.choice(self.prompts))
             tokens += [self.rng.randrange(1000) for _ in range(self.block_size * self.rng.randrange(0, 4))]
-            parent = None
+            parent = self.hash_seed
             new: list[int] = []
             new_tokens: list[int] = []
             new_parent = None
@@ -54,7 +57,7 @@ class RefPrefixCache:
                         new, new_tokens = [], []
                 else:
                     if not new:
-                        new_parent = parent
+                        new_parent = None if parent == self.hash_seed else parent
                     new.append(h)
                     new_tokens += blk
                     self.lru[h] = None

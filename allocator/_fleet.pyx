@@ -1,0 +1,790 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""FleetCore: one prefix index over the cached blocks of many engines (at most 64).
+
+Engines name the same tokens with different block hashes (vLLM seeds its root hash per process,
+SGLang hashes its own way), so a block is keyed here by its content: `key = H(parent key, lora,
+the block's token ids)`, chained from the root (key 0). Each engine keeps a table from its own
+hashes to these keys (the two-key design of llm-d's kvblock index), through which its removes
+and the parents of its stores are resolved. A store that carries no token ids falls back to a
+key made from the engine's own hash (`H(FALLBACK, hash)`): engines that hash alike still share
+those, engines that do not, never do.
+
+Per indexed block (a "node", in flat arrays grown by doubling; no Python object per block):
+`node_key` (u64), `node_parent` (the parent's key, 0 for a root), `node_mask` (u64: bit e set
+while engine e holds the block). Keys map to nodes through an open-addressing table of int32
+node ids (linear probing, backward-shift deletion, load <= 3/4) that compares `node_key[id]`;
+each engine's table maps its hashes to node ids the same way with the hash in the slot.
+
+A node lives while some engine holds it. Engine e holds node n while one of its hashes maps to
+n; a second hash of e mapping to the same node (rare: the same tokens under different extra
+keys) is counted in `multi[(n, e)]`, and a hash stored again while held (vLLM does not
+de-duplicate) in `extra[(e, hash)]`, so every remove drops exactly one copy.
+
+Invariants (checked by `FleetIndex.check`): the key table holds exactly the live nodes; a live
+node's mask is non-zero and has bit e iff engine e's table maps some hash to it; `unique`,
+`duplicated` and `holdings` equal the counts over the masks.
+"""
+
+cimport cython
+from cpython.list cimport PyList_GET_ITEM
+from cpython.long cimport PyLong_AsLongLong, PyLong_CheckExact
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.string cimport memset
+
+import numpy as np
+
+cdef uint64_t FALLBACK = 0x6b7673636f706531ULL
+cdef uint64_t ORPHAN = 0x6f727068616e6564ULL
+cdef uint64_t K1 = 0x9e3779b97f4a7c15ULL
+cdef uint64_t K2 = 0xff51afd7ed558ccdULL
+
+COUNTERS = ("batches", "stored_events", "removed_events", "cleared_events", "stored_blocks",
+            "removed_blocks", "duplicate_stores", "unknown_removes", "orphan_stores",
+            "fallback_blocks", "other_medium", "malformed_events", "cross_engine_recomputes",
+            "recompute_tokens")
+cdef enum:
+    MAX_ENGINES = 64
+
+cdef enum:
+    C_BATCHES = 0
+    C_STORED_EV = 1
+    C_REMOVED_EV = 2
+    C_CLEARED_EV = 3
+    C_STORED_BL = 4
+    C_REMOVED_BL = 5
+    C_DUP = 6
+    C_UNKNOWN_RM = 7
+    C_ORPHAN = 8
+    C_FALLBACK = 9
+    C_OTHER_MEDIUM = 10
+    C_MALFORMED = 11
+    C_RECOMPUTE = 12
+    C_RECOMPUTE_TOK = 13
+    N_COUNTERS = 14
+
+
+cdef inline uint64_t mix64(uint64_t z) noexcept nogil:
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL
+    return z ^ (z >> 31)
+
+
+cdef inline uint64_t nonzero(uint64_t k) noexcept nogil:
+    return k if k != 0 else 1  # 0 is the root's key
+
+
+cdef inline int popcount(uint64_t m) noexcept nogil:
+    return __builtin_popcountll(m)
+
+
+cdef extern from *:
+    int __builtin_popcountll(unsigned long long) nogil
+
+
+# -- engine tables: hash -> node id, open addressing ---------------------------------------------
+cdef struct HTable:
+    uint64_t *keys
+    int32_t *vals   # -1: empty
+    int64_t cap     # a power of two
+    int64_t n
+
+
+cdef int ht_init(HTable *t, int64_t cap) except -1:
+    t.keys = <uint64_t *> PyMem_Malloc(cap * sizeof(uint64_t))
+    t.vals = <int32_t *> PyMem_Malloc(cap * sizeof(int32_t))
+    if t.keys == NULL or t.vals == NULL:
+        raise MemoryError()
+    memset(t.vals, 0xff, cap * sizeof(int32_t))
+    t.cap = cap
+    t.n = 0
+    return 0
+
+
+cdef void ht_free(HTable *t) noexcept:
+    PyMem_Free(t.keys)
+    PyMem_Free(t.vals)
+    t.keys = NULL
+    t.vals = NULL
+    t.cap = 0
+    t.n = 0
+
+
+cdef inline int64_t ht_find(HTable *t, uint64_t k) noexcept nogil:
+    cdef int64_t mask = t.cap - 1
+    cdef int64_t i = <int64_t>(mix64(k) & <uint64_t>mask)
+    while t.vals[i] >= 0:
+        if t.keys[i] == k:
+            return i
+        i = (i + 1) & mask
+    return -1
+
+
+cdef int ht_grow(HTable *t) except -1:
+    cdef HTable old = t[0]
+    cdef int64_t i
+    ht_init(t, old.cap * 2)
+    for i in range(old.cap):
+        if old.vals[i] >= 0:
+            ht_put_new(t, old.keys[i], old.vals[i])
+    ht_free(&old)
+    return 0
+
+
+cdef inline void ht_put_new(HTable *t, uint64_t k, int32_t v) noexcept nogil:
+    """Insert a key known to be absent (the caller keeps the load under 3/4)."""
+    cdef int64_t mask = t.cap - 1
+    cdef int64_t i = <int64_t>(mix64(k) & <uint64_t>mask)
+    while t.vals[i] >= 0:
+        i = (i + 1) & mask
+    t.keys[i] = k
+    t.vals[i] = v
+    t.n += 1
+
+
+cdef inline int ht_put(HTable *t, uint64_t k, int32_t v) except -1:
+    if (t.n + 1) * 4 > t.cap * 3:
+        ht_grow(t)
+    ht_put_new(t, k, v)
+    return 0
+
+
+cdef void ht_del_at(HTable *t, int64_t i) noexcept nogil:
+    """Backward-shift deletion: no tombstones, probes stay short."""
+    cdef int64_t mask = t.cap - 1
+    cdef int64_t j = i, home
+    while True:
+        j = (j + 1) & mask
+        if t.vals[j] < 0:
+            break
+        home = <int64_t>(mix64(t.keys[j]) & <uint64_t>mask)
+        # move j back into the hole at i unless its home lies cyclically in (i, j]
+        if (j > i and (home <= i or home > j)) or (j < i and (home <= i and home > j)):
+            t.keys[i] = t.keys[j]
+            t.vals[i] = t.vals[j]
+            i = j
+    t.vals[i] = -1
+    t.n -= 1
+
+
+cdef class FleetCore:
+    """The compiled index; `allocator.fleet.FleetIndex` adds names and the checks."""
+
+    cdef uint64_t *node_key
+    cdef uint64_t *node_parent
+    cdef uint64_t *node_mask
+    cdef int64_t free_head     # first free node id (-1: none); a free node's parent is the next
+    cdef int64_t node_cap
+    cdef int64_t node_top      # nodes ever handed out from the bump pointer
+    # key -> node id: slots hold node ids only (-1 empty); the key is node_key[id]
+    cdef int32_t *kslots
+    cdef int64_t kcap
+    cdef int64_t kn
+    cdef HTable etab[MAX_ENGINES]
+    cdef public uint64_t active      # bit e: engine e exists
+    cdef int64_t counters[MAX_ENGINES][N_COUNTERS]
+    cdef int64_t held[MAX_ENGINES]   # hashes in engine e's table
+    cdef int32_t bsize[MAX_ENGINES]  # tokens per block, from the engine's events (0: not seen)
+    cdef readonly int64_t unique     # live nodes
+    cdef readonly int64_t duplicated  # live nodes held by 2+ engines
+    cdef readonly int64_t holdings   # (engine, node) pairs
+    cdef uint64_t *scratch_h         # a store's hashes and keys, converted once (no PyLong per block)
+    cdef uint64_t *scratch_k
+    cdef Py_ssize_t scratch_cap
+    cdef public dict extra           # (engine, hash) -> further copies of a held hash
+    cdef public dict multi           # (node, engine) -> further hashes of e on the node
+
+    def __cinit__(self, int64_t capacity=1024, *args, **kwargs):
+        cdef int64_t cap = 16
+        while cap < capacity:
+            cap *= 2
+        self.node_cap = cap
+        self.node_key = <uint64_t *> PyMem_Malloc(cap * sizeof(uint64_t))
+        self.node_parent = <uint64_t *> PyMem_Malloc(cap * sizeof(uint64_t))
+        self.node_mask = <uint64_t *> PyMem_Malloc(cap * sizeof(uint64_t))
+        self.free_head = -1
+        self.kcap = cap * 2
+        self.kslots = <int32_t *> PyMem_Malloc(self.kcap * sizeof(int32_t))
+        if (self.node_key == NULL or self.node_parent == NULL or self.node_mask == NULL
+                or self.kslots == NULL):
+            raise MemoryError()
+        memset(self.kslots, 0xff, self.kcap * sizeof(int32_t))
+        self.scratch_cap = 64
+        self.scratch_h = <uint64_t *> PyMem_Malloc(self.scratch_cap * sizeof(uint64_t))
+        self.scratch_k = <uint64_t *> PyMem_Malloc(self.scratch_cap * sizeof(uint64_t))
+        if self.scratch_h == NULL or self.scratch_k == NULL:
+            raise MemoryError()
+        memset(self.counters, 0, sizeof(self.counters))
+        memset(self.held, 0, sizeof(self.held))
+        memset(self.bsize, 0, sizeof(self.bsize))
+        memset(self.etab, 0, sizeof(self.etab))
+        self.extra = {}
+        self.multi = {}
+
+    def __dealloc__(self):
+        cdef int e
+        for e in range(MAX_ENGINES):
+            if self.etab[e].keys != NULL:
+                ht_free(&self.etab[e])
+        PyMem_Free(self.node_key)
+        PyMem_Free(self.node_parent)
+        PyMem_Free(self.node_mask)
+        PyMem_Free(self.kslots)
+        PyMem_Free(self.scratch_h)
+        PyMem_Free(self.scratch_k)
+
+    # -- engines ------------------------------------------------------------------------------
+    def add_engine(self, int e) -> None:
+        if not 0 <= e < MAX_ENGINES:
+            raise ValueError(f"engine id {e} outside 0..{MAX_ENGINES - 1}")
+        if self.active >> e & 1:
+            raise ValueError(f"engine id {e} is taken")
+        ht_init(&self.etab[e], 64)
+        memset(self.counters[e], 0, sizeof(self.counters[e]))
+        self.held[e] = 0
+        self.bsize[e] = 0
+        self.active |= (<uint64_t>1) << e
+
+    def drop_engine(self, int e) -> None:
+        """Forget engine e and everything it held."""
+        self._check_engine(e)
+        self.clear(e)
+        ht_free(&self.etab[e])
+        self.active &= ~((<uint64_t>1) << e)
+
+    cdef int _check_engine(self, int e) except -1:
+        if not (0 <= e < MAX_ENGINES and self.active >> e & 1):
+            raise KeyError(f"no engine {e}")
+        return 0
+
+    # -- the key table ------------------------------------------------------------------------
+    cdef inline int64_t kfind(self, uint64_t k) noexcept:
+        cdef int64_t mask = self.kcap - 1
+        cdef int64_t i = <int64_t>(mix64(k) & <uint64_t>mask)
+        cdef int32_t v
+        while True:
+            v = self.kslots[i]
+            if v < 0:
+                return -1
+            if self.node_key[v] == k:
+                return i
+            i = (i + 1) & mask
+
+    cdef inline int32_t node_of(self, uint64_t k) noexcept:
+        cdef int64_t i = self.kfind(k)
+        return self.kslots[i] if i >= 0 else -1
+
+    cdef void kput_new(self, int32_t node) noexcept:
+        cdef int64_t mask = self.kcap - 1
+        cdef int64_t i = <int64_t>(mix64(self.node_key[node]) & <uint64_t>mask)
+        while self.kslots[i] >= 0:
+            i = (i + 1) & mask
+        self.kslots[i] = node
+        self.kn += 1
+
+    cdef void kdel_at(self, int64_t i) noexcept:
+        cdef int64_t mask = self.kcap - 1
+        cdef int64_t j = i, home
+        while True:
+            j = (j + 1) & mask
+            if self.kslots[j] < 0:
+                break
+            home = <int64_t>(mix64(self.node_key[self.kslots[j]]) & <uint64_t>mask)
+            if (j > i and (home <= i or home > j)) or (j < i and (home <= i and home > j)):
+                self.kslots[i] = self.kslots[j]
+                i = j
+        self.kslots[i] = -1
+        self.kn -= 1
+
+    cdef int grow_nodes(self) except -1:
+        cdef int64_t cap = self.node_cap * 2, i
+        cdef void *p
+        p = PyMem_Realloc(self.node_key, cap * sizeof(uint64_t))
+        if p == NULL:
+            raise MemoryError()
+        self.node_key = <uint64_t *> p
+        p = PyMem_Realloc(self.node_parent, cap * sizeof(uint64_t))
+        if p == NULL:
+            raise MemoryError()
+        self.node_parent = <uint64_t *> p
+        p = PyMem_Realloc(self.node_mask, cap * sizeof(uint64_t))
+        if p == NULL:
+            raise MemoryError()
+        self.node_mask = <uint64_t *> p
+        self.node_cap = cap
+        PyMem_Free(self.kslots)
+        self.kcap = cap * 2
+        self.kslots = <int32_t *> PyMem_Malloc(self.kcap * sizeof(int32_t))
+        if self.kslots == NULL:
+            raise MemoryError()
+        memset(self.kslots, 0xff, self.kcap * sizeof(int32_t))
+        self.kn = 0
+        # re-insert the live nodes (mask != 0); free-listed ones are not in the table
+        for i in range(self.node_top):
+            if self.node_mask[i] != 0:
+                self.kput_new(<int32_t>i)
+        return 0
+
+    cdef int32_t new_node(self, uint64_t k, uint64_t parent) except -2:
+        cdef int32_t node
+        if self.free_head >= 0:
+            node = <int32_t>self.free_head
+            self.free_head = <int64_t>self.node_parent[node] - 1
+        else:
+            if self.node_top == self.node_cap:
+                self.grow_nodes()
+            node = <int32_t>self.node_top
+            self.node_top += 1
+        self.node_key[node] = k
+        self.node_parent[node] = parent
+        self.node_mask[node] = 0
+        self.kput_new(node)
+        return node
+
+    cdef inline void release_bit(self, int32_t node, uint64_t bit) noexcept:
+        cdef uint64_t m = self.node_mask[node]
+        cdef int c = popcount(m)
+        m &= ~bit
+        self.node_mask[node] = m
+        self.holdings -= 1
+        if c == 2:
+            self.duplicated -= 1
+        elif c == 1:
+            self.unique -= 1
+            self.kdel_at(self.kfind(self.node_key[node]))
+            self.node_parent[node] = <uint64_t>(self.free_head + 1)
+            self.free_head = node
+
+    # -- keys -----------------------------------------------------------------------------------
+    cdef uint64_t block_key(self, uint64_t parent, uint64_t lora, list tokens, Py_ssize_t start,
+                            Py_ssize_t n) except? 0:
+        cdef uint64_t h = mix64(parent ^ K1) ^ (lora * K2)
+        cdef Py_ssize_t j
+        cdef int64_t t
+        cdef object obj
+        for j in range(start, start + n):
+            obj = <object>PyList_GET_ITEM(tokens, j)
+            if not PyLong_CheckExact(obj):
+                raise TypeError(f"token id {obj!r} is not an int")
+            t = PyLong_AsLongLong(obj)
+            h = (h ^ <uint64_t>t) * 0x100000001b3ULL
+            h ^= h >> 29
+        return nonzero(mix64(h + <uint64_t>n))
+
+    def keys_of(self, list tokens, int block_size, lora_id=None) -> list:
+        """The keys of the full blocks of `tokens` (a prompt), root first."""
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        cdef Py_ssize_t nb = len(tokens) // block_size, i
+        cdef uint64_t k = 0, lora = 0 if lora_id is None else <uint64_t><int64_t>lora_id
+        out = []
+        for i in range(nb):
+            k = self.block_key(k, lora, tokens, i * block_size, block_size)
+            out.append(k)
+        return out
+
+    # -- applying an engine's events ------------------------------------------------------------
+    def apply(self, int e, list events) -> int:
+        """Apply one batch of normalised events (objects with `kind` 'stored' / 'removed' /
+        'cleared', as kvevents.codec makes) of engine e. Events of another medium (a CPU offload
+        tier) are counted and skipped; an event that cannot be read (token ids that are not ints,
+        hashes outside 64 bits) is counted in `malformed_events` and changes nothing. Returns the
+        number of malformed events."""
+        self._check_engine(e)
+        cdef int64_t *c = self.counters[e]
+        cdef int bad = 0
+        c[C_BATCHES] += 1
+        for ev in events:
+            kind = ev.kind
+            if kind == "cleared":
+                c[C_CLEARED_EV] += 1
+                self.clear(e)
+                continue
+            medium = ev.medium
+            if medium is not None and medium != "GPU":
+                c[C_OTHER_MEDIUM] += 1
+                continue
+            try:
+                if kind == "stored":
+                    self._store(e, ev.block_hashes, ev.parent, ev.token_ids, ev.block_size,
+                                ev.lora_id)
+                elif kind == "removed":
+                    self.remove(e, ev.block_hashes)
+            except (TypeError, ValueError, OverflowError):
+                c[C_MALFORMED] += 1
+                bad += 1
+        return bad
+
+    cpdef list store(self, int e, list hashes, parent, tokens=None, block_size=None,
+                     lora_id=None):
+        """Engine e cached `hashes`, a chain under its block `parent` (None: a root), holding
+        `tokens` (all the blocks' token ids, or None). Returns the keys. Raises ValueError /
+        TypeError / OverflowError on unreadable input, before changing anything."""
+        self._check_engine(e)
+        self._store(e, hashes, parent, tokens, block_size, lora_id)
+        return [self.scratch_k[i] for i in range(len(hashes))]
+
+    cdef int _grow_scratch(self, Py_ssize_t n) except -1:
+        cdef Py_ssize_t cap = self.scratch_cap
+        while cap < n:
+            cap *= 2
+        cdef void *p = PyMem_Realloc(self.scratch_h, cap * sizeof(uint64_t))
+        if p == NULL:
+            raise MemoryError()
+        self.scratch_h = <uint64_t *> p
+        p = PyMem_Realloc(self.scratch_k, cap * sizeof(uint64_t))
+        if p == NULL:
+            raise MemoryError()
+        self.scratch_k = <uint64_t *> p
+        self.scratch_cap = cap
+        return 0
+
+    cdef int _store(self, int e, list hashes, parent, tokens, block_size, lora_id) except -1:
+        cdef Py_ssize_t n = len(hashes), i
+        cdef int64_t *c = self.counters[e]
+        cdef HTable *t = &self.etab[e]
+        cdef uint64_t bit = (<uint64_t>1) << e, pk, pk0, k, h, m, lora
+        cdef int64_t slot
+        cdef int32_t node, bs = 0
+        cdef bint by_tokens, orphan = False
+        if n > self.scratch_cap:
+            self._grow_scratch(n)
+        cdef uint64_t *hs = self.scratch_h
+        cdef uint64_t *ks = self.scratch_k
+        lora = 0 if lora_id is None else <uint64_t><int64_t>lora_id
+        if block_size is not None:
+            bs = block_size
+            if bs <= 0:
+                raise ValueError(f"block_size {bs}")
+        by_tokens = tokens is not None and len(tokens) > 0
+        if by_tokens:
+            if type(tokens) is not list:
+                raise TypeError("token_ids is not a list")
+            if bs == 0 or len(tokens) != n * bs:
+                raise ValueError(f"{len(tokens)} token ids for {n} blocks of {bs}")
+        # Pass 1: the keys (reads only, so bad input changes nothing).
+        for i in range(n):
+            hs[i] = hashes[i]
+        if parent is None:
+            pk = 0
+        else:
+            h = parent
+            slot = ht_find(t, h)
+            if slot >= 0:
+                pk = self.node_key[t.vals[slot]]
+            else:  # parent unknown here: a chain detached from the root, never matched from it
+                pk = nonzero(mix64(ORPHAN ^ mix64(h + <uint64_t>e)))
+                orphan = True
+        pk0 = pk
+        for i in range(n):
+            if by_tokens:
+                pk = self.block_key(pk, lora, tokens, i * bs, bs)
+            else:
+                pk = nonzero(mix64(FALLBACK ^ mix64(hs[i] ^ lora * K2)))
+            ks[i] = pk
+        # Pass 2: apply.
+        if bs and self.bsize[e] == 0:
+            self.bsize[e] = bs
+        c[C_STORED_EV] += 1
+        if orphan:
+            c[C_ORPHAN] += 1
+        if not by_tokens:
+            c[C_FALLBACK] += n
+        pk = pk0
+        for i in range(n):
+            c[C_STORED_BL] += 1
+            h = hs[i]
+            k = ks[i]
+            slot = ht_find(t, h)
+            if slot >= 0:  # this engine stored the hash again: one more copy
+                c[C_DUP] += 1
+                ek = (e, h)
+                self.extra[ek] = self.extra.get(ek, 0) + 1
+                pk = k
+                continue
+            node = self.node_of(k)
+            if node < 0:
+                node = self.new_node(k, pk)
+            m = self.node_mask[node]
+            if m & bit:
+                mk = (node, e)
+                self.multi[mk] = self.multi.get(mk, 0) + 1
+            else:
+                if m:
+                    c[C_RECOMPUTE] += 1
+                    c[C_RECOMPUTE_TOK] += bs
+                    if popcount(m) == 1:
+                        self.duplicated += 1
+                else:
+                    self.unique += 1
+                self.node_mask[node] = m | bit
+                self.holdings += 1
+            ht_put(t, h, node)
+            self.held[e] += 1
+            pk = k
+        return 0
+
+    cpdef int remove(self, int e, list hashes) except -1:
+        """Engine e dropped one copy of each of `hashes`. A hash it does not hold is counted in
+        `unknown_removes`. Returns the blocks it no longer holds."""
+        self._check_engine(e)
+        cdef int64_t *c = self.counters[e]
+        cdef HTable *t = &self.etab[e]
+        cdef uint64_t bit = (<uint64_t>1) << e, h
+        cdef int64_t slot
+        cdef int32_t node
+        cdef int gone = 0
+        for x in hashes:  # validate first: a bad hash changes nothing
+            h = x
+        c[C_REMOVED_EV] += 1
+        for x in hashes:
+            h = x
+            slot = ht_find(t, h)
+            if slot < 0:
+                c[C_UNKNOWN_RM] += 1
+                continue
+            c[C_REMOVED_BL] += 1
+            if self.extra:
+                ek = (e, h)
+                n = self.extra.get(ek)
+                if n is not None:
+                    if n == 1:
+                        del self.extra[ek]
+                    else:
+                        self.extra[ek] = n - 1
+                    continue
+            node = t.vals[slot]
+            ht_del_at(t, slot)
+            self.held[e] -= 1
+            if self.multi:
+                mk = (node, e)
+                n = self.multi.get(mk)
+                if n is not None:
+                    if n == 1:
+                        del self.multi[mk]
+                    else:
+                        self.multi[mk] = n - 1
+                    continue
+            self.release_bit(node, bit)
+            gone += 1
+        return gone
+
+    cpdef int clear(self, int e) except -1:
+        """Engine e dropped everything (AllBlocksCleared, or a restart). Returns blocks dropped."""
+        self._check_engine(e)
+        cdef HTable *t = &self.etab[e]
+        cdef uint64_t bit = (<uint64_t>1) << e
+        cdef int64_t i
+        cdef int32_t node
+        cdef int gone = 0
+        for i in range(t.cap):
+            node = t.vals[i]
+            if node >= 0 and self.node_mask[node] & bit:
+                self.release_bit(node, bit)
+                gone += 1
+        memset(t.vals, 0xff, t.cap * sizeof(int32_t))
+        t.n = 0
+        self.held[e] = 0
+        if self.extra:
+            self.extra = {k: v for k, v in self.extra.items() if k[0] != e}
+        if self.multi:
+            self.multi = {k: v for k, v in self.multi.items() if k[1] != e}
+        return gone
+
+    # -- matching ---------------------------------------------------------------------------------
+    cdef dict walk(self, list nodes, uint64_t among):
+        """Dynamo's find_matches over a chain of node ids (-1: not indexed): each engine of
+        `among` scores the number of leading blocks it holds, engines with 0 left out."""
+        cdef uint64_t act = among, m, dropped
+        cdef Py_ssize_t i, n = len(nodes)
+        cdef int32_t node
+        cdef int e
+        cdef dict out = {}
+        for i in range(n):
+            node = nodes[i]
+            m = self.node_mask[node] if node >= 0 else 0
+            dropped = act & ~m
+            if dropped:
+                if i:
+                    for e in range(MAX_ENGINES):
+                        if dropped >> e & 1:
+                            out[e] = i
+                act &= m
+                if not act:
+                    return out
+        for e in range(MAX_ENGINES):
+            if act >> e & 1:
+                out[e] = n
+        return out
+
+    def match_keys(self, list keys, uint64_t among=0xffffffffffffffffULL) -> dict:
+        """{engine: leading blocks held} for a chain of keys (engines holding none left out)."""
+        cdef list nodes = [self.node_of(<uint64_t>k) for k in keys]
+        return self.walk(nodes, among & self.active) if keys else {}
+
+    def match_tokens(self, list tokens, int block_size, lora_id=None,
+                     uint64_t among=0xffffffffffffffffULL) -> dict:
+        """{engine: leading blocks held} for a prompt's token ids, in blocks of `block_size`
+        (hashing and walking in one pass; stops where the last engine drops out)."""
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        cdef Py_ssize_t nb = len(tokens) // block_size, i
+        cdef uint64_t k = 0, m, dropped, act = among & self.active
+        cdef uint64_t lora = 0 if lora_id is None else <uint64_t><int64_t>lora_id
+        cdef int32_t node
+        cdef int e
+        cdef dict out = {}
+        if nb == 0:
+            return out
+        for i in range(nb):
+            k = self.block_key(k, lora, tokens, i * block_size, block_size)
+            node = self.node_of(k)
+            m = self.node_mask[node] if node >= 0 else 0
+            dropped = act & ~m
+            if dropped:
+                if i:
+                    for e in range(MAX_ENGINES):
+                        if dropped >> e & 1:
+                            out[e] = i
+                act &= m
+                if not act:
+                    return out
+        for e in range(MAX_ENGINES):
+            if act >> e & 1:
+                out[e] = nb
+        return out
+
+    def match_hashes(self, int e, list hashes) -> dict:
+        """{engine: leading blocks held} for a chain named by engine e's own hashes (a hash e
+        does not hold ends the chain)."""
+        self._check_engine(e)
+        cdef HTable *t = &self.etab[e]
+        cdef int64_t slot
+        cdef list nodes = []
+        for x in hashes:
+            slot = ht_find(t, <uint64_t>x)
+            if slot < 0:
+                break
+            nodes.append(t.vals[slot])
+        return self.walk(nodes, self.active) if nodes else {}
+
+    # -- reading ----------------------------------------------------------------------------------
+    def counters_of(self, int e) -> dict:
+        self._check_engine(e)
+        return {name: self.counters[e][i] for i, name in enumerate(COUNTERS)}
+
+    def held_of(self, int e) -> int:
+        """Distinct hashes engine e holds."""
+        self._check_engine(e)
+        return self.held[e]
+
+    def block_size_of(self, int e):
+        self._check_engine(e)
+        return self.bsize[e] or None
+
+    def engine_table(self, int e) -> dict:
+        """Engine e's hash -> key table (O(held); for checks and the page)."""
+        self._check_engine(e)
+        cdef HTable *t = &self.etab[e]
+        cdef int64_t i
+        return {t.keys[i]: self.node_key[t.vals[i]] for i in range(t.cap) if t.vals[i] >= 0}
+
+    def nodes(self):
+        """(keys, parents, masks) of the live nodes, as numpy uint64 arrays (O(nodes))."""
+        cdef int64_t i, j = 0
+        keys = np.empty(self.unique, dtype=np.uint64)
+        parents = np.empty(self.unique, dtype=np.uint64)
+        masks = np.empty(self.unique, dtype=np.uint64)
+        cdef uint64_t[:] kv = keys, pv = parents, mv = masks
+        for i in range(self.node_top):
+            if self.node_mask[i] != 0 and j < self.unique:
+                kv[j] = self.node_key[i]
+                pv[j] = self.node_parent[i]
+                mv[j] = self.node_mask[i]
+                j += 1
+        return keys, parents, masks
+
+    def key_of(self, int e, uint64_t h):
+        """The key engine e's hash `h` maps to, or None."""
+        self._check_engine(e)
+        cdef int64_t slot = ht_find(&self.etab[e], h)
+        return self.node_key[self.etab[e].vals[slot]] if slot >= 0 else None
+
+    def chain_of(self, uint64_t key, int max_blocks=1 << 16) -> list:
+        """The keys from the root down to `key` along indexed parents (root first); it starts
+        below the root when an ancestor is no longer indexed. [] when `key` is not indexed."""
+        cdef list out = []
+        cdef int32_t node = self.node_of(key)
+        while node >= 0 and len(out) < max_blocks:
+            out.append(self.node_key[node])
+            if self.node_parent[node] == 0:
+                break
+            node = self.node_of(self.node_parent[node])
+        out.reverse()
+        return out
+
+    def layout(self):
+        """(keys, root keys, masks) of the live nodes, as numpy uint64 arrays in `nodes()`'s
+        order: a node's root is the first block of its chain along indexed parents. O(nodes)."""
+        cdef int64_t n = self.node_top, i, sp, k, j = 0
+        cdef int32_t p, r, x
+        rootnode_a = np.full(max(n, 1), -1, dtype=np.int32)
+        stack_a = np.empty(max(n, 1), dtype=np.int32)
+        cdef int32_t[:] rootnode = rootnode_a, stack = stack_a
+        for i in range(n):
+            if self.node_mask[i] == 0 or rootnode[i] >= 0:
+                continue
+            sp = 0
+            x = <int32_t>i
+            while True:
+                if rootnode[x] >= 0:
+                    r = rootnode[x]
+                    break
+                stack[sp] = x
+                sp += 1
+                if self.node_parent[x] == 0 or sp >= n:
+                    r = x
+                    break
+                p = self.node_of(self.node_parent[x])
+                if p < 0:
+                    r = x
+                    break
+                x = p
+            for k in range(sp):
+                rootnode[stack[k]] = r
+        keys = np.empty(self.unique, dtype=np.uint64)
+        roots = np.empty(self.unique, dtype=np.uint64)
+        masks = np.empty(self.unique, dtype=np.uint64)
+        cdef uint64_t[:] kv = keys, rv = roots, mv = masks
+        for i in range(n):
+            if self.node_mask[i] != 0 and j < self.unique:
+                kv[j] = self.node_key[i]
+                rv[j] = self.node_key[rootnode[i]]
+                mv[j] = self.node_mask[i]
+                j += 1
+        return keys, roots, masks
+
+    def parent_of(self, uint64_t key):
+        """The parent key of an indexed block (0: a root), or None when `key` is not indexed."""
+        cdef int32_t node = self.node_of(key)
+        return self.node_parent[node] if node >= 0 else None
+
+    def mask_of(self, uint64_t key) -> int:
+        """The engines holding `key`, as a bit mask (0: not indexed)."""
+        cdef int32_t node = self.node_of(key)
+        return self.node_mask[node] if node >= 0 else 0
+
+    def table_size(self) -> int:
+        """Keys in the key table (equals `unique` while the index is consistent)."""
+        return self.kn
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the compiled arrays and tables (not the rare-case dicts)."""
+        cdef int64_t total = self.node_cap * 3 * 8 + self.kcap * 4
+        cdef int e
+        for e in range(MAX_ENGINES):
+            total += self.etab[e].cap * 12
+        return total
+
+
+MAX_FLEET_ENGINES = MAX_ENGINES

@@ -1,0 +1,188 @@
+"""FleetIndex: one prefix index across many engines, with duplication and missed-reuse figures.
+
+The compiled `allocator._fleet.FleetCore` keeps the blocks keyed by their tokens and each
+engine's table from its own hashes to those keys; this class adds engine names, DP ranks, the
+configured block sizes, the fleet figures and `check()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._fleet import COUNTERS, MAX_FLEET_ENGINES, FleetCore
+from .errors import Conflict, InvalidRequest, NotFound
+
+__all__ = ["COUNTERS", "MAX_FLEET_ENGINES", "EngineInfo", "FleetIndex"]
+
+
+@dataclass(slots=True)
+class EngineInfo:
+    """An engine of the fleet: `server` groups the DP ranks of one server (its own name when it
+    has one rank); `block_size` is what it was configured with (None: take it from its events)."""
+
+    name: str
+    eid: int
+    server: str
+    dp_rank: int = 0
+    block_size: int | None = None
+
+
+class FleetIndex(FleetCore):
+    """Engines by name over the compiled index (see `allocator/_fleet.pyx` for the keys and the
+    invariants). At most `MAX_FLEET_ENGINES` engines: an engine is one bit of each block's mask.
+
+    `apply(name_or_id, events)` takes a batch of normalised events; `match(tokens)` and
+    `match_hashes(engine, hashes)` answer as Dynamo's `find_matches` does: per engine, the
+    number of leading blocks of the chain it holds.
+    """
+
+    def __init__(self, capacity: int = 1024, max_engines: int = MAX_FLEET_ENGINES) -> None:
+        if not 1 <= max_engines <= MAX_FLEET_ENGINES:
+            raise InvalidRequest(f"max_engines must be 1..{MAX_FLEET_ENGINES}")
+        self.max_engines = max_engines
+        self.engines: dict[str, EngineInfo] = {}
+        self._by_id: dict[int, EngineInfo] = {}
+
+    # -- engines --------------------------------------------------------------------------------
+    def add(self, name: str, *, server: str | None = None, dp_rank: int = 0,
+            block_size: int | None = None) -> EngineInfo:
+        """Register an engine. Raises Conflict (name taken, or the fleet is full)."""
+        if name in self.engines:
+            raise Conflict(f"engine {name!r} is already in the fleet")
+        if len(self.engines) >= self.max_engines:
+            raise Conflict(f"the fleet has {len(self.engines)} engines, the most it takes "
+                           f"({self.max_engines}); remove one first")
+        eid = next(i for i in range(MAX_FLEET_ENGINES) if i not in self._by_id)
+        self.add_engine(eid)
+        info = EngineInfo(name, eid, server or name, dp_rank, block_size)
+        self.engines[name] = info
+        self._by_id[eid] = info
+        return info
+
+    def discard(self, name: str) -> None:
+        """Forget an engine and what it held. Raises NotFound."""
+        info = self.engine(name)
+        self.drop_engine(info.eid)
+        del self.engines[name], self._by_id[info.eid]
+
+    def engine(self, name: str) -> EngineInfo:
+        info = self.engines.get(name)
+        if info is None:
+            raise NotFound("engine", name)
+        return info
+
+    def name_of(self, eid: int) -> str:
+        return self._by_id[eid].name
+
+    # -- matching -------------------------------------------------------------------------------
+    def match(self, tokens: list[int], lora_id: int | None = None) -> dict[str, int]:
+        """Each engine's longest cached prefix of `tokens`, in blocks (0 when none). Engines of
+        one block size are matched on that size's blocks."""
+        out = dict.fromkeys(self.engines, 0)
+        for bs, mask in self._block_size_groups().items():
+            for eid, n in self.match_tokens(list(tokens), bs, lora_id, mask).items():
+                out[self._by_id[eid].name] = n
+        return out
+
+    def match_engine_hashes(self, engine: str, hashes: list[int]) -> dict[str, int]:
+        """The same for a chain named by `engine`'s own block hashes."""
+        out = dict.fromkeys(self.engines, 0)
+        for eid, n in self.match_hashes(self.engine(engine).eid, list(hashes)).items():
+            out[self._by_id[eid].name] = n
+        return out
+
+    def match_chain(self, key: int) -> dict[str, int]:
+        """The same for the chain from the root down to an indexed block `key` (a recent
+        store's last block, say); 0 everywhere when no engine holds its first blocks any more
+        (the chain no longer reaches the root, so nothing can reuse it)."""
+        out = dict.fromkeys(self.engines, 0)
+        chain = self.chain_of(key)
+        if not chain or self.parent_of(chain[0]) != 0:
+            return out
+        for eid, n in self.match_keys(chain).items():
+            out[self._by_id[eid].name] = n
+        return out
+
+    def block_size(self, name: str) -> int | None:
+        """Tokens per block of an engine: from its events, else as configured."""
+        info = self.engine(name)
+        return self.block_size_of(info.eid) or info.block_size
+
+    def _block_size_groups(self) -> dict[int, int]:
+        groups: dict[int, int] = {}
+        for info in self.engines.values():
+            bs = self.block_size_of(info.eid) or info.block_size
+            if bs:
+                groups[bs] = groups.get(bs, 0) | (1 << info.eid)
+        return groups
+
+    # -- figures --------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """The fleet's figures. `cross_engine_recomputes`: blocks an engine stored while another
+        engine already held the same block (reuse the fleet had and did not capture);
+        `recompute_tokens` their tokens."""
+        per = {name: self.engine_stats(name) for name in self.engines}
+        return {
+            "engines": len(self.engines),
+            "unique_blocks": self.unique,
+            "duplicated_blocks": self.duplicated,
+            "duplicate_copies": self.holdings - self.unique,
+            "cross_engine_recomputes": sum(e["cross_engine_recomputes"] for e in per.values()),
+            "recompute_tokens": sum(e["recompute_tokens"] for e in per.values()),
+            "fallback_blocks": sum(e["fallback_blocks"] for e in per.values()),
+        }
+
+    def engine_stats(self, name: str) -> dict:
+        info = self.engine(name)
+        out = self.counters_of(info.eid)
+        out["cached_blocks"] = self.held_of(info.eid)
+        out["block_size"] = self.block_size_of(info.eid)
+        seen, want = out["block_size"], info.block_size
+        out["block_size_error"] = (
+            f"events say {seen} tokens per block, the engine was configured with {want}"
+            if seen and want and seen != want else None)
+        out["keyed_by"] = ("engine hashes" if out["fallback_blocks"] and not
+                           out["stored_blocks"] - out["fallback_blocks"] else "tokens")
+        return out
+
+    # -- invariants -----------------------------------------------------------------------------
+    def check(self) -> list[str]:
+        """Every invariant of the index; each problem names the engine or key that breaks it."""
+        problems: list[str] = []
+        keys, _parents, masks = self.nodes()
+        if keys.size != self.unique:
+            problems.append(f"{keys.size} live nodes, unique says {self.unique}")
+        if self.table_size() != self.unique:
+            problems.append(f"key table holds {self.table_size()} keys, unique says {self.unique}")
+        if np.unique(keys).size != keys.size:
+            problems.append("a key is on two nodes")
+        counts = np.array([int(m).bit_count() for m in masks.tolist()], dtype=np.int64)
+        if int((counts >= 2).sum()) != self.duplicated:
+            problems.append(f"duplicated says {self.duplicated}, masks say {int((counts >= 2).sum())}")
+        if int(counts.sum()) != self.holdings:
+            problems.append(f"holdings says {self.holdings}, masks say {int(counts.sum())}")
+        mask_of = dict(zip(keys.tolist(), masks.tolist()))
+        for name, info in self.engines.items():
+            bit = 1 << info.eid
+            table = self.engine_table(info.eid)
+            if len(table) != self.held_of(info.eid):
+                problems.append(f"engine {name}: {len(table)} hashes, held says {self.held_of(info.eid)}")
+            held = set(table.values())
+            for k in held:
+                if not mask_of.get(k, 0) & bit:
+                    problems.append(f"engine {name} maps a hash to key {k:016x} without its bit")
+                    break
+            marked = {k for k, m in mask_of.items() if m & bit}
+            if marked - held:
+                k = next(iter(marked - held))
+                problems.append(f"key {k:016x} has engine {name}'s bit, no hash of it maps there")
+            for (eid, h) in self.extra:
+                if eid == info.eid and h not in table:
+                    problems.append(f"engine {name}: extra copies of hash {h:016x} it does not hold")
+        for m in masks.tolist():
+            if m & ~self.active:
+                problems.append(f"a node is held by engine bits {m & ~self.active:#x} not in the fleet")
+                break
+        return problems

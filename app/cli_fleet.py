@@ -1,0 +1,122 @@
+"""`kvscope fleet ENDPOINT...` (the dashboard on many engines at once) and the `--fleet FILE`
+of `kvscope serve`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import sys
+
+from pydantic import ValidationError
+
+FILE_HELP = ('a JSON file {"name": "demo", "engines": [{"name": "e0", "endpoint": "tcp://host:5557", '
+             '"replay_endpoint"?, "topic"?, "metrics_url"?, "block_size"?, "dp_rank"?, "server"?}]}: '
+             "the body of POST /api/fleets")
+
+
+def load_fleet_file(path: str) -> tuple[str, list[dict]]:
+    """A fleet file checked as the REST body is. Raises ValueError naming what to fix."""
+    from .routes.fleets import FleetCreate
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    try:
+        body = FleetCreate.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ValueError(f"{path}: {where}: {first['msg']}") from None
+    return body.name, [e.model_dump() for e in body.engines]
+
+
+def fleet_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="kvscope fleet",
+        description="Serve the dashboard on many vLLM / SGLang engines at once: one prefix index "
+                    "across them (blocks keyed by their tokens), duplication and missed reuse, "
+                    "matches. Engines are named e0, e1, ... in the order given.")
+    p.add_argument("endpoints", nargs="*", metavar="ENDPOINT",
+                   help="each engine's PUB endpoint as seen from here, e.g. tcp://gpu-0:5557")
+    p.add_argument("--name", default="fleet", help="the fleet's name (default: fleet)")
+    p.add_argument("--metrics-url", action="append", default=[], metavar="URL",
+                   help="an engine's /metrics, once per engine in the same order (optional)")
+    p.add_argument("--replay-endpoint", action="append", default=[], metavar="ENDPOINT",
+                   help="an engine's replay endpoint, once per engine in the same order (optional)")
+    p.add_argument("--topic", default="", help="the engines' topic (default: all)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="tokens per block the engines were started with (checked against their events)")
+    p.add_argument("--record", metavar="FILE", help="record every engine's batches, tagged with "
+                   "the engine, to FILE (.kvevents)")
+    p.add_argument("--play", metavar="FILE", help="instead of live engines, play a fleet recording "
+                   "(made with --record) into the fleet")
+    p.add_argument("--speed", type=float, default=None,
+                   help="with --play: times real time (default: as fast as it goes)")
+    p.add_argument("--host", default=None, help="listen address (default: KVSCOPE_HOST, 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default: KVSCOPE_PORT, 8000)")
+    p.add_argument("--log-level", default="warning")
+    args = p.parse_args(argv)
+    if args.play:
+        if args.endpoints or args.record:
+            p.error("--play takes no ENDPOINT and no --record")
+        if args.speed is not None and args.speed <= 0:
+            p.error("--speed must be positive")
+        from kvevents.codec import WireError
+        from kvevents.recording import read_records
+
+        try:
+            next(iter(read_records(args.play)), None)
+        except (OSError, WireError) as exc:
+            p.error(f"--play {args.play}: {exc}")
+        return serve_with_fleet("kvscope fleet", args, args.name, [], None,
+                                {"play": args.play, "speed": args.speed})
+    if not args.endpoints:
+        p.error("give at least one ENDPOINT (or --play FILE)")
+    for opt, given in (("--metrics-url", args.metrics_url), ("--replay-endpoint", args.replay_endpoint)):
+        if given and len(given) != len(args.endpoints):
+            p.error(f"give {opt} once per endpoint ({len(args.endpoints)}), or not at all")
+    engines = []
+    for i, ep in enumerate(args.endpoints):
+        e = {"name": f"e{i}", "endpoint": ep, "topic": args.topic}
+        if args.metrics_url:
+            e["metrics_url"] = args.metrics_url[i]
+        if args.replay_endpoint:
+            e["replay_endpoint"] = args.replay_endpoint[i]
+        if args.block_size:
+            e["block_size"] = args.block_size
+        engines.append(e)
+    from .routes.fleets import FleetCreate
+
+    try:
+        FleetCreate.model_validate({"name": args.name, "engines": engines})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        p.error(f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}")
+    return serve_with_fleet("kvscope fleet", args, args.name, engines, args.record)
+
+
+def serve_with_fleet(prog: str, args, name: str, engines: list[dict], record: str | None,
+                     options: dict | None = None) -> int:
+    import uvicorn
+
+    from .main import create_app
+    from .settings import SettingsError, get_settings
+
+    try:
+        settings = get_settings()
+    except SettingsError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    settings = dataclasses.replace(settings, host=args.host or settings.host,
+                                   port=args.port or settings.port)
+    app = create_app(settings)
+    app.state.startup_fleets = [(name, engines, {"record": record, **(options or {})})]
+    print(f"{prog}: dashboard at http://{settings.host}:{settings.port}/?fleet={name}", flush=True)
+    gc.freeze()
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
+                ws_per_message_deflate=False)
+    return 0

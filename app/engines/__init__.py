@@ -1,0 +1,1 @@
+"""Real vLLM engines (CPU build) run beside kvscope: their environment, servers and the demo."""

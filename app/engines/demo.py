@@ -1,0 +1,211 @@
+"""`kvscope demo`: N real vLLM CPU engines, a Mooncake trace replayed against them, and the
+dashboard on their prefix caches, from one command.
+
+The dashboard starts at once; the engines boot beside it (about two minutes on two cores), each
+in a process group of its own, and progress is printed until all answer `/health`. Each engine
+hashes with its own seed (PYTHONHASHSEED), so the same tokens are different blocks on each, as in
+a fleet of independently started engines. Ctrl-C or SIGTERM stops the load, the dashboard and
+every engine group; an engine that dies while booting (or a port that is taken) stops the demo,
+naming the engine and showing the tail of its log.
+
+Ports: the dashboard on --port P; engine i serves HTTP on P+101+3i, its KV events on P+102+3i
+and their replay on P+103+3i.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from . import env
+from .server import BLOCK_SIZE, EngineFailed, EngineProcess, EngineSpec, port_taken
+
+PROG = "kvscope demo"
+ENGINE_BLOCKS = 1024  # per engine: 32,768 tokens; the trace fills it in about a minute, then evicts
+MAX_MODEL_LEN = 2048
+MAX_ENGINES = 4
+
+
+def engine_specs(n: int, port: int, log_dir: Path) -> list[EngineSpec]:
+    return [EngineSpec(f"engine-{i}", port + 101 + 3 * i, port + 102 + 3 * i, port + 103 + 3 * i,
+                       num_blocks=ENGINE_BLOCKS, max_model_len=MAX_MODEL_LEN,
+                       hash_seed=str(1000 + i), log_path=log_dir / f"engine-{i}.log")
+            for i in range(n)]
+
+
+def register(app, specs: list[EngineSpec]) -> None:
+    """How the engines appear on the dashboard (the one place that decides it): one mirror pool
+    per engine, named after it, following its KV events and polling its /metrics; and a fleet
+    named `demo` of all of them, which a server with fleets (`startup_fleets`) starts too."""
+    app.state.startup_pools = [
+        ({"name": s.name, "strategy": "mirror", "num_blocks": s.num_blocks,
+          "mirror": {"endpoint": s.events_endpoint, "replay_endpoint": s.replay_endpoint,
+                     "metrics_url": s.metrics_url}}, {})
+        for s in specs]
+    app.state.startup_fleets = [("demo", [
+        {"name": s.name, "endpoint": s.events_endpoint, "replay_endpoint": s.replay_endpoint,
+         "metrics_url": s.metrics_url, "num_blocks": s.num_blocks, "block_size": BLOCK_SIZE}
+        for s in specs], {})]
+
+
+class Supervisor:
+    """Boots the engines, reports progress, and watches them; `failure` is set (and `on_fail`
+    called) when one dies."""
+
+    def __init__(self, engines: list[EngineProcess], on_fail, out=sys.stdout) -> None:
+        self.engines, self.on_fail, self.out = engines, on_fail, out
+        self.load = None  # the load generator, once started: its progress is reported too
+        self.failure: EngineFailed | None = None
+        self.ready: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="demo-supervisor")
+
+    def start(self) -> Supervisor:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def ready_urls(self) -> list[str]:
+        return [e.spec.url for e in self.engines if e.spec.name in self.ready]
+
+    def _say(self, text: str) -> None:
+        print(f"{PROG}: {text}", file=self.out, flush=True)
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        last_report = 0.0
+        while not self._stop.is_set():
+            for e in self.engines:
+                if not e.alive():
+                    phase = "running" if e.spec.name in self.ready else "booting"
+                    self.failure = EngineFailed(
+                        e.spec.name, f"exited with code {e.proc.returncode} while {phase}",
+                        e.log_tail())
+                    self.on_fail()
+                    return
+                if e.spec.name not in self.ready and e.healthy():
+                    self.ready.add(e.spec.name)
+                    self._say(f"{e.spec.name} is up after {time.monotonic() - t0:.0f} s "
+                              f"({e.spec.url})")
+            waiting = [e.spec.name for e in self.engines if e.spec.name not in self.ready]
+            now = time.monotonic()
+            if waiting and now - last_report >= 10:
+                last_report = now
+                self._say(f"booting {', '.join(waiting)}: {now - t0:.0f} s "
+                          f"({len(self.ready)}/{len(self.engines)} up; about 2 minutes on 2 cores)")
+            elif not waiting and self.load is not None and now - last_report >= 30:
+                last_report = now
+                self._say(f"load: {self.load.status()}")
+            self._stop.wait(1.0)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=PROG, description=(
+        "Start N real vLLM CPU engines (tiny model, random weights), replay the Mooncake "
+        "conversation trace against them, and serve the dashboard on their prefix caches."))
+    p.add_argument("--engines", type=int, default=2, help=f"engines to start, 1..{MAX_ENGINES} (default 2)")
+    p.add_argument("--port", type=int, default=None, help="the dashboard's port (default: KVSCOPE_PORT, 8000); "
+                   "engine i takes P+101+3i .. P+103+3i")
+    p.add_argument("--host", default="127.0.0.1", help="the dashboard's address (default 127.0.0.1)")
+    p.add_argument("--trace", default=None, help="a Mooncake JSONL trace (default: the bundled conversation trace)")
+    p.add_argument("--speed", type=float, default=1.0, help="replay speed, times real time (default 1)")
+    p.add_argument("--log-dir", default=None, help="where the engines' logs go (default: a new temp folder)")
+    p.add_argument("--log-level", default="warning")
+    args = p.parse_args(argv)
+    if not 1 <= args.engines <= MAX_ENGINES:
+        p.error(f"--engines must be 1..{MAX_ENGINES} (each engine takes about 2 GB of memory)")
+    if not args.speed > 0:
+        p.error("--speed must be a positive number")
+    return args
+
+
+def demo_main(argv: list[str]) -> int:
+    args = parse(argv)
+    why = env.missing()
+    if why:
+        print(f"{PROG}: {why}", file=sys.stderr)
+        return 2
+    from allocator.errors import KVScopeError
+    from workloads.mooncake import load_mooncake
+
+    from ..settings import SettingsError, get_settings
+
+    try:
+        settings = get_settings()
+        trace = load_mooncake(args.trace)
+    except (SettingsError, KVScopeError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    port = args.port or settings.port
+    if port_taken(port):
+        print(f"{PROG}: the dashboard's port {port} is already in use (choose another with --port)",
+              file=sys.stderr)
+        return 2
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="kvscope-demo-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    settings = dataclasses.replace(settings, host=args.host, port=port)
+    specs = engine_specs(args.engines, port, log_dir)
+    engines = [EngineProcess(s, log_dir) for s in specs]
+    return run(args, settings, trace, engines, log_dir)
+
+
+def run(args, settings, trace, engines: list[EngineProcess], log_dir: Path) -> int:
+    import uvicorn
+
+    from ..main import create_app
+    from .load import LoadGenerator
+
+    def interrupted(signum, _frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    server = load = supervisor = None
+    try:
+        for e in engines:
+            e.start()
+            print(f"{PROG}: {e.spec.name} started (pid {e.pid}, log {e.log_path})", flush=True)
+        app = create_app(settings)
+        register(app, [e.spec for e in engines])
+        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
+                                               log_level=args.log_level,
+                                               ws_per_message_deflate=False))
+
+        def fail() -> None:
+            server.should_exit = True
+        supervisor = Supervisor(engines, fail).start()
+        load = supervisor.load = LoadGenerator(trace, supervisor.ready_urls, speed=args.speed,
+                                               engines=len(engines)).start()
+        first = engines[0].spec.name
+        print(f"{PROG}: dashboard at http://{settings.host}:{settings.port}/?pool={first} "
+              f"(one mirror pool per engine: {', '.join(e.spec.name for e in engines)}); "
+              "Ctrl-C stops everything", flush=True)
+        server.run()
+        if supervisor.failure is not None:
+            print(f"{PROG}: {supervisor.failure}", file=sys.stderr)
+            return 1
+        return 0
+    except EngineFailed as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if load is not None:
+            load.stop()
+            print(f"{PROG}: load: {load.status()}", flush=True)
+        if supervisor is not None:
+            supervisor.stop()
+        for e in engines:
+            e.stop(grace=5)
+        print(f"{PROG}: stopped {len(engines)} engine(s); logs in {log_dir}", flush=True)
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,164 @@
+"""Fleets on the server: each a `kvevents.fleet.Fleet` whose index changes run on the event loop
+under the fleet's asyncio lock (the subscribers' threads hand them over through a LoopApplier),
+plus a task sampling its figures once a second for the page's charts.
+
+In-process use (what `kvscope serve --fleet` and `kvscope demo` do):
+
+    handle = await app.state.fleets.create("demo", [{"name": "e0", "endpoint": "tcp://..."}])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+
+from allocator.errors import Conflict, InvalidRequest, NotFound
+from allocator.fleet import MAX_FLEET_ENGINES
+from kvevents.fleet import SAMPLE_EVERY_S, EngineSpec, Fleet
+
+from .mirrors import LoopApplier
+
+log = logging.getLogger("kvscope.fleet")
+MAX_FLEETS = 16
+MAX_TOTAL_ENGINES = 256  # each engine is a subscriber thread and a socket
+
+
+class FleetHandle:
+    """One fleet on the server: the fleet, its lock, its sampling task and, when it plays a
+    fleet recording, the thread that feeds it."""
+
+    def __init__(self, fleet: Fleet, lock: asyncio.Lock) -> None:
+        self.fleet, self.lock = fleet, lock
+        self.name = fleet.name
+        self.task = asyncio.get_running_loop().create_task(self._sample(), name=f"fleet-{fleet.name}")
+        self._stop = threading.Event()
+        self._player: threading.Thread | None = None
+
+    def play(self, path: str, speed: float | None) -> None:
+        """Feed a fleet recording in a daemon thread (changes still run on the loop)."""
+        def run() -> None:
+            try:
+                self.fleet.play(path, speed, self._stop)
+            except Exception as exc:  # a file cut short or not a recording: shown, not raised
+                self.fleet.playback = {"path": path, "state": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        self._player = threading.Thread(target=run, daemon=True, name=f"fleet-{self.name}-play")
+        self._player.start()
+
+    async def _sample(self) -> None:
+        while True:
+            async with self.lock:
+                self.fleet.sample()
+            await asyncio.sleep(SAMPLE_EVERY_S)
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        if self._player is not None:
+            await asyncio.to_thread(self._player.join, 5)
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        await asyncio.to_thread(self.fleet.close)
+
+
+class Fleets:
+    """The server's fleets by name (at most MAX_FLEETS)."""
+
+    def __init__(self, max_fleets: int = MAX_FLEETS, max_total_engines: int = MAX_TOTAL_ENGINES) -> None:
+        self.max_fleets = max_fleets
+        self.max_total_engines = max_total_engines
+        self._fleets: dict[str, FleetHandle] = {}
+        self._creating: set[str] = set()
+
+    def __iter__(self):
+        return iter(list(self._fleets.values()))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._fleets
+
+    def get(self, name: str) -> FleetHandle:
+        handle = self._fleets.get(name)
+        if handle is None:
+            raise NotFound("fleet", name)
+        return handle
+
+    async def create(self, name: str, engines: list[dict], record: str | None = None,
+                     max_engines: int = MAX_FLEET_ENGINES, play: str | None = None,
+                     speed: float | None = None) -> FleetHandle:
+        """Start a fleet following `engines` (dicts of EngineSpec's fields), recording them to
+        `record`, or fed from the fleet recording `play` at `speed` times real time. Raises
+        Conflict (name taken, duplicate engine, too many fleets) or InvalidRequest (too many
+        engines, an unusable endpoint, a file that is not a recording); then nothing was
+        started."""
+        if play is not None:
+            from kvevents.codec import WireError
+            from kvevents.recording import read_records
+
+            try:
+                next(iter(read_records(play)), None)
+            except (OSError, WireError) as exc:
+                raise InvalidRequest(f"cannot play {play}: {exc}") from None
+        if name in self._fleets or name in self._creating:
+            raise Conflict(f"fleet {name!r} exists; delete it first or pick another name")
+        if len(self._fleets) + len(self._creating) >= self.max_fleets:
+            raise Conflict(f"the server has {len(self._fleets)} fleets, the most it takes "
+                           f"({self.max_fleets}); delete one first")
+        if len(engines) > max_engines:
+            raise InvalidRequest(f"{len(engines)} engines; a fleet takes at most {max_engines}")
+        self._room_for(len(engines))
+        specs = [EngineSpec.parse(e) for e in engines]
+        seen: set[str] = set()
+        for s in specs:
+            if s.name in seen:
+                raise Conflict(f"engine name {s.name!r} is given twice")
+            seen.add(s.name)
+        self._creating.add(name)
+        try:
+            lock = asyncio.Lock()
+            fleet = Fleet(name, apply=LoopApplier(asyncio.get_running_loop(), lock), record=record,
+                          max_engines=max_engines)
+            try:
+                for s in specs:
+                    fleet.add(s)
+            except Exception:
+                await asyncio.to_thread(fleet.close)
+                raise
+            handle = FleetHandle(fleet, lock)
+            self._fleets[name] = handle
+            if play is not None:
+                handle.play(play, speed)
+            return handle
+        finally:
+            self._creating.discard(name)
+
+    def _room_for(self, n: int) -> None:
+        total = sum(len(h.fleet.links) for h in self._fleets.values())
+        if total + n > self.max_total_engines:
+            raise Conflict(f"the server follows {total} engines; {n} more would pass its limit "
+                           f"of {self.max_total_engines}: delete a fleet or remove engines first")
+
+    async def delete(self, name: str) -> None:
+        handle = self.get(name)
+        del self._fleets[name]
+        await handle.aclose()
+
+    async def add_engine(self, name: str, engine: dict) -> None:
+        handle = self.get(name)
+        spec = EngineSpec.parse(engine)
+        self._room_for(1)
+        async with handle.lock:
+            handle.fleet.add(spec)
+
+    async def remove_engine(self, name: str, engine: str) -> None:
+        handle = self.get(name)
+        async with handle.lock:
+            link = handle.fleet.remove(engine)
+        await asyncio.to_thread(link.close)
+
+    async def close_all(self) -> None:
+        for name in list(self._fleets):
+            try:
+                await self.delete(name)
+            except Exception:
+                log.exception("closing fleet %s failed", name)

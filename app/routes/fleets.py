@@ -1,0 +1,192 @@
+"""Fleets: many engines mirrored at once into one prefix index; matches across them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated
+
+import numpy as np
+from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
+from pydantic import Field, model_validator
+
+from allocator.errors import InvalidRequest, NotFound
+from allocator.fleet import MAX_FLEET_ENGINES
+
+from ..fleets import FleetHandle, Fleets
+from ..schemas import POOL_NAME_PATTERN, Endpoint, Strict, Topic
+
+router = APIRouter(prefix="/api/fleets", tags=["fleets"])
+MAX_MAP_BLOCKS = 65_536
+TOP_PREFIXES = 12
+MAX_MATCH_TOKENS = 1 << 20
+MAX_MATCH_HASHES = 1 << 16
+
+EngineName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$",
+                                  examples=["vllm-0"])]
+
+
+class EngineIn(Strict):
+    """One engine of a fleet: where it publishes its KV events (its `--kv-events-config`)."""
+
+    name: EngineName
+    endpoint: Endpoint
+    replay_endpoint: Endpoint | None = None
+    topic: Topic = ""
+    metrics_url: Annotated[str, Field(max_length=2048, pattern=r"^https?://\S+$")] | None = None
+    num_blocks: Annotated[int, Field(ge=1, le=1 << 26)] | None = None
+    block_size: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
+    dp_rank: Annotated[int, Field(ge=0, le=1023)] = 0
+    server: EngineName | None = Field(None, description="groups the DP ranks of one server "
+                                      "given as separate endpoints (default: the engine's name)")
+
+
+class FleetCreate(Strict):
+    name: Annotated[str, Field(pattern=POOL_NAME_PATTERN, examples=["demo"])]
+    engines: Annotated[list[EngineIn], Field(min_length=1, max_length=MAX_FLEET_ENGINES,
+                                             description=f"at most {MAX_FLEET_ENGINES}")]
+
+
+class MatchIn(Strict):
+    """A prompt's token ids, a chain of one engine's own block hashes, or the chain down to an
+    indexed block `key` (as `recent_chains` name them)."""
+
+    tokens: Annotated[list[Annotated[int, Field(ge=0, lt=1 << 63)]],
+                      Field(max_length=MAX_MATCH_TOKENS)] | None = None
+    block_hashes: Annotated[list[Annotated[int, Field(ge=-(1 << 63), lt=1 << 64)]],
+                            Field(max_length=MAX_MATCH_HASHES)] | None = None
+    engine: EngineName | None = None
+    key: Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")] | None = None
+    lora_id: Annotated[int, Field(ge=0, lt=1 << 63)] | None = None
+
+    @model_validator(mode="after")
+    def _one(self):
+        if sum(x is not None for x in (self.tokens, self.block_hashes, self.key)) != 1:
+            raise ValueError("give exactly one of 'tokens', 'block_hashes' or 'key'")
+        if self.block_hashes is not None and self.engine is None:
+            raise ValueError("'block_hashes' are one engine's own: name it in 'engine'")
+        return self
+
+
+async def get_fleets(request: Request) -> Fleets:
+    return request.app.state.fleets
+
+
+FleetsDep = Annotated[Fleets, Depends(get_fleets)]
+FleetName = Annotated[str, Path(pattern=POOL_NAME_PATTERN, description="fleet name")]
+
+
+async def get_fleet(fleet: FleetName, fleets: FleetsDep) -> FleetHandle:
+    return fleets.get(fleet)
+
+
+FleetDep = Annotated[FleetHandle, Depends(get_fleet)]
+
+
+@router.get("")
+async def list_fleets(fleets: FleetsDep) -> dict:
+    out = []
+    for h in fleets:
+        async with h.lock:
+            out.append(h.fleet.summary())
+    return {"fleets": out, "max_fleets": fleets.max_fleets, "max_engines": MAX_FLEET_ENGINES}
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+async def create_fleet(body: FleetCreate, fleets: FleetsDep) -> dict:
+    """Start following every engine; 409 for a taken fleet name or an engine name given twice,
+    422 past the engine limit. Engines that cannot be reached yet show `unreachable` and are
+    retried with backoff."""
+    handle = await fleets.create(body.name, [e.model_dump() for e in body.engines])
+    async with handle.lock:
+        return handle.fleet.describe()
+
+
+@router.get("/{fleet}")
+async def get_fleet_state(handle: FleetDep, samples: Annotated[int, Query(ge=0, le=600)] = 120) -> dict:
+    """Every engine (cached blocks, stream health and lag, block size, the engine's own
+    /metrics), the fleet's figures, and the last `samples` of them (one a second)."""
+    async with handle.lock:
+        out = handle.fleet.describe()
+        out["samples"] = list(handle.fleet.samples)[-samples:] if samples else []
+    return out
+
+
+@router.get("/{fleet}/blocks", response_class=Response,
+            responses={200: {"content": {"application/json": {}}}})
+async def fleet_blocks(handle: FleetDep) -> Response:
+    """For the page's maps: per engine the prefix (root block) of each block it holds, as a
+    colour id (24 bits of the root's key: one prefix, one colour on every engine), sorted so a
+    prefix's blocks sit together; and the largest prefix trees with what each engine holds of
+    them. At most MAX_MAP_BLOCKS per engine."""
+    async with handle.lock:  # a compiled pass (milliseconds); engines' batches wait only for it
+        index = handle.fleet.index
+        layout = index.layout()
+        names = {info.eid: name for name, info in index.engines.items()}
+    # the rest (sorting, JSON) runs off the loop, without the lock
+    body = await asyncio.to_thread(lambda: json.dumps(blocks_of(layout, names)).encode())
+    return Response(body, media_type="application/json")
+
+
+@router.delete("/{fleet}", status_code=status.HTTP_204_NO_CONTENT)
+async def delete_fleet(fleet: FleetName, fleets: FleetsDep) -> Response:
+    await fleets.delete(fleet)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{fleet}/engines", status_code=status.HTTP_201_CREATED)
+async def add_engine(body: EngineIn, fleet: FleetName, fleets: FleetsDep) -> dict:
+    """Add an engine to a live fleet (409: name taken, or the fleet is full)."""
+    await fleets.add_engine(fleet, body.model_dump())
+    handle = fleets.get(fleet)
+    async with handle.lock:
+        return handle.fleet.describe()
+
+
+@router.delete("/{fleet}/engines/{engine}", status_code=status.HTTP_204_NO_CONTENT)
+async def remove_engine(fleet: FleetName, engine: Annotated[str, Path(max_length=80)],
+                        fleets: FleetsDep) -> Response:
+    await fleets.remove_engine(fleet, engine)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{fleet}/match")
+async def match(body: MatchIn, handle: FleetDep) -> dict:
+    """Each engine's longest cached prefix, in blocks, as Dynamo's `find_matches` scores it
+    (0 for an engine holding none of it)."""
+    async with handle.lock:
+        index = handle.fleet.index
+        if body.tokens is not None:
+            groups = {index.block_size(n) for n in index.engines}
+            if not groups - {None}:
+                raise InvalidRequest("no engine's block size is known yet (none has stored a "
+                                     "block, and none was given 'block_size')")
+            engines = index.match(body.tokens, body.lora_id)
+        elif body.key is not None:
+            if not index.chain_of(int(body.key, 16)):
+                raise NotFound("block", body.key)
+            engines = index.match_chain(int(body.key, 16))
+        else:
+            engines = index.match_engine_hashes(body.engine, [h & ((1 << 64) - 1) for h in body.block_hashes])
+        return {"engines": engines,
+                "block_sizes": {n: index.block_size(n) for n in index.engines}}
+
+
+def blocks_of(layout, names: dict[int, str]) -> dict:
+    """The /blocks answer from `FleetIndex.layout()` and the engine names by id."""
+    _keys, roots, masks = layout
+    colors = (roots >> np.uint64(40)).astype(np.int64)
+    engines = {}
+    for eid, name in names.items():
+        sel = (masks >> np.uint64(eid)) & np.uint64(1) == 1
+        mine = np.sort(colors[sel], kind="stable")
+        engines[name] = {"blocks": int(mine.size), "truncated": mine.size > MAX_MAP_BLOCKS,
+                         "colors": mine[:MAX_MAP_BLOCKS].tolist()}
+    ids, counts = np.unique(colors, return_counts=True)
+    prefixes = []
+    for c in ids[np.argsort(-counts, kind="stable")][:TOP_PREFIXES].tolist():
+        sets, n = np.unique(masks[colors == c], return_counts=True)
+        prefixes.append({"color": c, "blocks": int(n.sum()), "sets": sorted(
+            ({"engines": [names[e] for e in sorted(names) if int(m) >> e & 1], "blocks": int(k)}
+             for m, k in zip(sets.tolist(), n.tolist())), key=lambda x: -x["blocks"])})
+    return {"engines": engines, "prefixes": prefixes}

@@ -1,0 +1,410 @@
+"""The fleet index against NVIDIA Dynamo's own (`dynamo._core.RadixTree`), fed the same events in
+the same process, interleaved: `python -m bench fleet [--json FILE]`.
+
+- apply: blocks stored + removed per second. Dynamo takes each event as the JSON bytes its
+  binding reads; kvscope takes the decoded batch (kvscope's decode is measured with the wire).
+- match: one 16-block prompt. Dynamo gets the 16 block hashes (`find_matches`); kvscope gets the
+  token ids and hashes them itself (`match_tokens`), and the precomputed keys (`match_keys`).
+- wire: msgpack batches over a real ZeroMQ PUB/SUB into the fleet (decode + apply), one process.
+- memory: the compiled index's bytes per (engine, block) held.
+- sustained: a real `kvscope serve` following 64 engines (kvscope's publisher, vLLM's wire
+  format, over TCP) that each store and evict 1,000 blocks/s, while a client polls the fleet and
+  its block maps as the page does; the lag is each batch's time from its engine timestamp to its
+  applying in the server (p99 over every engine's last batches).
+
+Goals: apply >= 3x Dynamo's, match <= 1/3 of Dynamo's, wire >= 1 M blocks/s, <= 64 B per block,
+sustained p99 lag <= 200 ms. `--quick` skips the sustained run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from allocator.fleet import FleetIndex
+from kvevents.codec import Removed, Stored
+from kvevents.publisher import Publisher
+from kvevents.subscriber import Subscriber
+
+BS = 16
+ENGINES = 8
+QUERY_BLOCKS = 16
+GOALS = {"apply_ratio": 3.0, "match_ratio": 1 / 3, "wire_blocks_per_s": 1_000_000,
+         "bytes_per_block": 64, "sustained_lag_p99_ms": 200}
+SUSTAINED_ENGINES = 64
+SUSTAINED_BLOCKS_PER_S = 1000  # per engine
+SUSTAINED_S = 10.0
+TICK_S = 0.05
+
+
+def h63(*parts) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "big") >> 1
+
+
+def workload(n_events: int, seed: int = 0, live_cap: int = 4000):
+    """Per-engine event streams over shared prompts: stores of the missing tail of a prompt
+    (1-16 blocks under a held parent), LRU-ish evictions of whole chains past `live_cap`.
+    Returns [(engine, kvscope event, dynamo json bytes)] and the prompts."""
+    rng = random.Random(seed)
+    systems = [[rng.randrange(32000) for _ in range(BS * rng.randrange(2, 8))] for _ in range(20)]
+    prompts = []
+    for _ in range(400):
+        p = list(rng.choice(systems)) + [rng.randrange(32000) for _ in range(BS * rng.randrange(2, 24))]
+        prompts.append(p)
+    held = [dict() for _ in range(ENGINES)]  # chain -> None (insertion order = age)
+    out = []
+    eid = 0
+    while len(out) < n_events:
+        e = rng.randrange(ENGINES)
+        p = rng.choice(prompts)
+        chains = [tuple(p[:(i + 1) * BS]) for i in range(len(p) // BS)]
+        first = next((i for i, c in enumerate(chains) if c not in held[e]), None)
+        if first is None:
+            continue
+        run = []
+        for c in chains[first:first + 16]:
+            if c in held[e]:
+                break
+            run.append(c)
+        for c in run:
+            held[e][c] = None
+        parent = run[0][:-BS]
+        eid += 1
+        ours = Stored([h63(e, c) for c in run], h63(e, parent) if parent else None,
+                      list(run[-1][len(parent):]), BS, "GPU")
+        theirs = json.dumps({"event_id": eid, "data": {"stored": {
+            "parent_hash": h63("u", parent) if parent else None,
+            "blocks": [{"block_hash": h63("u", c), "tokens_hash": h63("t", c[-BS:])} for c in run]}}})
+        out.append((e, ours, theirs.encode()))
+        if len(held[e]) > live_cap:
+            # evict the oldest chain and every held descendant of it (Dynamo cascades)
+            victim = next(iter(held[e]))
+            gone = [c for c in held[e] if c[:len(victim)] == victim]
+            for c in gone:
+                del held[e][c]
+            eid += 1
+            out.append((e, Removed([h63(e, c) for c in gone], "GPU"), json.dumps(
+                {"event_id": eid, "data": {"removed": {"block_hashes": [h63("u", c) for c in gone]}}}).encode()))
+    return out, prompts
+
+
+def blocks_of(events) -> int:
+    return sum(len(ev.block_hashes) for _, ev, _ in events)
+
+
+def apply_kvscope(events) -> tuple[float, FleetIndex]:
+    fleet = FleetIndex()
+    for e in range(ENGINES):
+        fleet.add(f"e{e}", block_size=BS)
+    batches = [(e, [ev]) for e, ev, _ in events]
+    apply = fleet.apply
+    t = time.perf_counter()
+    for e, b in batches:
+        apply(e, b)
+    return time.perf_counter() - t, fleet
+
+
+def apply_dynamo(events):
+    from dynamo._core import RadixTree
+
+    tree = RadixTree()
+    rows = [(e, js) for e, _, js in events]
+    apply = tree.apply_event
+    t = time.perf_counter()
+    for e, js in rows:
+        apply(e, js)
+    return time.perf_counter() - t, tree
+
+
+def bench_match(fleet, tree, prompts, rounds: int = 5, n: int = 2000) -> tuple[float, float, float]:
+    rng = random.Random(1)
+    qs = [p for p in prompts if len(p) >= QUERY_BLOCKS * BS]
+    toks = [list(rng.choice(qs)[:QUERY_BLOCKS * BS]) for _ in range(n)]
+    local = [[h63("t", tuple(q[i:i + BS])) for i in range(0, len(q), BS)] for q in toks]
+    keys = [fleet.keys_of(q, BS) for q in toks]
+    for q, lh in zip(toks[:50], local[:50]):  # the two agree on what they answer
+        want = dict(tree.find_matches(lh).scores)
+        got = fleet.match_tokens(q, BS)
+        assert {(e, 0): s for e, s in got.items()} == want, (got, want)
+    best = {"k": 1e9, "kk": 1e9, "d": 1e9}
+    mt, mk, fm = fleet.match_tokens, fleet.match_keys, tree.find_matches
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for q in toks:
+            mt(q, BS)
+        best["k"] = min(best["k"], time.perf_counter() - t)
+        t = time.perf_counter()
+        for k in keys:
+            mk(k)
+        best["kk"] = min(best["kk"], time.perf_counter() - t)
+        t = time.perf_counter()
+        for lh in local:
+            fm(lh)
+        best["d"] = min(best["d"], time.perf_counter() - t)
+    return best["k"] / n * 1e6, best["kk"] / n * 1e6, best["d"] / n * 1e6
+
+
+def bench_wire(events, folder: str) -> float:
+    """Batches of 32 events, msgpack over PUB/SUB (ipc), decoded and applied by one subscriber
+    per engine in this process."""
+    fleet = FleetIndex()
+    for e in range(ENGINES):
+        fleet.add(f"e{e}", block_size=BS)
+    lock = threading.Lock()
+    pubs, subs = [], []
+    per = [[] for _ in range(ENGINES)]
+    for e, ev, _ in events:
+        per[e].append(ev)
+    for e in range(ENGINES):
+        pub = Publisher(f"ipc://{folder}/f{e}", replay_endpoint=f"ipc://{folder}/f{e}r", topic="kv",
+                        buffer_steps=100_000)
+
+        def on_batch(seq, b, e=e):
+            with lock:
+                fleet.apply(e, b.events)
+        sub = Subscriber(f"ipc://{folder}/f{e}", topic="kv", replay_endpoint=f"ipc://{folder}/f{e}r",
+                         on_batch=on_batch, replay_timeout=30.0).start()
+        pubs.append(pub)
+        subs.append(sub)
+    time.sleep(0.3)
+    for pub, sub in zip(pubs, subs):
+        pub.publish([])
+        while sub.last_seq is None:
+            time.sleep(0.01)
+            pub.publish([])
+    from kvevents.codec import encode_batch
+
+    payloads = [[encode_batch(evs[i:i + 32], 1.0) for i in range(0, len(evs), 32)] for evs in per]
+    n = blocks_of(events)
+    t = time.perf_counter()
+    for i in range(max(len(p) for p in payloads)):
+        for pub, pl in zip(pubs, payloads):
+            if i < len(pl):
+                with pub._lock:  # publish pre-encoded payloads, as an engine's thread would
+                    seq = pub._seq
+                    pub._seq += 1
+                    pub._buffer.append((seq, pl[i]))
+                    pub._pub.send_multipart((pub._topic, seq.to_bytes(8, "big"), pl[i]))
+    for pub, sub in zip(pubs, subs):
+        last = pub._seq - 1
+        while sub.last_seq != last:
+            time.sleep(0.0005)
+    took = time.perf_counter() - t
+    for pub, sub in zip(pubs, subs):
+        assert sub.lost_batches == 0 and sum(sub.errors.values()) == 0, sub.status()
+        sub.stop()
+        pub.close()
+    return n / took
+
+
+def sustained_batches(e: int, n_ticks: int, per_tick: int):
+    """Engine e's batches: each stores `per_tick` new blocks (chains of 10 under shared system
+    prompts) and, once warm, evicts as many of its oldest."""
+    rng = random.Random(e)
+    systems = [[rng.randrange(32000) for _ in range(BS * 4)] for _ in range(4)]
+    live: list[int] = []
+    out = []
+    serial = 0
+    for _ in range(n_ticks):
+        events, stored = [], 0
+        while stored < per_tick:
+            n = min(10, per_tick - stored)
+            base = rng.choice(systems)
+            serial += 1
+            hashes = [h63(e, serial, i) for i in range(n)]
+            tokens = [t for i in range(n) for t in (base[i * BS:(i + 1) * BS] if i < 4 else [serial + i] * BS)]
+            events.append(Stored(hashes, None, tokens, BS, "GPU"))
+            live.extend(hashes)
+            stored += n
+        if len(live) > 4 * per_tick * 20:
+            gone, live = live[:per_tick], live[per_tick:]
+            events.append(Removed(gone, "GPU"))
+        out.append(events)
+    return out
+
+
+class Server:
+    """`python -m app.cli serve` on a free loopback port."""
+
+    def __init__(self) -> None:
+        import os
+        import socket
+        import subprocess
+
+        import httpx
+
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port = sk.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+                                     env={**os.environ, "KVSCOPE_DEVICE": "cpu"},
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(self.proc.stdout.read().decode(errors="replace"))
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise RuntimeError("server did not start")
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        out, _ = self.proc.communicate(timeout=20)
+        return out.decode(errors="replace")
+
+
+def bench_sustained() -> dict:
+    """64 engines x 1,000 blocks/s into a real server whose fleet page is being polled."""
+    import httpx
+
+    per_tick = int(SUSTAINED_BLOCKS_PER_S * TICK_S)
+    n_ticks = int(SUSTAINED_S / TICK_S)
+    pubs = [Publisher("tcp://127.0.0.1:0", bind=True, topic="kv", buffer_steps=n_ticks + 100)
+            for _ in range(SUSTAINED_ENGINES)]
+    batches = [sustained_batches(e, n_ticks, per_tick) for e in range(SUSTAINED_ENGINES)]
+    srv = Server()
+    stop = threading.Event()
+    polls = {"fleet": 0, "blocks": 0}
+    try:
+        engines = [{"name": f"e{i}", "endpoint": p.endpoint, "topic": "kv", "block_size": BS}
+                   for i, p in enumerate(pubs)]
+        r = httpx.post(srv.url + "/api/fleets", json={"name": "load", "engines": engines}, timeout=30)
+        assert r.status_code == 201, r.text
+
+        def rows():
+            return httpx.get(srv.url + "/api/fleets/load", timeout=30).json()["engines"]
+        deadline = time.monotonic() + 60
+        while any(r["stream"]["last_seq"] is None for r in rows()):  # TCP connects, no replay
+            assert time.monotonic() < deadline, "engines did not connect"
+            for p in pubs:
+                p.publish([])
+            time.sleep(0.2)
+        base = [p.next_seq for p in pubs]
+
+        def page():  # what the open page asks for
+            with httpx.Client(base_url=srv.url, timeout=30) as c:
+                k = 0
+                while not stop.is_set():
+                    c.get("/api/fleets/load?samples=300")
+                    polls["fleet"] += 1
+                    if k % 2 == 0:
+                        c.get("/api/fleets/load/blocks")
+                        polls["blocks"] += 1
+                    k += 1
+                    stop.wait(1.0)
+        poller = threading.Thread(target=page, daemon=True)
+        poller.start()
+        t0 = time.monotonic()
+        behind = 0.0
+        for i in range(n_ticks):
+            for p, plan in zip(pubs, batches):
+                p.publish(plan[i])
+            wait = t0 + (i + 1) * TICK_S - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            else:
+                behind = max(behind, -wait)
+        sent_for = time.monotonic() - t0
+        deadline = time.monotonic() + 60
+        while True:
+            rs = rows()
+            done = all(r["batches"] >= p.next_seq - b for r, p, b in zip(rs, pubs, base))
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        stop.set()
+        poller.join(5)
+        p99s = [r["stream"]["apply_lag_p99_ms"] for r in rs if r["stream"]["apply_lag_p99_ms"] is not None]
+        p50s = [r["stream"]["apply_lag_p50_ms"] for r in rs if r["stream"]["apply_lag_p50_ms"] is not None]
+        blocks = SUSTAINED_ENGINES * per_tick * n_ticks
+        return {"engines": SUSTAINED_ENGINES, "blocks_per_s_per_engine": SUSTAINED_BLOCKS_PER_S,
+                "seconds": round(sent_for, 2), "offered_blocks_per_s": round(blocks / sent_for),
+                "publisher_behind_max_s": round(behind, 3), "all_applied": done,
+                "lost_batches": sum(r["stream"]["lost_batches"] for r in rs),
+                "lag_p50_ms_median": round(float(np.median(p50s)), 1) if p50s else None,
+                "lag_p99_ms_worst_engine": round(max(p99s), 1) if p99s else None,
+                "page_polls": dict(polls)}
+    finally:
+        stop.set()
+        log = srv.stop()
+        for p in pubs:
+            p.close()
+        if "Traceback" in log:
+            print(log[-3000:])
+
+
+def run(json_path: str | None = None, quick: bool = False) -> dict:
+    events, prompts = workload(40_000)
+    n = blocks_of(events)
+    print(f"workload: {len(events):,} events, {n:,} blocks stored + removed, {ENGINES} engines, "
+          f"{BS} tokens per block")
+    ours_t, theirs_t = [], []
+    for _ in range(3):  # interleaved rounds; the best of each
+        t, fleet = apply_kvscope(events)
+        ours_t.append(t)
+        t, tree = apply_dynamo(events)
+        theirs_t.append(t)
+    ours, theirs = n / min(ours_t), n / min(theirs_t)
+    print(f"apply    kvscope {ours:12,.0f} blocks/s   dynamo RadixTree {theirs:12,.0f}   "
+          f"ratio {ours / theirs:.2f} (goal >= {GOALS['apply_ratio']})")
+    k_us, kk_us, d_us = bench_match(fleet, tree, prompts)
+    print(f"match    kvscope {k_us:8.2f} us from tokens, {kk_us:6.2f} us from keys   dynamo "
+          f"{d_us:8.2f} us   ratio {k_us / d_us:.2f} (goal <= {GOALS['match_ratio']:.2f})")
+    held = fleet.holdings
+    bpb = fleet.memory_bytes() / max(held, 1)
+    print(f"memory   {fleet.memory_bytes():,} B for {held:,} held blocks ({fleet.unique:,} distinct): "
+          f"{bpb:.1f} B per held block (goal <= {GOALS['bytes_per_block']})")
+    with tempfile.TemporaryDirectory() as folder:
+        wire = bench_wire(events, folder)
+    print(f"wire     kvscope PUB/SUB -> decode -> fleet {wire:12,.0f} blocks/s "
+          f"(goal >= {GOALS['wire_blocks_per_s']:,})")
+    sustained = None
+    if not quick:
+        sustained = bench_sustained()
+        print(f"sustained {sustained['engines']} engines x {sustained['blocks_per_s_per_engine']:,} "
+              f"blocks/s for {sustained['seconds']} s into a real server, page polling: lag p50 "
+              f"{sustained['lag_p50_ms_median']} ms (median engine), p99 "
+              f"{sustained['lag_p99_ms_worst_engine']} ms (worst engine); all applied: "
+              f"{sustained['all_applied']}, lost batches {sustained['lost_batches']}, publisher "
+              f"behind by up to {sustained['publisher_behind_max_s']} s "
+              f"(goal p99 <= {GOALS['sustained_lag_p99_ms']} ms)")
+    out = {"apply": {"kvscope_blocks_per_s": round(ours), "dynamo_blocks_per_s": round(theirs)},
+           "match": {"kvscope_us": round(k_us, 3), "dynamo_us": round(d_us, 3),
+                     "kvscope_keys_us": round(kk_us, 3)},
+           "wire": {"kvscope_blocks_per_s": round(wire)},
+           "memory": {"bytes_per_held_block": round(bpb, 1)},
+           "sustained": sustained,
+           "goals": GOALS,
+           "met": {"apply": ours / theirs >= GOALS["apply_ratio"],
+                   "match": k_us / d_us <= GOALS["match_ratio"],
+                   "wire": wire >= GOALS["wire_blocks_per_s"],
+                   "memory": bpb <= GOALS["bytes_per_block"]}}
+    if sustained is not None:
+        out["met"]["sustained"] = bool(sustained["all_applied"] and sustained["lag_p99_ms_worst_engine"]
+                                       is not None and sustained["lag_p99_ms_worst_engine"]
+                                       <= GOALS["sustained_lag_p99_ms"])
+    print("goals    " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in out["met"].items()))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(out, f, indent=2)
+        print(f"wrote {json_path}")
+    return out
+
+
+def json_arg(argv: list[str]) -> str | None:
+    return argv[argv.index("--json") + 1] if "--json" in argv[:-1] else None
+
+
+if __name__ == "__main__":
+    run(json_arg(sys.argv[1:]), quick="--quick" in sys.argv[1:])

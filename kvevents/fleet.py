@@ -1,0 +1,424 @@
+"""Fleet: many engines' KV-event streams into one FleetIndex.
+
+One `Subscriber` per engine (the same sequencing, replay and bad-input handling as a mirror),
+its batches handed to `apply` as changes to the index. A batch whose `data_parallel_rank` is not
+the engine's own belongs to another rank of the same server: that rank is its own engine in the
+fleet, named `<server>:dp<rank>`, added on first sight (while the fleet has room; else the batch
+is counted in `refused_batches`). An engine restart clears every rank of that server.
+
+Connection state comes from a ZeroMQ socket monitor: an endpoint nobody answers shows
+`unreachable` with the retry count and the next retry interval, which ZeroMQ doubles per retry
+up to `RECONNECT_MAX_MS` (the fleet's own context sets that backoff).
+
+A fleet recording (`record=`) is one kvscope recording whose topic frame names the engine of each
+batch; `play(path)` feeds one back through the same routing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import zmq
+
+from allocator.errors import Conflict, InvalidRequest
+from allocator.fleet import MAX_FLEET_ENGINES, FleetIndex
+
+from .codec import WireError, decode_batch
+from .engine_metrics import MetricsPoller
+from .follow import threaded_apply
+from .recording import Recorder, read_records
+from .subscriber import Subscriber
+
+RECONNECT_MS = 100
+RECONNECT_MAX_MS = 5000
+SAMPLE_EVERY_S = 1.0
+SAMPLES = 600  # ten minutes of duplication and missed-reuse figures at one per second
+LAGS = 2048
+RECENT = 12  # recent stored chains offered to the match box
+_MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED
+                   | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED)
+
+
+@dataclass(slots=True)
+class EngineSpec:
+    """Where one engine publishes. `dp_rank`: the rank this endpoint is (vLLM publishes each
+    rank on port + rank); `block_size`: tokens per block as configured, checked against the
+    events; `num_blocks`: the engine's KV blocks, for the page's maps."""
+
+    name: str
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+    metrics_url: str | None = None
+    num_blocks: int | None = None
+    block_size: int | None = None
+    dp_rank: int = 0
+    server: str | None = None  # groups one server's DP ranks given as separate endpoints
+
+    @classmethod
+    def parse(cls, d: dict) -> EngineSpec:
+        """From a JSON object (the REST body, a `--fleet` file). Raises InvalidRequest."""
+        if not isinstance(d, dict):
+            raise InvalidRequest("an engine is an object with 'name' and 'endpoint'")
+        unknown = set(d) - set(cls.__slots__)
+        if unknown:
+            raise InvalidRequest(f"unknown engine field(s) {sorted(unknown)}; fields: {list(cls.__slots__)}")
+        for key in ("name", "endpoint"):
+            if not isinstance(d.get(key), str) or not d[key]:
+                raise InvalidRequest(f"engine needs '{key}' (a string)")
+        return cls(**d)
+
+
+def _context() -> zmq.Context:
+    ctx = zmq.Context()
+    ctx.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
+    ctx.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_MAX_MS)
+    return ctx
+
+
+class _MonitoredSubscriber(Subscriber):
+    """A Subscriber whose SUB socket reports connects and retries to `link.on_monitor`."""
+
+    link: EngineLink
+
+    def _run(self) -> None:
+        try:
+            mon = self._sub.get_monitor_socket(_MONITOR_EVENTS)
+        except zmq.ZMQError:
+            mon = None
+        if mon is not None:
+            self.link.monitor = mon
+        super()._run()
+
+
+class EngineLink:
+    """One engine spec's subscription, metrics poller and connection state."""
+
+    def __init__(self, fleet: Fleet, spec: EngineSpec) -> None:
+        self.spec = spec
+        self.fleet = fleet
+        self.connection = "connecting"
+        self.retries = 0
+        self.retry_in_ms: int | None = None
+        self.connected_at: float | None = None
+        self.refused_batches = 0
+        # Seconds from each batch's engine timestamp to its applying here (the last LAGS).
+        self.lags: deque = deque(maxlen=LAGS)
+        self.ranks: dict[int, str] = {spec.dp_rank: spec.name}  # rank -> engine name
+        self.monitor = None
+        self.poller = MetricsPoller(spec.metrics_url).start() if spec.metrics_url else None
+        self.subscriber = _MonitoredSubscriber(
+            spec.endpoint, topic=spec.topic, replay_endpoint=spec.replay_endpoint,
+            on_batch=self._on_batch, on_restart=self._on_restart, ctx=fleet.ctx,
+            recorder=fleet.recorder_for(spec.name))
+        self.subscriber.link = self
+        try:
+            self.subscriber.start()
+        except zmq.ZMQError as exc:
+            if self.poller is not None:
+                self.poller.stop()
+            raise InvalidRequest(f"cannot connect to {spec.endpoint}: {exc}") from None
+
+    def _on_batch(self, seq: int, batch) -> None:
+        self.fleet.route(self, batch)
+
+    def _on_restart(self) -> None:
+        self.fleet.submit(lambda: [self.fleet.index.clear(self.fleet.index.engine(n).eid)
+                                   for n in list(self.ranks.values()) if n in self.fleet.index.engines])
+
+    def on_monitor(self, event: int, value: int) -> None:
+        if event == zmq.EVENT_CONNECTED:
+            self.connection, self.connected_at, self.retry_in_ms = "connected", time.time(), None
+        elif event == zmq.EVENT_CONNECT_RETRIED:
+            self.connection, self.retry_in_ms = "unreachable", value
+            self.retries += 1
+        elif event == zmq.EVENT_DISCONNECTED:
+            self.connection = "disconnected"
+
+    def health(self) -> dict:
+        sub = self.subscriber.status()
+        if self.connection == "connecting" and sub["state"] == "live":
+            self.connection = "connected"  # the monitor came up after the connect
+        state = sub["state"] if self.connection == "connected" else self.connection
+        out = {"state": state, "connection": self.connection, "retries": self.retries,
+               "retry_in_ms": self.retry_in_ms, "refused_batches": self.refused_batches, **sub}
+        out["state"] = state
+        last = sub.get("last_batch_at")
+        out["lag_s"] = None if last is None else round(max(0.0, time.time() - last), 3)
+        out.update(lag_percentiles(self.lags))
+        return out
+
+    def close(self) -> None:
+        self.subscriber.stop()
+        if self.poller is not None:
+            self.poller.stop()
+
+
+class Fleet:
+    """A named fleet: the index, one EngineLink per engine spec, and figures over time.
+
+    `apply(change)` runs each change to the index (default: at once under a lock private to the
+    fleet); a server hands a loop applier so changes run on its event loop under the fleet's
+    lock. Reads (`describe`, `match`) must run where changes run (on that loop, or under
+    `self.lock` in threaded mode).
+    """
+
+    def __init__(self, name: str, *, apply: Callable[[Callable[[], None]], None] | None = None,
+                 record: str | None = None, max_engines: int = MAX_FLEET_ENGINES) -> None:
+        self.name = name
+        self.index = FleetIndex(max_engines=max_engines)
+        self.lock = threading.Lock()
+        self.submit = apply or threaded_apply(self.lock)
+        self.ctx = _context()
+        self.links: dict[str, EngineLink] = {}
+        self.specs: dict[str, EngineSpec] = {}
+        self.recorder = Recorder(record, f"fleet {name}", "") if record else None
+        self.samples: deque = deque(maxlen=SAMPLES)
+        self.apply_failures = 0
+        self.playback: dict | None = None  # a recording being played into the fleet
+        self.recent: deque = deque(maxlen=4 * RECENT)  # (ts, engine, key of a chain's last block)
+        self.created_at = time.time()
+        self._stop = threading.Event()
+        self._monitor_thread = threading.Thread(target=self._watch, daemon=True,
+                                                name=f"fleet-{name}-monitor")
+        self._monitor_thread.start()
+
+    # -- engines --------------------------------------------------------------------------------
+    def add(self, spec: EngineSpec) -> None:
+        """Add an engine and start following it. Raises Conflict (name taken, fleet full) or
+        InvalidRequest (endpoint unusable); then nothing changed. Call where changes run."""
+        if spec.name in self.index.engines or spec.name in self.links:
+            raise Conflict(f"engine {spec.name!r} is already in fleet {self.name!r}")
+        self.index.add(spec.name, server=spec.server or spec.name, dp_rank=spec.dp_rank,
+                       block_size=spec.block_size)
+        try:
+            self.links[spec.name] = EngineLink(self, spec)
+        except Exception:
+            self.index.discard(spec.name)
+            raise
+        self.specs[spec.name] = spec
+
+    def remove(self, name: str) -> EngineLink:
+        """Forget an engine spec (and its other DP ranks) in the index; returns its link, whose
+        `close()` (blocking) the caller runs off the loop. Raises NotFound."""
+        link = self.links.get(name)
+        if link is None:
+            self.index.engine(name)  # raises NotFound naming the engines
+            raise InvalidRequest(f"engine {name!r} is a DP rank of another engine; remove its server")
+        for n in link.ranks.values():
+            if n in self.index.engines:
+                self.index.discard(n)
+        del self.links[name], self.specs[name]
+        return link
+
+    def recorder_for(self, engine: str):
+        if self.recorder is None:
+            return None
+        return _TaggedRecorder(self.recorder, engine)
+
+    # -- applying ---------------------------------------------------------------------------------
+    def route(self, link: EngineLink, batch) -> None:
+        """Hand one decoded batch of `link` to the index, on its rank's engine."""
+        rank = link.spec.dp_rank if batch.dp_rank is None else batch.dp_rank
+        spec = link.spec
+
+        def change() -> None:
+            name = link.ranks.get(rank)
+            if name is None:
+                name = f"{spec.name}:dp{rank}"
+                if name in self.index.engines or len(self.index.engines) >= self.index.max_engines:
+                    link.refused_batches += 1
+                    return
+                self.index.add(name, server=spec.server or spec.name, dp_rank=rank,
+                               block_size=spec.block_size)
+                link.ranks[rank] = name
+            if name not in self.index.engines:
+                return  # removed meanwhile
+            eid = self.index.engine(name).eid
+            self.index.apply(eid, batch.events)
+            link.lags.append(time.time() - batch.ts)
+            self._note_recent(name, eid, batch.events)
+
+        self.submit(change)
+
+    def play(self, path: str, speed: float | None = None, stop: threading.Event | None = None) -> dict:
+        """Feed a fleet recording back, batch by batch to the engine each one names (an engine
+        not in the fleet is added on its first batch, a `:dpN` suffix read as its DP rank), at
+        `speed` times real time (None: as fast as it goes). Blocking; `self.playback` follows it."""
+        out = self.playback = {"path": path, "state": "playing", "batches": 0, "events": 0, "errors": 0}
+        t0 = start = None
+        for ts, _seq, topic, payload in read_records(path):
+            if stop is not None and stop.is_set():
+                break
+            if speed:
+                t0 = ts if t0 is None else t0
+                start = time.monotonic() if start is None else start
+                wait = (ts - t0) / speed - (time.monotonic() - start)
+                if wait > 0 and (stop.wait(wait) if stop is not None else time.sleep(wait)):
+                    break
+            engine = topic.decode("utf-8", "replace")
+            try:
+                batch = decode_batch(payload)
+            except WireError:
+                out["errors"] += 1
+                continue
+            self.submit(lambda engine=engine, batch=batch: self._apply_recorded(engine, batch))
+            out["batches"] += 1
+            out["events"] += len(batch.events)
+        out["state"] = "done"
+        return out
+
+    def _note_recent(self, name: str, eid: int, events) -> None:
+        """Remember the last chain this batch stored (the page offers recent chains to match)."""
+        for ev in reversed(events):
+            if ev.kind == "stored" and ev.block_hashes:
+                key = self.index.key_of(eid, ev.block_hashes[-1])
+                if key is not None:
+                    self.recent.append((time.time(), name, key))
+                return
+
+    def recent_chains(self, n: int = RECENT) -> list[dict]:
+        """The last chains stored that are still indexed, newest first, with their length."""
+        out, seen = [], set()
+        for at, engine, key in reversed(self.recent):
+            if key in seen:
+                continue
+            seen.add(key)
+            blocks = len(self.index.chain_of(key))
+            if blocks:
+                out.append({"engine": engine, "key": f"{key:016x}", "blocks": blocks, "at": at})
+            if len(out) >= n:
+                break
+        return out
+
+    def _apply_recorded(self, engine: str, batch) -> None:
+        if engine not in self.index.engines:
+            if len(self.index.engines) >= self.index.max_engines:
+                return
+            server, _, rank = engine.partition(":dp")
+            self.index.add(engine, server=server, dp_rank=int(rank) if rank.isdigit() else 0)
+        eid = self.index.engine(engine).eid
+        self.index.apply(eid, batch.events)
+        self._note_recent(engine, eid, batch.events)
+
+    # -- reading ----------------------------------------------------------------------------------
+    def sample(self) -> None:
+        """Append the figures now to `samples` (the page's duplication and missed reuse over
+        time). Call where changes run."""
+        s = self.index.stats()
+        s["at"] = time.time()
+        self.samples.append(s)
+
+    def engines(self) -> list[dict]:
+        out = []
+        by_server = {n: link for link in self.links.values() for n in link.ranks.values()}
+        for name, info in self.index.engines.items():
+            link = by_server.get(name)
+            spec = link.spec if link is not None else None
+            row = {"name": name, "server": info.server, "dp_rank": info.dp_rank,
+                   "endpoint": spec.endpoint if spec else None,
+                   "num_blocks": spec.num_blocks if spec else None,
+                   "configured_block_size": info.block_size,
+                   **self.index.engine_stats(name)}
+            row["stream"] = link.health() if link is not None else {"state": "recorded"}
+            poller = link.poller if link is not None and spec.name == name else None
+            row["metrics"] = _engine_metrics(poller)
+            row["errors"] = [e for e in (row["block_size_error"],) if e]
+            out.append(row)
+        return out
+
+    def describe(self) -> dict:
+        return {"name": self.name, "engines": self.engines(), "stats": self.index.stats(),
+                "max_engines": self.index.max_engines, "created_at": self.created_at,
+                "recording": None if self.recorder is None else
+                {"path": self.recorder.path, "records": self.recorder.records},
+                "playback": None if self.playback is None else dict(self.playback),
+                "recent_chains": self.recent_chains()}
+
+    def summary(self) -> dict:
+        return {"name": self.name, "engines": len(self.index.engines), **self.index.stats()}
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        """Read every link's monitor socket (one thread for the fleet)."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        poller = zmq.Poller()
+        watched: dict = {}
+        while not self._stop.is_set():
+            for link in list(self.links.values()):
+                mon = link.monitor
+                if mon is not None and mon not in watched:
+                    watched[mon] = link
+                    poller.register(mon, zmq.POLLIN)
+            try:
+                ready = dict(poller.poll(100)) if watched else {}
+            except zmq.ZMQError:
+                ready = {}
+            if not watched:
+                self._stop.wait(0.1)
+            for mon in ready:
+                try:
+                    msg = recv_monitor_message(mon, zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    continue
+                if msg["event"] == zmq.EVENT_MONITOR_STOPPED:
+                    poller.unregister(mon)
+                    watched.pop(mon, None)
+                    mon.close(0)
+                    continue
+                watched[mon].on_monitor(msg["event"], msg["value"])
+        for mon in watched:
+            mon.close(0)
+
+    def close(self) -> None:
+        """Stop every link and the monitor (blocking: call off the event loop)."""
+        links, self.links = list(self.links.values()), {}
+        for link in links:
+            link.close()
+        self._stop.set()
+        self._monitor_thread.join(timeout=3)
+        if self.recorder is not None:
+            self.recorder.close()
+        self.ctx.destroy(linger=0)
+
+
+class _TaggedRecorder:
+    """A recorder view that writes the engine's name as each record's topic."""
+
+    def __init__(self, recorder: Recorder, engine: str) -> None:
+        self._r, self._topic = recorder, engine.encode()
+
+    def write(self, recv_ts: float, seq: int, topic: bytes, payload: bytes) -> None:
+        self._r.write(recv_ts, seq, self._topic, payload)
+
+
+def lag_percentiles(lags) -> dict:
+    """p50 / p99 / max, in ms, of the time from a batch's engine timestamp to its applying here
+    (the engine's clock: across machines this includes their clock offset)."""
+    if not lags:
+        return {"apply_lag_p50_ms": None, "apply_lag_p99_ms": None, "apply_lag_max_ms": None}
+    a = np.fromiter(lags, dtype=np.float64, count=len(lags)) * 1000.0
+    p50, p99 = np.percentile(a, [50, 99])
+    return {"apply_lag_p50_ms": round(float(p50), 2), "apply_lag_p99_ms": round(float(p99), 2),
+            "apply_lag_max_ms": round(float(a.max()), 2)}
+
+
+def _engine_metrics(poller) -> dict | None:
+    if poller is None:
+        return None
+    latest = poller.latest or {}
+    return {"url": poller.url, "failing": poller.failing, "last_error": poller.last_error,
+            "prefix_cache_queries": latest.get("prefix_queries"),
+            "prefix_cache_hits": latest.get("prefix_hits"),
+            "kv_usage": latest.get("kv_usage"), "hit_ratio": latest.get("hit_ratio"),
+            "num_gpu_blocks": latest.get("num_gpu_blocks")}
+
+
+def spec_dicts(fleet: Fleet) -> list[dict]:
+    return [asdict(s) for s in fleet.specs.values()]

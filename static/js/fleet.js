@@ -1,0 +1,127 @@
+// What the Fleet view shows, as pure functions of GET /api/fleets/{fleet} and its /blocks
+// answer (node-tested); static/js/fleet-view.js draws them.
+
+import { escapeHtml } from "./dom.js";
+
+/** Map cells: 4 px squares, 1 px apart, 60 a row: a 64k-block engine still fits a small canvas. */
+export const CELL = 4;
+export const GAP = 1;
+export const COLUMNS = 60;
+/** Taller maps are cut (the count says how many blocks are not drawn). */
+export const MAX_ROWS = 120;
+
+/**
+ * The colour of a prefix: its colour id (24 bits of its root block's key) spread over the hue
+ * circle by the golden angle, so neighbouring ids differ. The same prefix gets the same colour
+ * on every engine's map. @param {number} id
+ */
+export function colorOf(id) {
+  const hue = Math.round((id * 137.508) % 360);
+  const light = 45 + (id % 3) * 8;
+  return `hsl(${hue}, 65%, ${light}%)`;
+}
+
+/** Engines grouped under their server (DP ranks together), servers in first-seen order. @param {any[]} engines */
+export function groupByServer(engines) {
+  /** @type {Map<string, any[]>} */
+  const out = new Map();
+  for (const e of engines) {
+    if (!out.has(e.server)) out.set(e.server, []);
+    out.get(e.server).push(e);
+  }
+  for (const rows of out.values()) rows.sort((a, b) => a.dp_rank - b.dp_rank);
+  return out;
+}
+
+const num = (v) => (v == null ? "—" : Number(v).toLocaleString());
+
+/** The fleet's figures as "Now" cells. @param {any} stats */
+export function figuresHtml(stats) {
+  const cell = (label, value, sub) => `<div class="num"><label>${label}</label><b>${value}</b><small>${sub}</small></div>`;
+  return [
+    cell("unique blocks", num(stats.unique_blocks), `across ${num(stats.engines)} engines`),
+    cell("duplicated blocks", num(stats.duplicated_blocks), "cached on 2+ engines"),
+    cell("duplicate copies", num(stats.duplicate_copies), "extra copies held"),
+    cell("missed reuse", num(stats.cross_engine_recomputes), `blocks recomputed while another engine held them · ${num(stats.recompute_tokens)} tokens`),
+  ].join("");
+}
+
+/** An engine's stream state as one word and whether it needs attention. @param {any} e */
+export function healthOf(e) {
+  const s = e.stream || {};
+  const state = s.state || "?";
+  const bad = state === "unreachable" || state === "disconnected" || (s.error_count || 0) > 0 || (s.lost_batches || 0) > 0 || (e.errors || []).length > 0;
+  return { state, bad };
+}
+
+/** One engine's header line. @param {any} e */
+export function engineHeadHtml(e) {
+  const s = e.stream || {};
+  const { state, bad } = healthOf(e);
+  const lag = s.lag_s == null ? "no batch yet" : `${s.lag_s < 1 ? Math.round(s.lag_s * 1000) + " ms" : s.lag_s.toFixed(1) + " s"} since last batch`;
+  const p99 = s.apply_lag_p99_ms == null ? "" : ` (p99 ${Math.round(s.apply_lag_p99_ms)} ms from engine to index)`;
+  const retry = state === "unreachable" ? ` · retry ${num(s.retries)} in ${num(s.retry_in_ms)} ms` : "";
+  const m = e.metrics;
+  const own = m && m.prefix_cache_queries != null
+    ? ` · engine: ${num(m.prefix_cache_hits)} / ${num(m.prefix_cache_queries)} prefix hits, KV ${m.kv_usage == null ? "—" : Math.round(m.kv_usage * 100) + "%"}`
+    : "";
+  const keyed = e.keyed_by === "tokens" ? "" : ` · <span class="warn">keyed by engine hashes (no token ids): duplicates across engines cannot be seen</span>`;
+  const errs = (e.errors || []).map((x) => ` · <span class="warn">${escapeHtml(x)}</span>`).join("");
+  const bad_in = (s.error_count || 0) + (e.malformed_events || 0);
+  return `<div class="fleet-engine-head${bad ? " bad" : ""}"><b>${escapeHtml(e.name)}</b>${e.dp_rank ? ` <small>dp ${e.dp_rank}</small>` : ""}
+    <span class="state" data-state="${escapeHtml(state)}">${escapeHtml(state)}</span>
+    <small>${num(e.cached_blocks)} blocks · ${e.block_size ? e.block_size + " tok/block" : "block size unknown"} · ${lag}${p99}${retry}${bad_in ? ` · ${num(bad_in)} bad messages` : ""}${own}${keyed}${errs}</small></div>`;
+}
+
+/**
+ * Cells of one engine's map: colour ids in order, cut to MAX_ROWS rows.
+ * @param {number[]} colors @returns {{cells: number[], rows: number, hidden: number}}
+ */
+export function mapLayout(colors) {
+  const max = COLUMNS * MAX_ROWS;
+  const cells = colors.length > max ? colors.slice(0, max) : colors;
+  return { cells, rows: Math.max(1, Math.ceil(cells.length / COLUMNS)), hidden: colors.length - cells.length };
+}
+
+/** The forest summary: the largest prefix trees, each split by the set of engines holding its blocks. @param {any[]} prefixes */
+export function prefixesHtml(prefixes) {
+  if (!prefixes.length) return `<p class="hint">no blocks yet</p>`;
+  return prefixes.map((p) => {
+    const parts = p.sets.map((s) => `<span class="fleet-set${s.engines.length > 1 ? " shared" : ""}" title="${s.blocks} blocks held by ${escapeHtml(s.engines.join(", "))}">${escapeHtml(s.engines.join(" + "))}: ${num(s.blocks)}</span>`).join("");
+    return `<li><i class="swatch" data-color="${colorOf(p.color)}"></i><b>${num(p.blocks)}</b> blocks ${parts}</li>`;
+  }).join("");
+}
+
+/**
+ * Token ids typed or pasted: integers separated by commas, spaces or newlines (a JSON array too).
+ * @param {string} text @returns {{tokens: number[]}|{error: string}}
+ */
+export function parseTokens(text) {
+  const parts = text.replace(/[[\]]/g, " ").split(/[\s,]+/).filter(Boolean);
+  if (!parts.length) return { error: "paste token ids (integers), e.g. 1, 2, 3" };
+  const bad = parts.find((p) => !/^\d+$/.test(p));
+  if (bad !== undefined) return { error: `not a token id: ${bad.slice(0, 20)}` };
+  return { tokens: parts.map(Number) };
+}
+
+/** Match results as bars, longest first. @param {Record<string, number>} engines @param {Record<string, number|null>} sizes */
+export function matchHtml(engines, sizes) {
+  const rows = Object.entries(engines).sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
+  const best = Math.max(1, ...rows.map(([, n]) => n));
+  return rows.map(([name, n]) => `<div class="fleet-match-row" data-engine="${escapeHtml(name)}" data-blocks="${n}"><span>${escapeHtml(name)}</span><meter min="0" max="${best}" value="${n}"></meter><b>${n} blocks</b><small>${sizes[name] ? n * sizes[name] + " tokens" : ""}</small></div>`).join("");
+}
+
+/** The chart's columns from the samples: time, duplicated blocks, missed reuse (cumulative). @param {any[]} samples */
+export function seriesOf(samples) {
+  return {
+    t: samples.map((s) => s.at),
+    duplicated: samples.map((s) => s.duplicated_blocks),
+    recomputes: samples.map((s) => s.cross_engine_recomputes),
+    unique: samples.map((s) => s.unique_blocks),
+  };
+}
+
+/** Options of the recent-chains picker, newest first. @param {any[]} chains @param {number} now unix s */
+export function recentOptionsHtml(chains, now) {
+  return `<option value="">—</option>` + chains.map((c) => `<option value="${escapeHtml(c.key)}">${escapeHtml(c.engine)} · ${c.blocks} blocks · ${Math.max(0, Math.round(now - c.at))} s ago</option>`).join("");
+}

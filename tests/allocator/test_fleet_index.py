@@ -1,0 +1,110 @@
+"""FleetIndex's engine bookkeeping: names, limits, block sizes, fallback keys, engine removal."""
+
+from __future__ import annotations
+
+import pytest
+
+from allocator.errors import Conflict, NotFound
+from allocator.fleet import MAX_FLEET_ENGINES, FleetIndex
+from kvevents.codec import Removed, Stored
+
+TOKENS = list(range(16))
+
+
+def test_names_and_the_engine_limit():
+    f = FleetIndex(max_engines=3)
+    for n in ("a", "b", "c"):
+        f.add(n)
+    with pytest.raises(Conflict, match="already in the fleet"):
+        f.add("a")
+    with pytest.raises(Conflict, match=r"the most it takes \(3\)"):
+        f.add("d")
+    f.discard("b")
+    assert f.add("d").eid == 1  # the freed bit is reused
+    with pytest.raises(NotFound):
+        f.discard("zz")
+    assert MAX_FLEET_ENGINES == 64
+
+
+def test_block_size_comes_from_events_and_a_mismatch_is_an_engine_error():
+    f = FleetIndex()
+    f.add("a", block_size=8)
+    f.add("b", block_size=4)
+    f.apply(0, [Stored([1, 2], None, TOKENS[:8], 4)])
+    f.apply(1, [Stored([5, 6], None, TOKENS[:8], 4)])
+    a, b = f.engine_stats("a"), f.engine_stats("b")
+    assert a["block_size"] == 4 and "configured with 8" in a["block_size_error"]
+    assert b["block_size_error"] is None
+    assert f.match(TOKENS) == {"a": 2, "b": 2}  # both on the block size their events show
+
+
+def test_events_without_token_ids_fall_back_to_engine_hashes():
+    f = FleetIndex()
+    for n in ("a", "b", "c"):
+        f.add(n, block_size=4)
+    f.apply(0, [Stored([10, 11], None, None, 4)])
+    f.apply(1, [Stored([10, 11], None, None, 4)])  # hashes alike: the same blocks
+    f.apply(2, [Stored([20, 21], None, None, 4)])  # its own seed: nothing shared
+    assert f.engine_stats("a")["keyed_by"] == "engine hashes"
+    assert f.stats()["unique_blocks"] == 4 and f.stats()["duplicated_blocks"] == 2
+    assert f.match_engine_hashes("a", [10, 11]) == {"a": 2, "b": 2, "c": 0}
+    assert f.match(TOKENS[:8]) == {"a": 0, "b": 0, "c": 0}  # no tokens were ever seen
+    assert f.check() == []
+
+
+def test_removing_an_engine_drops_what_it_held():
+    f = FleetIndex()
+    f.add("a")
+    f.add("b")
+    f.apply(0, [Stored([1, 2], None, TOKENS[:8], 4)])
+    f.apply(1, [Stored([3, 4], None, TOKENS[:8], 4)])
+    f.discard("a")
+    s = f.stats()
+    assert (s["unique_blocks"], s["duplicated_blocks"], s["duplicate_copies"]) == (2, 0, 0)
+    assert f.match(TOKENS) == {"b": 2}
+    assert f.check() == []
+
+
+def test_the_index_grows_past_its_first_capacity_and_stays_consistent():
+    f = FleetIndex(capacity=16)
+    f.add("a")
+    f.add("b")
+    for i in range(200):
+        toks = [i] * 4 + [7] * 4
+        f.apply(i % 2, [Stored([2 * i + 1, 2 * i + 2], None, toks, 4)])
+    assert f.unique == 400 and f.check() == []
+    assert f.memory_bytes() / f.holdings < 200
+
+
+def test_a_stored_chain_is_found_again_from_its_last_block():
+    f = FleetIndex()
+    f.add("a")
+    f.add("b")
+    f.apply(0, [Stored([1, 2, 3], None, TOKENS[:12], 4)])
+    f.apply(1, [Stored([7, 8], None, TOKENS[:8], 4)])
+    key = f.key_of(0, 3)
+    chain = f.chain_of(key)
+    assert chain == f.keys_of(TOKENS[:12], 4)
+    assert f.match_chain(key) == {"a": 3, "b": 2}
+    assert f.key_of(0, 99) is None and f.chain_of(12345) == []
+    f.apply(0, [Removed([2])])
+    f.apply(1, [Removed([8])])  # nobody holds the middle block now
+    assert f.chain_of(key) == [key]  # the chain starts below the missing block
+    assert f.match_chain(key) == {"a": 0, "b": 0}  # a chain that does not start at the root
+
+
+def test_layout_names_each_block_s_chain_root():
+    f = FleetIndex()
+    f.add("a")
+    f.add("b")
+    f.apply(0, [Stored([1, 2, 3], None, TOKENS[:12], 4)])
+    f.apply(1, [Stored([5, 6], None, [9] * 8, 4), Stored([7], 6, [8] * 4, 4)])
+    keys, roots, masks = f.layout()
+    root_of = dict(zip(keys.tolist(), roots.tolist()))
+    a = f.keys_of(TOKENS[:12], 4)
+    b = f.keys_of([9] * 8 + [8] * 4, 4)
+    assert all(root_of[k] == a[0] for k in a) and all(root_of[k] == b[0] for k in b)
+    f.apply(1, [Removed([5])])  # b's root goes: its chain now starts at its second block
+    keys, roots, _ = f.layout()
+    root_of = dict(zip(keys.tolist(), roots.tolist()))
+    assert root_of[b[1]] == b[1] and root_of[b[2]] == b[1]

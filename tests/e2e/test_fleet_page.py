@@ -1,0 +1,124 @@
+"""The Fleet view in Chromium: two engines (different hash seeds, the same prompts) fed through
+real sockets, each engine's map painted block by block, duplicated prefixes found, the match box
+answering as the REST match does, an unreachable engine shown as such; and under the real CSP."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import free_port
+from .test_csp import wait_until
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kvevents"))
+from kve_source import RefPrefixCache  # noqa: E402
+
+from kvevents.publisher import Publisher  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def fleet(api, tmp_path):
+    pubs, srcs = {}, {}
+    shared = RefPrefixCache(seed=1, hash_seed=11)
+    for i, name in enumerate(("e0", "e1")):
+        port = free_port()
+        pubs[name] = Publisher(f"tcp://127.0.0.1:{port}", bind=True, topic="kv")
+        srcs[name] = RefPrefixCache(seed=i + 1, hash_seed=11 + 100 * i)
+        srcs[name].prompts = shared.prompts
+    api.delete("/api/fleets/e2e")
+    engines = [{"name": n, "endpoint": p.endpoint, "topic": "kv", "block_size": 4} for n, p in pubs.items()]
+    engines.append({"name": "gone", "endpoint": f"ipc://{tmp_path}/nobody.sock"})
+    r = api.post("/api/fleets", json={"name": "e2e", "engines": engines})
+    assert r.status_code == 201, r.text
+
+    def rows():
+        return {e["name"]: e for e in api.get("/api/fleets/e2e").json()["engines"]}
+
+    end = time.monotonic() + 30
+    while any(rows()[n]["stream"]["last_seq"] is None for n in pubs):  # no replay socket here
+        assert time.monotonic() < end, rows()
+        for p in pubs.values():
+            p.publish([])
+        time.sleep(0.1)
+    for _ in range(15):
+        for n, p in pubs.items():
+            p.publish(srcs[n].step())
+    end = time.monotonic() + 30
+    while any(rows()[n]["cached_blocks"] != len(srcs[n].cached) for n in pubs):
+        assert time.monotonic() < end, rows()
+        time.sleep(0.05)
+    yield srcs
+    api.delete("/api/fleets/e2e")
+    for p in pubs.values():
+        p.close()
+
+
+def shown_match(page) -> dict:
+    return {el.get_attribute("data-engine"): int(el.get_attribute("data-blocks"))
+            for el in page.locator(".fleet-match-row").all()}
+
+
+def wait_shown(page, want: dict, timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    while shown_match(page) != want:
+        assert time.monotonic() < end, (shown_match(page), want)
+        time.sleep(0.1)
+
+
+def test_fleet_view_paints_every_engine_and_matches(page, api, fleet, artifacts):
+    page.goto("/?fleet=e2e#fleet")
+    want = {n: len(s.cached) for n, s in fleet.items()}
+    page.wait_for_function(
+        "(() => { const f = window.kvscope.fleet(); "
+        f"return f.painted.e0 === {want['e0']} && f.painted.e1 === {want['e1']}; }})()", timeout=30_000)
+    stats = api.get("/api/fleets/e2e").json()["stats"]
+    assert stats["duplicated_blocks"] > 0
+    numbers = page.locator("#fleet-numbers").inner_text().lower()
+    assert "duplicated blocks" in numbers and "missed reuse" in numbers
+    # every engine's canvas has painted pixels; the unreachable one says so
+    for n in ("e0", "e1"):
+        filled = page.evaluate(
+            """(n) => { const c = document.querySelector(`.fleet-engine[data-engine="${n}"] canvas`);
+                 const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                 let k = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) k++; return k; }""", n)
+        assert filled >= want[n] * 16, (n, filled)
+    page.wait_for_selector('.fleet-engine[data-engine="gone"] .state[data-state="unreachable"]', timeout=30_000)
+    page.wait_for_selector("#fleet-prefixes .fleet-set.shared", timeout=30_000)
+    # a recent stored chain from the picker
+    page.wait_for_function("document.querySelectorAll('#fleet-recent option').length > 1", timeout=30_000)
+    key = page.locator("#fleet-recent option").nth(1).get_attribute("value")
+    page.select_option("#fleet-recent", key)
+    want_chain = api.post("/api/fleets/e2e/match", json={"key": key}).json()["engines"]
+    wait_shown(page, want_chain)
+    # the match box
+    prompt = fleet["e0"].prompts[0]
+    page.fill("#fleet-tokens", ", ".join(map(str, prompt)))
+    page.click("#f-fleet-match button[type=submit]")
+    wait_shown(page, api.post("/api/fleets/e2e/match", json={"tokens": prompt}).json()["engines"])
+    page.fill("#fleet-tokens", "1, two")
+    page.click("#f-fleet-match button[type=submit]")
+    page.wait_for_function("document.querySelector('#fleet-match-out').textContent.includes('not a token id')")
+    page.screenshot(path=str(artifacts / "fleet-view.png"), full_page=True)
+    assert page.console_log.errors == []
+
+
+def test_fleet_view_runs_under_the_csp(browser, server, fleet):
+    context = browser.new_context(viewport={"width": 1440, "height": 1000}, base_url=server)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto("/?fleet=e2e#fleet")
+        wait_until(page, "window.kvscope.fleet().painted.e0 > 0", 30)
+        wait_until(page, "document.querySelectorAll('#fleet-prefixes .swatch').length > 0", 30)
+        color = page.evaluate("getComputedStyle(document.querySelector('#fleet-prefixes .swatch')).backgroundColor")
+        assert color not in ("", "rgba(0, 0, 0, 0)")
+        assert errors == []
+    finally:
+        context.close()

@@ -1,0 +1,205 @@
+"""Fleets through the REST API and /metrics (in-process app and a real uvicorn server, real
+sockets, vLLM's and SGLang's own publishers), and the bad input they refuse."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from kve_metrics_http import metrics_server
+from kve_source import RefPrefixCache, chain_hash, signed
+from test_app_mirror import METRICS
+from test_fleet_publishers import free_port_pair, held_prefix
+from test_real_publishers import DEADLINE, Engine, wait_for
+
+pytest.importorskip("fastapi")
+from apputil import ROOT, Server, assert_error, make_client  # noqa: E402
+
+
+def engine_body(eng: Engine, name: str, **kw) -> dict:
+    return {"name": name, "endpoint": eng.pub._endpoint, "replay_endpoint": eng.pub._replay_endpoint,
+            "topic": "kv", "block_size": 4, **kw}
+
+
+def publish_until_applied(get_rows, engines: dict[str, Engine], steps: int) -> None:
+    for _ in range(steps):
+        for eng in engines.values():
+            eng.send(eng.source.step())
+    end = time.monotonic() + DEADLINE
+    while True:
+        rows = get_rows()
+        if all(rows[n]["batches"] >= e.seq + 1 for n, e in engines.items()):
+            return
+        assert time.monotonic() < end, rows
+        time.sleep(0.05)
+        for n, e in engines.items():
+            if rows[n]["stream"]["last_seq"] is None:
+                e.send([])  # a joiner that missed the first batches: the gap is replayed
+
+
+@pytest.fixture
+def pair(ipc, vllm_kv, sglang_kv):
+    a = Engine(vllm_kv, "vllm", ipc("a"), ipc("ar"))
+    b = Engine(sglang_kv, "sglang", ipc("b"), ipc("br"))
+    a.source = RefPrefixCache(seed=1, hash_seed=101)
+    b.source = RefPrefixCache(seed=2, hash_seed=202)
+    b.source.prompts = a.source.prompts
+    yield {"a": a, "b": b}
+    a.close()
+    b.close()
+
+
+def rows_of(client, fleet="f") -> dict:
+    return {r["name"]: r for r in client.get(f"/api/fleets/{fleet}").json()["engines"]}
+
+
+def test_fleet_rest_match_metrics_and_engine_changes(pair, ipc, vllm_kv):
+    with metrics_server(lambda: (200, METRICS)) as url, make_client() as client:
+        r = client.post("/api/fleets", json={"name": "f", "engines": [
+            engine_body(pair["a"], "a", metrics_url=url), engine_body(pair["b"], "b")]})
+        assert r.status_code == 201, r.text
+        assert [e["name"] for e in r.json()["engines"]] == ["a", "b"]
+        publish_until_applied(lambda: rows_of(client), pair, 12)
+        body = client.get("/api/fleets/f").json()
+        for n, eng in pair.items():
+            row = {r["name"]: r for r in body["engines"]}[n]
+            assert row["cached_blocks"] == len(eng.source.cached)
+            assert row["keyed_by"] == "tokens" and row["block_size"] == 4 and row["errors"] == []
+            assert row["stream"]["error_count"] == 0 and row["stream"]["lag_s"] is not None
+        s = body["stats"]
+        assert set(s) >= {"unique_blocks", "duplicated_blocks", "duplicate_copies",
+                          "cross_engine_recomputes", "recompute_tokens"}
+        assert s["duplicated_blocks"] > 0 and s["duplicate_copies"] >= s["duplicated_blocks"]
+        wait_for(lambda: (rows_of(client)["a"]["metrics"] or {}).get("prefix_cache_queries"),
+                 what="engine a's own metrics")
+        m = rows_of(client)["a"]["metrics"]
+        assert (m["prefix_cache_queries"], m["prefix_cache_hits"], m["kv_usage"]) == (1000.0, 400.0, 0.25)
+        # matches by tokens and by one engine's own hashes
+        for p in pair["a"].source.prompts:
+            got = client.post("/api/fleets/f/match", json={"tokens": p}).json()["engines"]
+            assert got == {n: held_prefix(e.source, p) for n, e in pair.items()}
+        src = pair["b"].source
+        chain, parent = [], src.hash_seed
+        for i in range(0, len(src.prompts[0]), 4):
+            parent = chain_hash(parent, src.prompts[0][i:i + 4])
+            chain.append(signed(parent))  # SGLang's hashes are signed: either form names the block
+        got = client.post("/api/fleets/f/match", json={"block_hashes": chain, "engine": "b"}).json()
+        assert got["engines"]["b"] == held_prefix(src, src.prompts[0])
+        # a recent stored chain, named by its last block's key
+        recent = client.get("/api/fleets/f").json()["recent_chains"]
+        assert recent and recent[0]["engine"] in pair and recent[0]["blocks"] >= 1
+        got = client.post("/api/fleets/f/match", json={"key": recent[0]["key"]}).json()["engines"]
+        assert 1 <= got[recent[0]["engine"]] <= recent[0]["blocks"]
+        # Prometheus
+        text = client.get("/metrics").text
+        unique = client.get("/api/fleets/f").json()["stats"]["unique_blocks"]
+        assert f'kvscope_fleet_unique_blocks{{fleet="f"}} {float(unique)}' in text
+        for series in ("kvscope_fleet_duplicated_blocks", "kvscope_fleet_cross_engine_recomputes_total",
+                       "kvscope_fleet_recompute_tokens_total", "kvscope_fleet_engine_lag_seconds"):
+            assert series + '{' in text, series
+        assert (f'kvscope_fleet_engine_cached_blocks{{engine="a",fleet="f",server="a"}} '
+                f'{float(len(pair["a"].source.cached))}') in text
+        # add and remove an engine on the live fleet
+        c = Engine(vllm_kv, "vllm", ipc("c"), ipc("cr"))
+        try:
+            c.source = RefPrefixCache(seed=3, hash_seed=303)
+            c.source.prompts = pair["a"].source.prompts
+            r = client.post("/api/fleets/f/engines", json=engine_body(c, "c"))
+            assert r.status_code == 201, r.text
+            publish_until_applied(lambda: rows_of(client), {"c": c}, 4)
+            assert rows_of(client)["c"]["cached_blocks"] == len(c.source.cached)
+            assert client.delete("/api/fleets/f/engines/c").status_code == 204
+            assert "c" not in rows_of(client)
+            assert_error(client.delete("/api/fleets/f/engines/c"), 404, "not_found")
+        finally:
+            c.close()
+        assert [f["name"] for f in client.get("/api/fleets").json()["fleets"]] == ["f"]
+        assert client.delete("/api/fleets/f").status_code == 204
+        assert client.get("/api/fleets").json()["fleets"] == []
+        assert_error(client.get("/api/fleets/f"), 404, "not_found")
+
+
+def test_bad_fleet_input_is_refused_and_changes_nothing(tmp_path):
+    ep = f"ipc://{tmp_path}/x.sock"
+    with make_client() as client:
+        assert client.post("/api/fleets", json={"name": "f", "engines": [
+            {"name": "a", "endpoint": ep}]}).status_code == 201
+        before = client.get("/api/fleets").json()
+        # a taken fleet name, an engine name given twice, an engine already in the fleet: 409
+        assert_error(client.post("/api/fleets", json={"name": "f", "engines": [
+            {"name": "a", "endpoint": ep}]}), 409, "conflict")
+        e = assert_error(client.post("/api/fleets", json={"name": "g", "engines": [
+            {"name": "a", "endpoint": ep}, {"name": "a", "endpoint": ep}]}), 409, "conflict")
+        assert "twice" in e["message"]
+        assert_error(client.post("/api/fleets/f/engines", json={"name": "a", "endpoint": ep}),
+                     409, "conflict")
+        # too many engines: refused naming the limit
+        many = [{"name": f"e{i}", "endpoint": ep} for i in range(65)]
+        e = assert_error(client.post("/api/fleets", json={"name": "g", "engines": many}), 422,
+                         "invalid_request")
+        assert "64" in e["message"]
+        # malformed bodies
+        for body in ({"name": "g", "engines": []},
+                     {"name": "Bad Name", "engines": [{"name": "a", "endpoint": ep}]},
+                     {"name": "g", "engines": [{"name": "a", "endpoint": "http://x"}]},
+                     {"name": "g", "engines": [{"name": "a", "endpoint": "tcp://h:99999"}]},
+                     {"name": "g", "engines": [{"name": "a", "endpoint": ep, "block_size": "4"}]},
+                     {"name": "g", "engines": [{"name": "a", "endpoint": ep, "bogus": 1}]}):
+            assert_error(client.post("/api/fleets", json=body), 422, "invalid_request")
+        # matches
+        for body in ({"tokens": [1, 2], "block_hashes": [1], "engine": "a"}, {"block_hashes": [1]},
+                     {"key": "xyz"}, {"key": "00000000000000ab", "tokens": [1]},
+                     {"tokens": ["1"]}, {"tokens": [-1]}, {}, {"tokens": [1], "bogus": 0}):
+            assert_error(client.post("/api/fleets/f/match", json=body), 422, "invalid_request")
+        e = assert_error(client.post("/api/fleets/f/match", json={"tokens": [1, 2, 3]}), 422,
+                         "invalid_request")
+        assert "block size" in e["message"]
+        assert_error(client.post("/api/fleets/f/match", json={"block_hashes": [1], "engine": "zz"}),
+                     404, "not_found")
+        assert_error(client.post("/api/fleets/nope/match", json={"tokens": [1]}), 404, "not_found")
+        assert_error(client.post("/api/fleets/f/match", json={"key": "00000000000000ab"}), 404, "not_found")
+        assert_error(client.delete("/api/fleets/nope"), 404, "not_found")
+        assert client.get("/api/fleets").json() == before
+        # the fleet is full: one more engine is refused naming the limit
+        for i in range(63):
+            r = client.post("/api/fleets/f/engines", json={"name": f"x{i}", "endpoint": ep})
+            assert r.status_code == 201, r.text
+        e = assert_error(client.post("/api/fleets/f/engines", json={"name": "y", "endpoint": ep}),
+                         409, "conflict")
+        assert "64" in e["message"]
+        assert len(rows_of(client)) == 64
+
+
+def test_serve_with_a_fleet_file_follows_a_vllm_engine(tmp_path, vllm_kv):
+    port, replay = free_port_pair(), free_port_pair()
+    eng = Engine(vllm_kv, "vllm", f"tcp://*:{port}", f"tcp://*:{replay}")
+    eng.source = RefPrefixCache(seed=4, hash_seed=404)
+    path = tmp_path / "fleet.json"
+    path.write_text(json.dumps({"name": "demo", "engines": [
+        {"name": "v0", "endpoint": f"tcp://127.0.0.1:{port}",
+         "replay_endpoint": f"tcp://127.0.0.1:{replay}", "topic": "kv", "block_size": 4}]}))
+    srv = Server(args=("--fleet", str(path)))
+    try:
+        def rows():
+            return {r["name"]: r for r in httpx.get(srv.url + "/api/fleets/demo").json()["engines"]}
+        publish_until_applied(rows, {"v0": eng}, 10)
+        assert rows()["v0"]["cached_blocks"] == len(eng.source.cached)
+        text = httpx.get(srv.url + "/metrics").text
+        assert f'kvscope_fleet_engine_cached_blocks{{engine="v0",fleet="demo",server="v0"}} ' \
+               f'{float(len(eng.source.cached))}' in text
+    finally:
+        log = srv.stop()
+        eng.close()
+    assert "Traceback" not in log, log
+
+
+def test_serve_refuses_a_bad_fleet_file_in_one_line(tmp_path):
+    path = tmp_path / "fleet.json"
+    path.write_text(json.dumps({"name": "demo", "engines": [{"name": "v0", "endpoint": "nope"}]}))
+    r = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--fleet", str(path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "engines.0.endpoint" in r.stderr and "Traceback" not in r.stderr
