@@ -643,6 +643,7 @@ def _routing_policies() -> tuple[str, ...]:
 
 RoutingPolicy = Literal[_routing_policies()]
 ROUTING_RUN_ID_PATTERN = r"^r[0-9]{1,12}$"
+ROUTING_SERVING_TOKENS = 1 << 28  # simulated KV over all replicas of a run the server makes
 
 
 class RoutingIn(Strict):
@@ -659,7 +660,7 @@ class RoutingIn(Strict):
     policies: Annotated[list[RoutingPolicy], Field(min_length=1, max_length=16)] = [
         "round_robin", "sglang_cache_aware", "dynamo_kv", "llmd_precise"]
     replicas: Annotated[int, Field(ge=1, le=64)] = 4
-    capacity_tokens: Annotated[int, Field(ge=512, le=1 << 34)] = 1_000_000
+    capacity_tokens: Annotated[int, Field(ge=512, le=1 << 30)] = 1_000_000
     limit: Annotated[int, Field(gt=0, le=MAX_TRACE_LIMIT)] = 2000
     mode: Literal["sequence", "serving"] = "sequence"
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
@@ -668,6 +669,9 @@ class RoutingIn(Strict):
     def _stop_names_a_run(self) -> RoutingIn:
         if self.action == "stop" and self.id is None:
             raise ValueError("stopping needs the run's 'id'")
+        if self.mode == "serving" and self.replicas * self.capacity_tokens > ROUTING_SERVING_TOKENS:
+            raise ValueError(f"serving mode simulates at most {ROUTING_SERVING_TOKENS:,} tokens of "
+                             "KV over all replicas: lower 'replicas' or 'capacity_tokens'")
         return self
 
 

@@ -73,6 +73,8 @@ def test_unknown_runs_are_404(client):
     ({"action": "stop"}, None),
     ({"action": "stop", "id": "x/1"}, "id"),
     ({"speed": 2}, "speed"),
+    ({"capacity_tokens": 1 << 31}, "capacity_tokens"),
+    ({"mode": "serving", "replicas": 64, "capacity_tokens": 1 << 23}, "serving mode simulates at most"),
 ])
 def test_bad_bodies_are_422_and_start_nothing(client, body, field):
     err = assert_error(client.post("/api/routing", json=body), 422, "invalid_request")

@@ -99,3 +99,10 @@ def test_unreachable_ray_address_is_one_line_and_exit_2(trace_file, tmp_path, ca
     assert rc == 2
     line = _error(capsys)
     assert "127.0.0.1:9" in line and line.startswith("error: ")
+
+
+def test_a_serving_sweep_past_the_simulated_memory_is_refused_up_front(trace_file, tmp_path, capsys):
+    rc = route_main(["--trace", str(trace_file), "--mode", "serving", "--replicas", "8",
+                     "--capacity-tokens", "1e9", "--out", str(tmp_path / "o"), "--quiet"])
+    assert rc == 2
+    assert "serving mode simulates at most" in _error(capsys)

@@ -73,3 +73,5 @@ def test_serving_is_deterministic_and_checks_its_costs():
     assert a == b
     with pytest.raises(InvalidRequest, match="prefill_token_s"):
         run_serving(trace, 2, 30 * 512, make_policy("round_robin", 2), ServingCosts(prefill_token_s=-1))
+    with pytest.raises(InvalidRequest, match="at most"):  # refused before any pool is built
+        run_serving(trace, 64, 1 << 25, make_policy("round_robin", 64))

@@ -23,7 +23,7 @@ from allocator import InvalidRequest
 from ..mooncake import MooncakeTrace
 from .policies import make_policy
 from .sequence import check_grid, run_sequence
-from .serving import ServingCosts, run_serving
+from .serving import MAX_SERVING_TOKENS, ServingCosts, run_serving
 
 MODES = ("sequence", "serving")
 
@@ -56,6 +56,9 @@ def grid(policies: list[str], replicas: list[int], capacities: list[int], mode: 
     for n in replicas:
         for c in capacities:
             check_grid(n, c)
+            if mode == "serving" and n * c > MAX_SERVING_TOKENS:
+                raise InvalidRequest(f"serving mode simulates at most {MAX_SERVING_TOKENS:,} tokens "
+                                     f"of KV over all replicas; N={n} x {c:,} tokens is {n * c:,}")
     return [GridPoint(p, n, c, mode) for p in policies for n in replicas for c in capacities]
 
 

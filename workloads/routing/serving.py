@@ -35,6 +35,9 @@ from .policies import BLOCK_TOKENS, Cluster, Policy, RouteRequest, prefix_run
 from .sequence import check_grid, no_gc, requests
 
 MAX_LEN = 131_072  # the bundled trace's prompts reach 126,195 tokens: a 128k-context model
+# The simulated pools hold one byte per token (simulator.py's NOTE) plus per-block arrays: this
+# many tokens over all replicas keeps a sweep point within about a GiB of memory.
+MAX_SERVING_TOKENS = 1 << 30
 
 
 @dataclass(slots=True)
@@ -94,6 +97,10 @@ class ServingCluster(Cluster):
     def __init__(self, trace: MooncakeTrace, n: int, capacity_tokens: int,
                  costs: ServingCosts, policy: Policy) -> None:
         check_grid(n, capacity_tokens)
+        if n * capacity_tokens > MAX_SERVING_TOKENS:
+            raise InvalidRequest(
+                f"serving mode simulates at most {MAX_SERVING_TOKENS:,} tokens of KV over all "
+                f"replicas; {n} x {capacity_tokens:,} is {n * capacity_tokens:,}")
         costs.check()
         self.n = n
         self.now = 0.0
