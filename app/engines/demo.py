@@ -42,8 +42,8 @@ def engine_specs(n: int, port: int, log_dir: Path) -> list[EngineSpec]:
 
 def register(app, specs: list[EngineSpec]) -> None:
     """How the engines appear on the dashboard (the one place that decides it): one mirror pool
-    per engine, named after it, following its KV events and polling its /metrics; and a fleet
-    named `demo` of all of them, which a server with fleets (`startup_fleets`) starts too."""
+    per engine, named after it, following its KV events and polling its /metrics; and the fleet
+    `FLEET` of all of them, which the link the demo prints (`fleet_link`) opens."""
     app.state.startup_pools = [
         ({"name": s.name, "strategy": "mirror", "num_blocks": s.num_blocks,
           "mirror": {"endpoint": s.events_endpoint, "replay_endpoint": s.replay_endpoint,
