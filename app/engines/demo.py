@@ -30,6 +30,7 @@ PROG = "kvscope demo"
 ENGINE_BLOCKS = 1024  # per engine: 32,768 tokens; the trace fills it in about a minute, then evicts
 MAX_MODEL_LEN = 2048
 MAX_ENGINES = 4
+FLEET = "demo"  # the fleet of all the demo's engines, the page the demo sends the user to
 
 
 def engine_specs(n: int, port: int, log_dir: Path) -> list[EngineSpec]:
@@ -41,17 +42,25 @@ def engine_specs(n: int, port: int, log_dir: Path) -> list[EngineSpec]:
 
 def register(app, specs: list[EngineSpec]) -> None:
     """How the engines appear on the dashboard (the one place that decides it): one mirror pool
-    per engine, named after it, following its KV events and polling its /metrics; and a fleet
-    named `demo` of all of them, which a server with fleets (`startup_fleets`) starts too."""
+    per engine, named after it, following its KV events and polling its /metrics; and the fleet
+    `FLEET` of all of them, which the link the demo prints (`fleet_link`) opens."""
     app.state.startup_pools = [
         ({"name": s.name, "strategy": "mirror", "num_blocks": s.num_blocks,
           "mirror": {"endpoint": s.events_endpoint, "replay_endpoint": s.replay_endpoint,
                      "metrics_url": s.metrics_url}}, {})
         for s in specs]
-    app.state.startup_fleets = [("demo", [
+    app.state.startup_fleets = [(FLEET, [
         {"name": s.name, "endpoint": s.events_endpoint, "replay_endpoint": s.replay_endpoint,
          "metrics_url": s.metrics_url, "num_blocks": s.num_blocks, "block_size": BLOCK_SIZE}
         for s in specs], {})]
+
+
+def fleet_link(host: str, port: int, names: list[str]) -> str:
+    """The line that sends the user to the fleet view of all the engines, and names the
+    per-engine mirror pools (each engine's own block map and /metrics on the dashboard)."""
+    base = f"http://{host}:{port}/"
+    return (f"fleet view at {base}?fleet={FLEET}#fleet (one mirror pool per engine: "
+            f"{', '.join(f'{base}?pool={n}' for n in names)})")
 
 
 class Supervisor:
@@ -183,9 +192,7 @@ def run(args, settings, trace, engines: list[EngineProcess], log_dir: Path) -> i
         supervisor = Supervisor(engines, fail).start()
         load = supervisor.load = LoadGenerator(trace, supervisor.ready_urls, speed=args.speed,
                                                engines=len(engines)).start()
-        first = engines[0].spec.name
-        print(f"{PROG}: dashboard at http://{settings.host}:{settings.port}/?pool={first} "
-              f"(one mirror pool per engine: {', '.join(e.spec.name for e in engines)}); "
+        print(f"{PROG}: {fleet_link(settings.host, settings.port, [e.spec.name for e in engines])}; "
               "Ctrl-C stops everything", flush=True)
         server.run()
         if supervisor.failure is not None:

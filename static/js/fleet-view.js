@@ -143,8 +143,17 @@ export function createFleetView() {
     }
   }
 
+  /** The shown fleet goes in the address (`?fleet=NAME`), so a reload or a shared link opens it. */
+  function keepInUrl() {
+    const url = new URL(window.location.href);
+    if (url.searchParams.get("fleet") === name) return;
+    url.searchParams.set("fleet", name);
+    window.history.replaceState(null, "", url.pathname + url.search + url.hash);
+  }
+
   select.addEventListener("change", () => {
     name = select.value;
+    keepInUrl();
     state.blocks = null;
     if (timer) window.clearTimeout(timer);
     tick();

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -122,3 +123,35 @@ def test_fleet_view_runs_under_the_csp(browser, server, fleet):
         assert errors == []
     finally:
         context.close()
+
+
+def test_fleet_view_opens_the_fleet_named_in_the_address(page, api, tmp_path):
+    """`/?fleet=NAME#fleet` (the link `kvscope demo` prints) opens that fleet even when it is not
+    the first; choosing another in the picker puts it in the address, so a reload keeps it."""
+    names = ("e2e-url-first", "e2e-url-second")
+    for n in names:
+        api.delete(f"/api/fleets/{n}")
+        r = api.post("/api/fleets", json={"name": n, "engines": [
+            {"name": f"{n}-engine", "endpoint": f"ipc://{tmp_path}/{n}.sock"}]})
+        assert r.status_code == 201, r.text
+    try:
+        listed = [f["name"] for f in api.get("/api/fleets").json()["fleets"]]
+        assert listed.index(names[0]) < listed.index(names[1])
+        page.goto(f"/?fleet={names[1]}#fleet")
+        page.wait_for_function(
+            f"window.kvscope.fleet().engines.join() === '{names[1]}-engine'", timeout=30_000)
+        assert page.locator("#fleet-select").input_value() == names[1]
+        assert page.locator("#view-fleet").is_visible()
+        page.select_option("#fleet-select", names[0])
+        page.wait_for_function(
+            f"window.kvscope.fleet().engines.join() === '{names[0]}-engine'", timeout=30_000)
+        url = urlsplit(page.url)
+        assert parse_qs(url.query)["fleet"] == [names[0]] and url.fragment == "fleet", page.url
+        page.reload()
+        page.wait_for_function(
+            f"window.kvscope.fleet().engines.join() === '{names[0]}-engine'", timeout=30_000)
+        assert page.locator("#fleet-select").input_value() == names[0]
+        assert page.console_log.errors == []
+    finally:
+        for n in names:
+            api.delete(f"/api/fleets/{n}")
