@@ -31,7 +31,7 @@ build:
 run: install
 	$(VENV)/bin/kvscope serve --host $(HOST) --port $(PORT)
 
-test: install lint test-py test-js
+test: install lint test-py test-debug-core test-js
 
 test-py:
 	$(PY) -m pytest -q $(PYTEST_ARGS)
