@@ -198,6 +198,7 @@ class LiveRun:
                                 "replay_endpoint": "tcp://127.0.0.1:*"}})
                 self.pools.append(name)
                 self.handles.append(handle)
+                self._check_not_stopped()
             engines = []
             for i, handle in enumerate(self.handles):
                 pub = handle.links[0].publisher.publisher
@@ -206,10 +207,15 @@ class LiveRun:
                                 "block_size": BLOCK_TOKENS})
             await app.state.fleets.create(self.fleet_name, engines)
             self.fleet = self.fleet_name
+            self._check_not_stopped()
             self.cluster = PoolCluster([h.pool for h in self.handles])
         except BaseException:
             await self._remove(app)
             raise
+
+    def _check_not_stopped(self) -> None:
+        if self._stop.is_set():
+            raise Conflict(f"routing run {self.id!r} was stopped while it was being set up")
 
     def stop(self) -> None:
         self._stop.set()
@@ -271,6 +277,8 @@ class LiveRun:
         self.stop()
         if self.thread.is_alive():
             await asyncio.to_thread(self.thread.join, 10)
+        elif self.thread.ident is None and self.state == "running":  # stopped while set up
+            self.state = "stopped"
         await self._remove(app)
 
     async def _remove(self, app) -> None:
