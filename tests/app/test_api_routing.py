@@ -3,6 +3,7 @@ trace, behind the usual guards."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -146,11 +147,18 @@ def test_a_live_run_feeds_real_pools_that_a_fleet_mirrors_and_stop_removes_them(
     assert all(e["configured_block_size"] == 512 and e["block_size_error"] is None
                for e in state["engines"])
     assert 0 < state["stats"]["unique_blocks"] <= sum(want)
+    ports = [int(e["endpoint"].rsplit(":", 1)[1]) for e in state["engines"]]
+    assert all(e["endpoint"].startswith("tcp://127.0.0.1:") for e in state["engines"])
     r = client.post("/api/routing", json={"action": "stop", "id": rid})
     assert r.status_code == 200, r.text
     assert r.json()["routing"]["pools"] == [] and r.json()["routing"]["fleet"] is None
     assert names(client) == (["default"], [])
     assert_error(client.get(f"/api/fleets/{fleet}"), 404, "not_found")
+    for port in ports:  # the publishers' sockets are closed: their ports can be bound again
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen()
 
 
 def test_the_policy_switches_live_and_delete_leaves_nothing(client):
