@@ -6,17 +6,29 @@ A run routes the first `limit` requests of the bundled trace through `replicas` 
 turn; its view carries progress (requests routed over all policies), one result row per finished
 policy (the rows `kvscope route` writes) and the latest decisions explained. One run at a time; the last KEEP runs stay
 readable.
+
+A live run (`LiveRun`) instead feeds the trace, at `speed` times its timestamps, through one
+policy to `replicas` real prefix-caching pools registered on the server (`route-<id>-r<i>`),
+each publishing its KV events on a loopback ZeroMQ port, and a fleet (`route-<id>`) follows
+those publishers. Its thread keeps the time; each request is routed and served on the event
+loop (one short step, like a mirror's change), so the policy can be switched between two
+requests. Releasing it (stop or delete) removes its pools, publishers and fleet.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import itertools
+import logging
 import threading
+import time
 from collections import OrderedDict, deque
 
 from allocator.errors import Conflict, NotFound
 
+log = logging.getLogger("kvscope.routing")
 KEEP = 8
 DECISIONS = 12  # the latest decisions a run's view explains
 
@@ -25,14 +37,15 @@ class Explained:
     """Wraps a policy and keeps its latest decisions with why: the replica chosen, the rule
     that decided, each replica's cached leading blocks and requests in flight then."""
 
-    def __init__(self, policy) -> None:
+    def __init__(self, policy, name: str | None = None) -> None:
         self.policy = policy
+        self.name = name or policy.name
         self._decisions: deque[dict] = deque(maxlen=DECISIONS)
         self._lock = threading.Lock()  # the event loop reads while the run's thread appends
 
     def route(self, req, cluster) -> int:
         r = self.policy.route(req, cluster)
-        why = {"request": req.index, "replica": r, "rule": self.policy.rule,
+        why = {"request": req.index, "replica": r, "policy": self.name, "rule": self.policy.rule,
                "matches": list(cluster.matches(req)), "loads": list(cluster.requests)}
         with self._lock:
             self._decisions.append(why)
@@ -98,7 +111,8 @@ class RoutingRun:
                         raise _Stopped
                     self.done = base + i
 
-                policy = self.explained = Explained(make_policy(name, spec["replicas"], spec["seed"]))
+                policy = self.explained = Explained(make_policy(name, spec["replicas"], spec["seed"]),
+                                                    name)
                 run = run_sequence if spec["mode"] == "sequence" else run_serving
                 figures = run(trace, spec["replicas"], spec["capacity_tokens"], policy,
                               progress=progress)
@@ -114,6 +128,14 @@ class RoutingRun:
         finally:
             self.current = None
 
+    @property
+    def holds(self) -> bool:
+        """Whether the run holds server resources (pools, a fleet) until released."""
+        return False
+
+    async def release(self, app) -> None:
+        self.stop()
+
     def view(self) -> dict:
         return {"id": self.id, "state": self.state, "mode": self.spec["mode"],
                 "replicas": self.spec["replicas"], "capacity_tokens": self.spec["capacity_tokens"],
@@ -121,6 +143,171 @@ class RoutingRun:
                 "current": self.current, "done": self.done, "total": self.total,
                 "results": list(self.results), "error": self.error,
                 "decisions": self.explained.decisions() if self.explained else []}
+
+
+class LiveRun:
+    """A live run: `replicas` prefix-caching pools behind one policy, switchable, with a fleet
+    mirroring the pools' KV events. Built by `RoutingRuns.start_live` (`setup` on the loop), fed
+    by its thread, undone by `release`. `state`: running, finished, stopped or failed."""
+
+    def __init__(self, run_id: str, spec: dict, loop: asyncio.AbstractEventLoop) -> None:
+        from workloads.routing import make_policy
+
+        self.id = run_id
+        self.spec = spec
+        self.loop = loop
+        self.state = "running"
+        self.error: str | None = None
+        self.done = 0
+        self.total = spec["limit"]
+        self.policy = spec["policy"]
+        self.explained = Explained(make_policy(self.policy, spec["replicas"], spec["seed"]), self.policy)
+        self.switches: list[dict] = []
+        self.routed = 0  # requests routed so far (set on the loop, as each is routed)
+        self.cluster = None
+        self.handles: list = []
+        self.pools: list[str] = []
+        self.fleet: str | None = None
+        self.fleet_name = f"route-{run_id}"
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"routing:{run_id}", daemon=True)
+
+    @property
+    def holds(self) -> bool:
+        return bool(self.pools) or self.fleet is not None
+
+    async def setup(self, app) -> None:
+        """Create the pools (each publishing on a loopback port) and the fleet following them.
+        Raises what the registry or the fleets raise (Conflict, TooLarge, InvalidRequest);
+        then whatever was made is removed again."""
+        from workloads.routing.live import PoolCluster
+        from workloads.routing.policies import BLOCK_TOKENS
+
+        from .mirrors import start_pool
+
+        spec, settings = self.spec, app.state.settings
+        blocks = spec["capacity_tokens"] // BLOCK_TOKENS
+        try:
+            for i in range(spec["replicas"]):
+                name = f"{self.fleet_name}-r{i}"
+                handle = await start_pool(app.state.registry, app.state.hub, {
+                    "name": name, "strategy": "paged", "num_blocks": blocks,
+                    "block_bytes": settings.default_block_bytes, "tokens_per_block": BLOCK_TOKENS,
+                    "prefix_caching": {"policy": "lru"},
+                    "publish": {"endpoint": "tcp://127.0.0.1:*",
+                                "replay_endpoint": "tcp://127.0.0.1:*"}})
+                self.pools.append(name)
+                self.handles.append(handle)
+                self._check_not_stopped()
+            engines = []
+            for i, handle in enumerate(self.handles):
+                pub = handle.links[0].publisher.publisher
+                engines.append({"name": f"r{i}", "endpoint": pub.endpoint,
+                                "replay_endpoint": pub.replay_endpoint, "num_blocks": blocks,
+                                "block_size": BLOCK_TOKENS})
+            await app.state.fleets.create(self.fleet_name, engines)
+            self.fleet = self.fleet_name
+            self._check_not_stopped()
+            self.cluster = PoolCluster([h.pool for h in self.handles])
+        except BaseException:
+            await self._remove(app)
+            raise
+
+    def _check_not_stopped(self) -> None:
+        if self._stop.is_set():
+            raise Conflict(f"routing run {self.id!r} was stopped while it was being set up")
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def switch(self, name: str) -> None:
+        """Route with policy `name` from the next request on (a fresh router: its state, such as
+        SGLang's approximate trees, starts empty). Runs on the event loop, between two steps."""
+        from workloads.routing import make_policy
+
+        self.explained = Explained(make_policy(name, self.spec["replicas"], self.spec["seed"]), name)
+        self.policy = name
+        self.switches.append({"at_request": self.routed, "policy": name})
+
+    def _run(self) -> None:
+        import concurrent.futures
+
+        from workloads.routing.live import pool_hashes
+        from workloads.routing.sequence import requests
+
+        speed = self.spec["speed"]
+        try:
+            full = _bundled_trace()
+            trace = full.head(min(self.spec["limit"], len(full)))
+            self.total = len(trace)
+            start = time.monotonic()
+            first = float(trace.arrival_s[0]) if len(trace) else 0.0
+            for req in requests(trace):
+                wait = (req.arrival_s - first) / speed - (time.monotonic() - start)
+                if (wait > 0 and self._stop.wait(wait)) or self._stop.is_set():
+                    raise _Stopped
+                fut = asyncio.run_coroutine_threadsafe(
+                    self._step(req, pool_hashes(trace, req.index)), self.loop)
+                while True:
+                    try:
+                        fut.result(0.2)
+                        break
+                    except concurrent.futures.TimeoutError:
+                        if self._stop.is_set():
+                            fut.cancel()
+                            raise _Stopped from None
+                self.done = req.index + 1
+            self.state = "finished"
+        except _Stopped:
+            self.state = "stopped"
+        except Exception as exc:  # a failed run reports why; the server carries on
+            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+
+    async def _step(self, req, hashes: list[int]) -> None:
+        """Route one request with the current policy and serve it on the chosen pool."""
+        cluster = self.cluster
+        cluster.offer(req, hashes)
+        r = self.explained.route(req, cluster)
+        self.routed = req.index + 1
+        async with self.handles[r].lock:
+            cluster.serve(req, r)
+
+    async def release(self, app) -> None:
+        """Stop the feed, then remove the pools (and with them their publishers) and the fleet."""
+        self.stop()
+        if self.thread.is_alive():
+            await asyncio.to_thread(self.thread.join, 10)
+        elif self.thread.ident is None and self.state == "running":  # stopped while set up
+            self.state = "stopped"
+        await self._remove(app)
+
+    async def _remove(self, app) -> None:
+        if self.fleet is not None or self.fleet_name in app.state.fleets:
+            with contextlib.suppress(NotFound):
+                await app.state.fleets.delete(self.fleet_name)
+            self.fleet = None
+        for name in list(self.pools):
+            handle = app.state.registry.find(name)
+            if handle is not None and handle in self.handles:
+                try:
+                    await app.state.registry.delete(name, app.state.hub, reason="routing run released")
+                except Exception:
+                    log.exception("removing pool %s of routing run %s failed", name, self.id)
+            self.pools.remove(name)
+
+    def view(self) -> dict:
+        cluster = self.cluster
+        hit = sum(cluster.hit_tokens) if cluster else 0
+        prompt = sum(cluster.input_tokens) if cluster else 0
+        return {"id": self.id, "state": self.state, "mode": "live",
+                "replicas": self.spec["replicas"], "capacity_tokens": self.spec["capacity_tokens"],
+                "limit": self.spec["limit"], "speed": self.spec["speed"], "policy": self.policy,
+                "policies": [self.policy], "current": self.policy if self.state == "running" else None,
+                "done": self.done, "total": self.total, "results": [], "error": self.error,
+                "hit_ratio": hit / prompt if prompt else 0.0,
+                "replica_figures": cluster.figures() if cluster and self.pools else [],
+                "pools": list(self.pools), "fleet": self.fleet, "switches": list(self.switches),
+                "decisions": self.explained.decisions()}
 
 
 class RoutingRuns:
@@ -131,17 +318,46 @@ class RoutingRuns:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
+    def _check_idle(self) -> None:
+        running = [r for r in self._runs.values() if r.state == "running"]
+        if running:
+            raise Conflict(f"routing run {running[0].id!r} is running; stop it first")
+
+    def _keep(self, run) -> None:
+        self._runs[run.id] = run
+        # forget the oldest runs past KEEP, but never one still holding pools or a fleet
+        for old in [r for r in self._runs.values() if not r.holds][:max(0, len(self._runs) - KEEP)]:
+            del self._runs[old.id]
+
     def start(self, spec: dict) -> RoutingRun:
         with self._lock:
-            running = [r for r in self._runs.values() if r.state == "running"]
-            if running:
-                raise Conflict(f"routing run {running[0].id!r} is running; stop it first")
+            self._check_idle()
             run = RoutingRun(f"r{next(self._ids)}", spec)
-            self._runs[run.id] = run
-            while len(self._runs) > KEEP:
-                self._runs.popitem(last=False)
+            self._keep(run)
         run.thread.start()
         return run
+
+    async def start_live(self, spec: dict, app) -> LiveRun:
+        """Start a live run (its pools and fleet made before it is listed). Raises Conflict
+        (a run is going, a name is taken, the server is full), TooLarge, InvalidRequest."""
+        self._check_idle()
+        run = LiveRun(f"r{next(self._ids)}", spec, asyncio.get_running_loop())
+        self._runs[run.id] = run  # listed while it is set up, so no second run starts meanwhile
+        try:
+            await run.setup(app)
+        except BaseException:
+            del self._runs[run.id]
+            raise
+        with self._lock:
+            self._keep(run)
+        run.thread.start()
+        return run
+
+    async def delete(self, run_id: str, app) -> None:
+        """Stop the run, release what it holds and forget it. Raises NotFound."""
+        run = self.get(run_id)
+        await run.release(app)
+        self._runs.pop(run_id, None)
 
     def get(self, run_id: str) -> RoutingRun:
         run = self._runs.get(run_id)
@@ -153,4 +369,5 @@ class RoutingRuns:
         for run in list(self._runs.values()):
             run.stop()
         for run in list(self._runs.values()):
-            run.thread.join(timeout=10)
+            if run.thread.is_alive():
+                run.thread.join(timeout=10)

@@ -644,6 +644,8 @@ def _routing_policies() -> tuple[str, ...]:
 RoutingPolicy = Literal[_routing_policies()]
 ROUTING_RUN_ID_PATTERN = r"^r[0-9]{1,12}$"
 ROUTING_SERVING_TOKENS = 1 << 28  # simulated KV over all replicas of a run the server makes
+ROUTING_MAX_SPEED = 1e6
+ROUTING_LIVE_REPLICAS = 16
 
 
 class RoutingIn(Strict):
@@ -653,6 +655,8 @@ class RoutingIn(Strict):
         {"action": "start", "policies": ["round_robin", "sglang_cache_aware", "dynamo_kv",
                                          "llmd_precise"], "replicas": 4,
          "capacity_tokens": 1000000, "limit": 2000, "mode": "sequence"},
+        {"action": "start", "mode": "live", "policy": "sglang_cache_aware", "replicas": 4,
+         "capacity_tokens": 1000000, "limit": 2000, "speed": 20.0},
         {"action": "stop", "id": "r1"}]})
 
     action: Literal["start", "stop"] = "start"
@@ -662,17 +666,36 @@ class RoutingIn(Strict):
     replicas: Annotated[int, Field(ge=1, le=64)] = 4
     capacity_tokens: Annotated[int, Field(ge=512, le=1 << 30)] = 1_000_000
     limit: Annotated[int, Field(gt=0, le=MAX_TRACE_LIMIT)] = 2000
-    mode: Literal["sequence", "serving"] = "sequence"
+    mode: Literal["sequence", "serving", "live"] = "sequence"
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
+    policy: RoutingPolicy | None = Field(None, description="live mode: the policy to start with "
+                                         "(default: the first of 'policies')")
+    speed: Annotated[float, Field(gt=0, le=ROUTING_MAX_SPEED)] | None = Field(
+        None, description="live mode: times the trace's timestamps (default 1)")
 
     @model_validator(mode="after")
     def _stop_names_a_run(self) -> RoutingIn:
         if self.action == "stop" and self.id is None:
             raise ValueError("stopping needs the run's 'id'")
+        if self.mode != "live" and (self.speed is not None or self.policy is not None):
+            raise ValueError("'speed' and 'policy' are for mode 'live' (the other modes run "
+                             "every policy of 'policies' as fast as they go)")
+        if self.mode == "live" and self.replicas > ROUTING_LIVE_REPLICAS:
+            raise ValueError(f"live mode runs at most {ROUTING_LIVE_REPLICAS} replicas (one pool "
+                             "and one publisher each): lower 'replicas'")
         if self.mode == "serving" and self.replicas * self.capacity_tokens > ROUTING_SERVING_TOKENS:
             raise ValueError(f"serving mode simulates at most {ROUTING_SERVING_TOKENS:,} tokens of "
                              "KV over all replicas: lower 'replicas' or 'capacity_tokens'")
         return self
+
+
+class RoutingPolicyIn(Strict):
+    """The policy a live run routes with from its next request on."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"policy": "dynamo_kv"}]})
+
+    policy: RoutingPolicy
 
 
 class RoutingOut(BaseModel):

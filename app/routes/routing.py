@@ -7,8 +7,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response, status
 
-from ..routing_jobs import RoutingRuns
-from ..schemas import ROUTING_RUN_ID_PATTERN, RoutingIn, RoutingOut
+from allocator.errors import Conflict
+
+from ..routing_jobs import LiveRun, RoutingRuns
+from ..schemas import ROUTING_RUN_ID_PATTERN, RoutingIn, RoutingOut, RoutingPolicyIn
 
 router = APIRouter(prefix="/api/routing", tags=["routing"])
 RunId = Annotated[str, Path(pattern=ROUTING_RUN_ID_PATTERN, description="run id", examples=["r1"])]
@@ -21,16 +23,22 @@ def _runs(request: Request) -> RoutingRuns:
 @router.post("", response_model=RoutingOut, status_code=status.HTTP_202_ACCEPTED, description=(
     "`action: start` routes the first `limit` requests of the bundled Mooncake trace through "
     "`replicas` replicas of `capacity_tokens` each, policy after policy, in `sequence` or "
-    "`serving` mode (docs/ROUTING.md); 409 while a run is going. `action: stop` with `id` stops "
-    "that run (200)."))
+    "`serving` mode (docs/ROUTING.md); 409 while a run is going. Mode `live` feeds the trace at "
+    "`speed` times its timestamps through `policy` to `replicas` real prefix-caching pools "
+    "(`route-<id>-r<i>`), each publishing its KV events, followed by the fleet `route-<id>`. "
+    "`action: stop` with `id` stops that run (200); a live run's pools and fleet go with it."))
 async def start_or_stop(body: RoutingIn, request: Request, response: Response) -> dict:
     runs = _runs(request)
     if body.action == "stop":
         run = runs.get(body.id)
-        run.stop()
+        await run.release(request.app)
         response.status_code = status.HTTP_200_OK
         return {"routing": run.view()}
     spec = body.model_dump(exclude={"action", "id"})
+    if body.mode == "live":
+        spec["policy"] = body.policy or body.policies[0]
+        spec["speed"] = body.speed or 1.0
+        return {"routing": (await runs.start_live(spec, request.app)).view()}
     return {"routing": runs.start(spec).view()}
 
 
@@ -39,3 +47,23 @@ async def start_or_stop(body: RoutingIn, request: Request, response: Response) -
     "policies, and one result row per finished policy (the rows of `kvscope route`)."))
 async def progress(run_id: RunId, request: Request) -> dict:
     return {"routing": _runs(request).get(run_id).view()}
+
+
+@router.post("/{run_id}/policy", response_model=RoutingOut, description=(
+    "Switch a running live run's policy: the requests from the next one on are routed by a fresh "
+    "`policy` (its decisions name it). 409 for a run that is not live or no longer running."))
+async def switch_policy(run_id: RunId, body: RoutingPolicyIn, request: Request) -> dict:
+    run = _runs(request).get(run_id)
+    if not isinstance(run, LiveRun):
+        raise Conflict(f"routing run {run_id!r} is not live; only a live run's policy can be switched")
+    if run.state != "running":
+        raise Conflict(f"routing run {run_id!r} is {run.state}; start a new one")
+    run.switch(body.policy)
+    return {"routing": run.view()}
+
+
+@router.delete("/{run_id}", status_code=status.HTTP_204_NO_CONTENT, description=(
+    "Stop the run if it is going, remove a live run's pools and fleet, and forget it."))
+async def delete_run(run_id: RunId, request: Request) -> Response:
+    await _runs(request).delete(run_id, request.app)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -17,13 +17,27 @@
  * @typedef {Object} RoutingRun  the `routing` object of GET /api/routing/{id}
  * @property {string} id
  * @property {"running"|"finished"|"stopped"|"failed"} state
- * @property {"sequence"|"serving"} mode
+ * @property {"sequence"|"serving"|"live"} mode
+ * @property {string} [policy]  live: the policy routing now
+ * @property {string|null} [fleet]  live: the fleet mirroring its pools (null once released)
+ * @property {number} [hit_ratio]  live: over every request so far
+ * @property {ReplicaFigures[]} [replica_figures]  live
  * @property {number} done
  * @property {number} total
  * @property {string|null} current
  * @property {RoutingRow[]} results
  * @property {string|null} error
- * @property {{request: number, replica: number, rule: string, matches: number[], loads: number[]}[]} decisions
+ * @property {{request: number, replica: number, policy?: string, rule: string, matches: number[], loads: number[]}[]} decisions
+ */
+
+/**
+ * @typedef {Object} ReplicaFigures  one live replica (a real pool)
+ * @property {number} replica
+ * @property {number} requests
+ * @property {number} hit_ratio
+ * @property {number} cached_blocks
+ * @property {number} num_blocks
+ * @property {number} refused
  */
 
 const pct = (x) => `${(100 * x).toFixed(1)}%`;
@@ -42,11 +56,31 @@ export const SERVING_COLUMNS = [
   ["Req/s", (r) => r.throughput_rps.toFixed(2)],
 ];
 
+export const LIVE_COLUMNS = [
+  ["Replica", (r) => `r${r.replica}`],
+  ["Requests", (r) => r.requests.toLocaleString("en-US")],
+  ["Hit ratio", (r) => pct(r.hit_ratio)],
+  ["Cached blocks", (r) => `${r.cached_blocks.toLocaleString("en-US")} / ${r.num_blocks.toLocaleString("en-US")}`],
+  ["Refused", (r) => r.refused.toLocaleString("en-US")],
+];
+
 /**
- * The POST body for a start.
- * @param {{policies: string[], replicas: string, capacity: string, limit: string, mode: string}} f
+ * The POST body for a start. A live run starts with the first ticked policy, at `speed` times
+ * the trace's timestamps.
+ * @param {{policies: string[], replicas: string, capacity: string, limit: string, mode: string, speed?: string}} f
  */
 export function routingBody(f) {
+  if (f.mode === "live") {
+    return {
+      action: "start",
+      mode: "live",
+      policy: f.policies[0],
+      replicas: Number(f.replicas),
+      capacity_tokens: Number(String(f.capacity).replace(/[_,\s]/g, "")),
+      limit: Number(f.limit),
+      speed: Number(f.speed),
+    };
+  }
   return {
     action: "start",
     policies: f.policies,
@@ -64,6 +98,9 @@ export function columnsFor(run) {
 
 /** Headers and cells of the run's result table. @param {RoutingRun} run */
 export function resultTable(run) {
+  if (run.mode === "live") {
+    return { headers: LIVE_COLUMNS.map((c) => c[0]), rows: (run.replica_figures || []).map((r) => LIVE_COLUMNS.map((c) => c[1](r))) };
+  }
   const cols = columnsFor(run);
   return { headers: cols.map((c) => c[0]), rows: run.results.map((r) => cols.map((c) => c[1](r))) };
 }
@@ -71,6 +108,17 @@ export function resultTable(run) {
 /** The progress line: {frac, text, state}. @param {RoutingRun} run */
 export function describeRun(run) {
   const frac = run.total ? Math.min(1, run.done / run.total) : 0;
+  if (run.mode === "live") {
+    const n = `${run.done.toLocaleString("en-US")} / ${run.total.toLocaleString("en-US")} requests`;
+    const hit = `hit ${pct(run.hit_ratio || 0)}`;
+    const text = {
+      running: `live, ${run.policy}: ${n}, ${hit}`,
+      finished: `finished: ${n}, ${hit}`,
+      stopped: `stopped: ${n}, ${hit}`,
+      failed: `failed: ${run.error || "unknown error"}`,
+    }[run.state];
+    return { frac, text, state: run.state };
+  }
   const what = {
     running: `routing ${run.current || ""}: ${run.done.toLocaleString("en-US")} / ${run.total.toLocaleString("en-US")} requests`,
     finished: `finished: ${run.results.length} policies over ${run.total.toLocaleString("en-US")} requests`,
@@ -85,5 +133,10 @@ export function decisionLines(run) {
   return (run.decisions || [])
     .slice()
     .reverse()
-    .map((d) => `request ${d.request} → replica ${d.replica}: ${d.rule} (cached blocks [${d.matches.join(", ")}], in flight [${d.loads.join(", ")}])`);
+    .map((d) => `request ${d.request} → replica ${d.replica}${d.policy ? ` [${d.policy}]` : ""}: ${d.rule} (cached blocks [${d.matches.join(", ")}], in flight [${d.loads.join(", ")}])`);
+}
+
+/** The Fleet view's address for a live run's fleet, or null (not live, or released). @param {RoutingRun} run */
+export function fleetHref(run) {
+  return run.mode === "live" && run.fleet ? `/?fleet=${encodeURIComponent(run.fleet)}#fleet` : null;
 }

@@ -1,8 +1,9 @@
-// Routing view: start a routing lab run (POST /api/routing), poll its progress, show its rows.
+// Routing view: start a routing lab run (POST /api/routing), poll its progress, show its rows; a
+// live run links to its fleet in the Fleet view and can switch its policy while it runs.
 
 import { api } from "./api.js";
 import { escapeHtml } from "./dom.js";
-import { decisionLines, describeRun, resultTable, routingBody } from "./routing-model.js";
+import { decisionLines, describeRun, fleetHref, resultTable, routingBody } from "./routing-model.js";
 
 // Polling period while a run goes: the server updates progress every 256 requests.
 const POLL_MS = 400;
@@ -23,8 +24,19 @@ export function createRoutingView($) {
       box.hidden = true;
       table.innerHTML = "";
       $("#routing-decisions").innerHTML = "";
+      $("#routing-live").hidden = true;
       return;
     }
+    const href = fleetHref(run);
+    const live = $("#routing-live");
+    live.hidden = run.mode !== "live";
+    const link = /** @type {HTMLAnchorElement} */ ($("#routing-fleet-link"));
+    link.hidden = !href;
+    if (href) {
+      link.href = href;
+      link.textContent = `open fleet ${run.fleet} in the Fleet view`;
+    }
+    /** @type {HTMLButtonElement} */ ($("#b-routing-switch")).disabled = run.state !== "running";
     const d = describeRun(run);
     box.hidden = false;
     box.dataset.state = d.state;
@@ -58,6 +70,7 @@ export function createRoutingView($) {
       capacity: form.capacity.value,
       limit: form.limit.value,
       mode: form.mode.value,
+      speed: form.speed.value,
     });
     try {
       run = (await api("POST", "/api/routing", body)).routing;
@@ -85,9 +98,35 @@ export function createRoutingView($) {
     render();
   });
 
+  $("#b-routing-switch").addEventListener("click", async () => {
+    if (!run || run.mode !== "live") return;
+    const policy = /** @type {HTMLSelectElement} */ ($("#routing-switch")).value;
+    try {
+      run = (await api("POST", `/api/routing/${encodeURIComponent(run.id)}/policy`, { policy })).routing;
+      status.textContent = `run ${run.id} routes with ${policy} from request ${run.done} on`;
+    } catch (e) {
+      error = String(/** @type {Error} */ (e).message || e);
+      status.textContent = error;
+    }
+    render();
+  });
+
   return {
     /** What the view shows, for the browser tests. */
     summary: () =>
-      run ? { id: run.id, state: run.state, done: run.done, total: run.total, table: resultTable(run), decisions: decisionLines(run), error } : { error },
+      run
+        ? {
+            id: run.id,
+            state: run.state,
+            mode: run.mode,
+            policy: run.policy,
+            done: run.done,
+            total: run.total,
+            fleet: fleetHref(run),
+            table: resultTable(run),
+            decisions: decisionLines(run),
+            error,
+          }
+        : { error },
   };
 }

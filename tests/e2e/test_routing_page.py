@@ -1,5 +1,6 @@
 """The Routing view: a run started from the page routes the trace behind the ticked policies,
-shows its progress and the same figures as the REST API; Stop ends a run."""
+shows its progress and the same figures as the REST API; Stop ends a run. A live run links to
+its fleet and switches its policy from the page."""
 
 from __future__ import annotations
 
@@ -47,4 +48,46 @@ def test_routing_view_runs_policies_and_shows_the_rest_figures(page, api):
     page.click("#b-routing-stop")
     page.wait_for_function("window.kvscope.routing().state === 'stopped'", timeout=60_000)
     assert "stopped" in page.locator("#routing-progress span").inner_text()
+    assert page.console_log.errors == []
+
+
+def test_a_live_run_from_the_page_links_its_fleet_and_switches_policy(page, api):
+    page.goto("/#routing")
+    page.wait_for_function("window.kvscope && window.kvscope.routing", timeout=30_000)
+    assert page.is_hidden("#routing-live")
+    page.select_option("#f-routing [name=mode]", "live")
+    page.fill("#f-routing [name=replicas]", "2")
+    page.fill("#f-routing [name=capacity]", "200,000")
+    page.fill("#f-routing [name=limit]", "3000")
+    page.fill("#f-routing [name=speed]", "20")
+    page.click("#f-routing button[type=submit]")  # the first ticked policy: round_robin
+    page.wait_for_function("(() => { const r = window.kvscope.routing(); "
+                           "return r.state === 'running' && r.decisions.length > 0; })()", timeout=60_000)
+    shown = page.evaluate("window.kvscope.routing()")
+    rid = shown["id"]
+    assert shown["mode"] == "live" and shown["policy"] == "round_robin"
+    assert shown["fleet"] == f"/?fleet=route-{rid}#fleet"
+    assert page.get_attribute("#routing-fleet-link", "href") == shown["fleet"]
+    assert [e["name"] for e in api.get(f"/api/fleets/route-{rid}").json()["engines"]] == ["r0", "r1"]
+    assert shown["table"]["headers"][0] == "Replica" and len(shown["table"]["rows"]) == 2
+    assert "[round_robin]: next in turn" in shown["decisions"][0]
+
+    page.select_option("#routing-switch", "longest_prefix")
+    page.click("#b-routing-switch")
+    page.wait_for_function("(() => { const r = window.kvscope.routing(); return r.policy === 'longest_prefix' "
+                           "&& r.decisions.length > 0 && r.decisions[0].includes('[longest_prefix]'); })()",
+                           timeout=60_000)
+    run = api.get(f"/api/routing/{rid}").json()["routing"]
+    assert run["policy"] == "longest_prefix" and run["switches"][0]["policy"] == "longest_prefix"
+    assert page.locator("#routing-decisions li").first.inner_text().startswith("request ")
+
+    # the link opens the run's fleet in the Fleet view
+    page.click("#routing-fleet-link")
+    page.wait_for_function(f"(() => {{ const f = window.kvscope.fleet && window.kvscope.fleet(); "
+                           f"return f && f.fleet === 'route-{rid}' && f.engines.length === 2; }})()",
+                           timeout=60_000)
+    r = api.post("/api/routing", json={"action": "stop", "id": rid})
+    assert r.status_code == 200 and r.json()["routing"]["state"] == "stopped", r.text
+    assert not [p for p in api.get("/api/pools").json()["pools"] if p["name"].startswith("route-")]
+    assert api.get("/api/fleets").json()["fleets"] == []
     assert page.console_log.errors == []

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { decisionLines, describeRun, resultTable, routingBody } from "../routing-model.js";
+import { decisionLines, describeRun, fleetHref, resultTable, routingBody } from "../routing-model.js";
 
 const row = { policy: "dynamo_kv", hit_ratio: 0.12345, imbalance: 1.0234, duplicated_blocks: 1534,
   available_hit_ratio: 0.2, ttft_p50_s: 0.5, ttft_p99_s: 4.25, throughput_rps: 3.391 };
@@ -40,4 +40,26 @@ test("decisions read newest first with the rule, the matches and the loads", () 
     "request 4 → replica 1: next in turn (cached blocks [0, 2], in flight [3, 4])",
   ]);
   assert.deepEqual(decisionLines({}), []);
+});
+
+test("a live start sends the first ticked policy and the speed", () => {
+  assert.deepEqual(
+    routingBody({ policies: ["dynamo_kv", "session"], replicas: "3", capacity: "400,000", limit: "50", mode: "live", speed: "20" }),
+    { action: "start", mode: "live", policy: "dynamo_kv", replicas: 3, capacity_tokens: 400000, limit: 50, speed: 20 },
+  );
+});
+
+test("a live run shows its replicas, its policy and a link to its fleet until released", () => {
+  const run = { id: "r3", mode: "live", state: "running", policy: "session", done: 10, total: 40, hit_ratio: 0.25,
+    fleet: "route-r3", error: null, results: [], decisions: [
+      { request: 9, replica: 1, policy: "session", rule: "hash of the first block", matches: [0, 1], loads: [5, 5] }],
+    replica_figures: [{ replica: 0, requests: 5, hit_ratio: 0.5, cached_blocks: 1200, num_blocks: 2000, refused: 0 }] };
+  assert.deepEqual(resultTable(run), { headers: ["Replica", "Requests", "Hit ratio", "Cached blocks", "Refused"],
+    rows: [["r0", "5", "50.0%", "1,200 / 2,000", "0"]] });
+  assert.equal(describeRun(run).text, "live, session: 10 / 40 requests, hit 25.0%");
+  assert.equal(fleetHref(run), "/?fleet=route-r3#fleet");
+  assert.equal(fleetHref({ ...run, fleet: null }), null);
+  assert.equal(fleetHref({ ...run, mode: "sequence" }), null);
+  assert.deepEqual(decisionLines(run),
+    ["request 9 → replica 1 [session]: hash of the first block (cached blocks [0, 1], in flight [5, 5])"]);
 });
