@@ -10,7 +10,9 @@ import json
 import sys
 
 
-def _serve(prog: str, args, startup: list) -> int:
+def serve_dashboard(prog: str, args, setup) -> int:
+    """Serve the dashboard on args.host/args.port; `setup(app)` registers what it shows before
+    the server starts and returns the page's query string (e.g. `?pool=engine`)."""
     import uvicorn
 
     from .main import create_app
@@ -24,13 +26,20 @@ def _serve(prog: str, args, startup: list) -> int:
     settings = dataclasses.replace(settings, host=args.host or settings.host,
                                    port=args.port or settings.port)
     app = create_app(settings)
-    app.state.startup_pools = startup
-    name = startup[0][0]["name"]
-    print(f"{prog}: dashboard at http://{settings.host}:{settings.port}/?pool={name}", flush=True)
+    query = setup(app)
+    print(f"{prog}: dashboard at http://{settings.host}:{settings.port}/{query}", flush=True)
     gc.freeze()
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
                 ws_per_message_deflate=False)
     return 0
+
+
+def _serve(prog: str, args, startup: list) -> int:
+    def setup(app) -> str:
+        app.state.startup_pools = startup
+        return f"?pool={startup[0][0]['name']}"
+
+    return serve_dashboard(prog, args, setup)
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:

@@ -4,10 +4,7 @@ of `kvscope serve`."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import gc
 import json
-import sys
 
 from pydantic import ValidationError
 
@@ -101,22 +98,10 @@ def fleet_main(argv: list[str]) -> int:
 
 def serve_with_fleet(prog: str, args, name: str, engines: list[dict], record: str | None,
                      options: dict | None = None) -> int:
-    import uvicorn
+    from .cli_events import serve_dashboard
 
-    from .main import create_app
-    from .settings import SettingsError, get_settings
+    def setup(app) -> str:
+        app.state.startup_fleets = [(name, engines, {"record": record, **(options or {})})]
+        return f"?fleet={name}"
 
-    try:
-        settings = get_settings()
-    except SettingsError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
-    settings = dataclasses.replace(settings, host=args.host or settings.host,
-                                   port=args.port or settings.port)
-    app = create_app(settings)
-    app.state.startup_fleets = [(name, engines, {"record": record, **(options or {})})]
-    print(f"{prog}: dashboard at http://{settings.host}:{settings.port}/?fleet={name}", flush=True)
-    gc.freeze()
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
-                ws_per_message_deflate=False)
-    return 0
+    return serve_dashboard(prog, args, setup)
