@@ -12,7 +12,10 @@ policy to `replicas` real prefix-caching pools registered on the server (`route-
 each publishing its KV events on a loopback ZeroMQ port, and a fleet (`route-<id>`) follows
 those publishers. Its thread keeps the time; each request is routed and served on the event
 loop (one short step, like a mirror's change), so the policy can be switched between two
-requests. Releasing it (stop or delete) removes its pools, publishers and fleet.
+requests. Given `compare` (two policies), it runs two such sides (`LiveSide`: pools
+`route-<id>-a-r<i>` and fleet `route-<id>-a`, the same with b), and each step routes and serves
+the request on both, so the two policies see the same requests at the same pace. Releasing it
+(stop or delete) removes its pools, publishers and fleets.
 """
 
 from __future__ import annotations
@@ -145,14 +148,42 @@ class RoutingRun:
                 "decisions": self.explained.decisions() if self.explained else []}
 
 
-class LiveRun:
-    """A live run: `replicas` prefix-caching pools behind one policy, switchable, with a fleet
-    mirroring the pools' KV events. Built by `RoutingRuns.start_live` (`setup` on the loop), fed
-    by its thread, undone by `release`. `state`: running, finished, stopped or failed."""
+class LiveSide:
+    """One side of a live run: `replicas` prefix-caching pools (`<name>-r<i>`) behind one policy,
+    and the fleet `<name>` mirroring them. `label`: None for a single-policy run, "a" or "b"."""
 
-    def __init__(self, run_id: str, spec: dict, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, name: str, label: str | None, policy: str, spec: dict) -> None:
         from workloads.routing import make_policy
 
+        self.name = name
+        self.label = label
+        self.policy = policy
+        self.explained = Explained(make_policy(policy, spec["replicas"], spec["seed"]), policy)
+        self.cluster = None
+        self.handles: list = []
+        self.pools: list[str] = []
+        self.fleet: str | None = None
+
+    def view(self) -> dict:
+        cluster = self.cluster
+        hit = sum(cluster.hit_tokens) if cluster else 0
+        prompt = sum(cluster.input_tokens) if cluster else 0
+        return {"label": self.label, "policy": self.policy,
+                "requests": sum(cluster.requests) if cluster else 0,
+                "hit_ratio": hit / prompt if prompt else 0.0,
+                "replica_figures": cluster.figures() if cluster and self.pools else [],
+                "pools": list(self.pools), "fleet": self.fleet,
+                "decisions": self.explained.decisions()}
+
+
+class LiveRun:
+    """A live run: `replicas` prefix-caching pools behind one policy, switchable, with a fleet
+    mirroring the pools' KV events; or, given `compare` (two policies), two such sides
+    (`route-<id>-a`, `route-<id>-b`), each request of the trace served on both. Built by
+    `RoutingRuns.start_live` (`setup` on the loop), fed by its thread, undone by `release`.
+    `state`: running, finished, stopped or failed."""
+
+    def __init__(self, run_id: str, spec: dict, loop: asyncio.AbstractEventLoop) -> None:
         self.id = run_id
         self.spec = spec
         self.loop = loop
@@ -160,26 +191,54 @@ class LiveRun:
         self.error: str | None = None
         self.done = 0
         self.total = spec["limit"]
-        self.policy = spec["policy"]
-        self.explained = Explained(make_policy(self.policy, spec["replicas"], spec["seed"]), self.policy)
+        base = f"route-{run_id}"
+        if spec.get("compare"):
+            self.sides = [LiveSide(f"{base}-{label}", label, name, spec)
+                          for label, name in zip("ab", spec["compare"])]
+        else:
+            self.sides = [LiveSide(base, None, spec["policy"], spec)]
         self.switches: list[dict] = []
         self.routed = 0  # requests routed so far (set on the loop, as each is routed)
-        self.cluster = None
-        self.handles: list = []
-        self.pools: list[str] = []
-        self.fleet: str | None = None
-        self.fleet_name = f"route-{run_id}"
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"routing:{run_id}", daemon=True)
 
     @property
+    def compare(self) -> bool:
+        return len(self.sides) > 1
+
+    # the single side's parts, as a single-policy run names them
+    @property
+    def policy(self) -> str:
+        return self.sides[0].policy
+
+    @property
+    def explained(self) -> Explained:
+        return self.sides[0].explained
+
+    @property
+    def cluster(self):
+        return self.sides[0].cluster
+
+    @property
+    def pools(self) -> list[str]:
+        return [name for side in self.sides for name in side.pools]
+
+    @property
     def holds(self) -> bool:
-        return bool(self.pools) or self.fleet is not None
+        return any(side.pools or side.fleet is not None for side in self.sides)
 
     async def setup(self, app) -> None:
-        """Create the pools (each publishing on a loopback port) and the fleet following them.
-        Raises what the registry or the fleets raise (Conflict, TooLarge, InvalidRequest);
+        """Create each side's pools (each publishing on a loopback port) and the fleet following
+        them. Raises what the registry or the fleets raise (Conflict, TooLarge, InvalidRequest);
         then whatever was made is removed again."""
+        try:
+            for side in self.sides:
+                await self._setup_side(side, app)
+        except BaseException:
+            await self._remove(app)
+            raise
+
+    async def _setup_side(self, side: LiveSide, app) -> None:
         from workloads.routing.live import PoolCluster
         from workloads.routing.policies import BLOCK_TOKENS
 
@@ -187,31 +246,27 @@ class LiveRun:
 
         spec, settings = self.spec, app.state.settings
         blocks = spec["capacity_tokens"] // BLOCK_TOKENS
-        try:
-            for i in range(spec["replicas"]):
-                name = f"{self.fleet_name}-r{i}"
-                handle = await start_pool(app.state.registry, app.state.hub, {
-                    "name": name, "strategy": "paged", "num_blocks": blocks,
-                    "block_bytes": settings.default_block_bytes, "tokens_per_block": BLOCK_TOKENS,
-                    "prefix_caching": {"policy": "lru"},
-                    "publish": {"endpoint": "tcp://127.0.0.1:*",
-                                "replay_endpoint": "tcp://127.0.0.1:*"}})
-                self.pools.append(name)
-                self.handles.append(handle)
-                self._check_not_stopped()
-            engines = []
-            for i, handle in enumerate(self.handles):
-                pub = handle.links[0].publisher.publisher
-                engines.append({"name": f"r{i}", "endpoint": pub.endpoint,
-                                "replay_endpoint": pub.replay_endpoint, "num_blocks": blocks,
-                                "block_size": BLOCK_TOKENS})
-            await app.state.fleets.create(self.fleet_name, engines)
-            self.fleet = self.fleet_name
+        for i in range(spec["replicas"]):
+            name = f"{side.name}-r{i}"
+            handle = await start_pool(app.state.registry, app.state.hub, {
+                "name": name, "strategy": "paged", "num_blocks": blocks,
+                "block_bytes": settings.default_block_bytes, "tokens_per_block": BLOCK_TOKENS,
+                "prefix_caching": {"policy": "lru"},
+                "publish": {"endpoint": "tcp://127.0.0.1:*",
+                            "replay_endpoint": "tcp://127.0.0.1:*"}})
+            side.pools.append(name)
+            side.handles.append(handle)
             self._check_not_stopped()
-            self.cluster = PoolCluster([h.pool for h in self.handles])
-        except BaseException:
-            await self._remove(app)
-            raise
+        engines = []
+        for i, handle in enumerate(side.handles):
+            pub = handle.links[0].publisher.publisher
+            engines.append({"name": f"r{i}", "endpoint": pub.endpoint,
+                            "replay_endpoint": pub.replay_endpoint, "num_blocks": blocks,
+                            "block_size": BLOCK_TOKENS})
+        await app.state.fleets.create(side.name, engines)
+        side.fleet = side.name
+        self._check_not_stopped()
+        side.cluster = PoolCluster([h.pool for h in side.handles])
 
     def _check_not_stopped(self) -> None:
         if self._stop.is_set():
@@ -222,11 +277,16 @@ class LiveRun:
 
     def switch(self, name: str) -> None:
         """Route with policy `name` from the next request on (a fresh router: its state, such as
-        SGLang's approximate trees, starts empty). Runs on the event loop, between two steps."""
+        SGLang's approximate trees, starts empty). Runs on the event loop, between two steps.
+        Raises Conflict for a compare run (its two policies are what it compares)."""
         from workloads.routing import make_policy
 
-        self.explained = Explained(make_policy(name, self.spec["replicas"], self.spec["seed"]), name)
-        self.policy = name
+        if self.compare:
+            raise Conflict(f"routing run {self.id!r} compares two policies; they cannot be "
+                           "switched (start a new run)")
+        side = self.sides[0]
+        side.explained = Explained(make_policy(name, self.spec["replicas"], self.spec["seed"]), name)
+        side.policy = name
         self.switches.append({"at_request": self.routed, "policy": name})
 
     def _run(self) -> None:
@@ -264,16 +324,18 @@ class LiveRun:
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
 
     async def _step(self, req, hashes: list[int]) -> None:
-        """Route one request with the current policy and serve it on the chosen pool."""
-        cluster = self.cluster
-        cluster.offer(req, hashes)
-        r = self.explained.route(req, cluster)
+        """Route one request on every side with its policy and serve it on the pool chosen."""
+        chosen = []
+        for side in self.sides:
+            side.cluster.offer(req, hashes)
+            chosen.append(side.explained.route(req, side.cluster))
         self.routed = req.index + 1
-        async with self.handles[r].lock:
-            cluster.serve(req, r)
+        for side, r in zip(self.sides, chosen):
+            async with side.handles[r].lock:
+                side.cluster.serve(req, r)
 
     async def release(self, app) -> None:
-        """Stop the feed, then remove the pools (and with them their publishers) and the fleet."""
+        """Stop the feed, then remove the pools (and with them their publishers) and the fleets."""
         self.stop()
         if self.thread.is_alive():
             await asyncio.to_thread(self.thread.join, 10)
@@ -282,32 +344,37 @@ class LiveRun:
         await self._remove(app)
 
     async def _remove(self, app) -> None:
-        if self.fleet is not None or self.fleet_name in app.state.fleets:
-            with contextlib.suppress(NotFound):
-                await app.state.fleets.delete(self.fleet_name)
-            self.fleet = None
-        for name in list(self.pools):
-            handle = app.state.registry.find(name)
-            if handle is not None and handle in self.handles:
-                try:
-                    await app.state.registry.delete(name, app.state.hub, reason="routing run released")
-                except Exception:
-                    log.exception("removing pool %s of routing run %s failed", name, self.id)
-            self.pools.remove(name)
+        for side in self.sides:
+            if side.fleet is not None or side.name in app.state.fleets:
+                with contextlib.suppress(NotFound):
+                    await app.state.fleets.delete(side.name)
+                side.fleet = None
+            for name in list(side.pools):
+                handle = app.state.registry.find(name)
+                if handle is not None and handle in side.handles:
+                    try:
+                        await app.state.registry.delete(name, app.state.hub,
+                                                        reason="routing run released")
+                    except Exception:
+                        log.exception("removing pool %s of routing run %s failed", name, self.id)
+                side.pools.remove(name)
 
     def view(self) -> dict:
-        cluster = self.cluster
-        hit = sum(cluster.hit_tokens) if cluster else 0
-        prompt = sum(cluster.input_tokens) if cluster else 0
-        return {"id": self.id, "state": self.state, "mode": "live",
-                "replicas": self.spec["replicas"], "capacity_tokens": self.spec["capacity_tokens"],
-                "limit": self.spec["limit"], "speed": self.spec["speed"], "policy": self.policy,
-                "policies": [self.policy], "current": self.policy if self.state == "running" else None,
-                "done": self.done, "total": self.total, "results": [], "error": self.error,
-                "hit_ratio": hit / prompt if prompt else 0.0,
-                "replica_figures": cluster.figures() if cluster and self.pools else [],
-                "pools": list(self.pools), "fleet": self.fleet, "switches": list(self.switches),
-                "decisions": self.explained.decisions()}
+        sides = [side.view() for side in self.sides]
+        out = {"id": self.id, "state": self.state, "mode": "live", "compare": self.compare,
+               "replicas": self.spec["replicas"], "capacity_tokens": self.spec["capacity_tokens"],
+               "limit": self.spec["limit"], "speed": self.spec["speed"],
+               "policies": [s["policy"] for s in sides], "done": self.done, "total": self.total,
+               "results": [], "error": self.error, "pools": self.pools,
+               "switches": list(self.switches), "sides": sides}
+        if self.compare:  # the figures are the sides'
+            return {**out, "policy": None, "current": None, "hit_ratio": None,
+                    "replica_figures": [], "fleet": None, "decisions": []}
+        one = sides[0]
+        return {**out, "policy": one["policy"],
+                "current": one["policy"] if self.state == "running" else None,
+                "hit_ratio": one["hit_ratio"], "replica_figures": one["replica_figures"],
+                "fleet": one["fleet"], "decisions": one["decisions"]}
 
 
 class RoutingRuns:

@@ -657,6 +657,8 @@ class RoutingIn(Strict):
          "capacity_tokens": 1000000, "limit": 2000, "mode": "sequence"},
         {"action": "start", "mode": "live", "policy": "sglang_cache_aware", "replicas": 4,
          "capacity_tokens": 1000000, "limit": 2000, "speed": 20.0},
+        {"action": "start", "mode": "live", "compare": ["round_robin", "sglang_cache_aware"],
+         "replicas": 3, "capacity_tokens": 1000000, "limit": 2000, "speed": 20.0},
         {"action": "stop", "id": "r1"}]})
 
     action: Literal["start", "stop"] = "start"
@@ -672,6 +674,9 @@ class RoutingIn(Strict):
                                          "(default: the first of 'policies')")
     speed: Annotated[float, Field(gt=0, le=ROUTING_MAX_SPEED)] | None = Field(
         None, description="live mode: times the trace's timestamps (default 1)")
+    compare: Annotated[list[RoutingPolicy], Field(min_length=2, max_length=2)] | None = Field(
+        None, description="live mode: two different policies, each routing the same requests "
+        "to its own set of `replicas` pools (instead of `policy`)")
 
     @model_validator(mode="after")
     def _stop_names_a_run(self) -> RoutingIn:
@@ -680,6 +685,15 @@ class RoutingIn(Strict):
         if self.mode != "live" and (self.speed is not None or self.policy is not None):
             raise ValueError("'speed' and 'policy' are for mode 'live' (the other modes run "
                              "every policy of 'policies' as fast as they go)")
+        if self.compare is not None:
+            if self.mode != "live":
+                raise ValueError("'compare' is for mode 'live' (the other modes already compare "
+                                 "every policy of 'policies')")
+            if self.policy is not None:
+                raise ValueError("give either 'policy' or 'compare', not both")
+            if self.compare[0] == self.compare[1]:
+                raise ValueError(f"'compare' needs two different policies, not {self.compare[0]!r} "
+                                 "twice")
         if self.mode == "live" and self.replicas > ROUTING_LIVE_REPLICAS:
             raise ValueError(f"live mode runs at most {ROUTING_LIVE_REPLICAS} replicas (one pool "
                              "and one publisher each): lower 'replicas'")

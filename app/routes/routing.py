@@ -25,7 +25,9 @@ def _runs(request: Request) -> RoutingRuns:
     "`replicas` replicas of `capacity_tokens` each, policy after policy, in `sequence` or "
     "`serving` mode (docs/ROUTING.md); 409 while a run is going. Mode `live` feeds the trace at "
     "`speed` times its timestamps through `policy` to `replicas` real prefix-caching pools "
-    "(`route-<id>-r<i>`), each publishing its KV events, followed by the fleet `route-<id>`. "
+    "(`route-<id>-r<i>`), each publishing its KV events, followed by the fleet `route-<id>`; "
+    "with `compare` (two policies) instead, each request goes to two such sides, "
+    "`route-<id>-a` and `route-<id>-b`, one per policy. "
     "`action: stop` with `id` stops that run (200); a live run's pools and fleet go with it."))
 async def start_or_stop(body: RoutingIn, request: Request, response: Response) -> dict:
     runs = _runs(request)
@@ -36,7 +38,7 @@ async def start_or_stop(body: RoutingIn, request: Request, response: Response) -
         return {"routing": run.view()}
     spec = body.model_dump(exclude={"action", "id"})
     if body.mode == "live":
-        spec["policy"] = body.policy or body.policies[0]
+        spec["policy"] = None if body.compare else body.policy or body.policies[0]
         spec["speed"] = body.speed or 1.0
         return {"routing": (await runs.start_live(spec, request.app)).view()}
     return {"routing": runs.start(spec).view()}
@@ -51,7 +53,8 @@ async def progress(run_id: RunId, request: Request) -> dict:
 
 @router.post("/{run_id}/policy", response_model=RoutingOut, description=(
     "Switch a running live run's policy: the requests from the next one on are routed by a fresh "
-    "`policy` (its decisions name it). 409 for a run that is not live or no longer running."))
+    "`policy` (its decisions name it). 409 for a run that is not live, compares two policies, or "
+    "is no longer running."))
 async def switch_policy(run_id: RunId, body: RoutingPolicyIn, request: Request) -> dict:
     run = _runs(request).get(run_id)
     if not isinstance(run, LiveRun):

@@ -27,7 +27,22 @@
  * @property {string|null} current
  * @property {RoutingRow[]} results
  * @property {string|null} error
- * @property {{request: number, replica: number, policy?: string, rule: string, matches: number[], loads: number[]}[]} decisions
+ * @property {Decision[]} decisions
+ * @property {boolean} [compare]  live: two policies side by side, their figures in `sides`
+ * @property {LiveSide[]} [sides]  live: one per policy routing (two when comparing)
+ */
+
+/** @typedef {{request: number, replica: number, policy?: string, rule: string, matches: number[], loads: number[]}} Decision */
+
+/**
+ * @typedef {Object} LiveSide  one policy of a live run with its pools and fleet
+ * @property {string|null} label  "a" or "b" when comparing
+ * @property {string} policy
+ * @property {number} requests
+ * @property {number} hit_ratio
+ * @property {ReplicaFigures[]} replica_figures
+ * @property {Decision[]} decisions
+ * @property {string|null} fleet
  */
 
 /**
@@ -66,15 +81,15 @@ export const LIVE_COLUMNS = [
 
 /**
  * The POST body for a start. A live run starts with the first ticked policy, at `speed` times
- * the trace's timestamps.
- * @param {{policies: string[], replicas: string, capacity: string, limit: string, mode: string, speed?: string}} f
+ * the trace's timestamps; with `compare`, it runs the first two ticked policies side by side.
+ * @param {{policies: string[], replicas: string, capacity: string, limit: string, mode: string, speed?: string, compare?: boolean}} f
  */
 export function routingBody(f) {
   if (f.mode === "live") {
     return {
       action: "start",
       mode: "live",
-      policy: f.policies[0],
+      ...(f.compare ? { compare: f.policies.slice(0, 2) } : { policy: f.policies[0] }),
       replicas: Number(f.replicas),
       capacity_tokens: Number(String(f.capacity).replace(/[_,\s]/g, "")),
       limit: Number(f.limit),
@@ -110,9 +125,13 @@ export function describeRun(run) {
   const frac = run.total ? Math.min(1, run.done / run.total) : 0;
   if (run.mode === "live") {
     const n = `${run.done.toLocaleString("en-US")} / ${run.total.toLocaleString("en-US")} requests`;
-    const hit = `hit ${pct(run.hit_ratio || 0)}`;
+    const sides = run.compare ? run.sides || [] : [];
+    const hit = sides.length
+      ? `hit ${sides.map((s) => `${pct(s.hit_ratio)} (${s.policy})`).join(" vs ")}`
+      : `hit ${pct(run.hit_ratio || 0)}`;
+    const what = sides.length ? sides.map((s) => s.policy).join(" vs ") : run.policy;
     const text = {
-      running: `live, ${run.policy}: ${n}, ${hit}`,
+      running: `live, ${what}: ${n}, ${hit}`,
       finished: `finished: ${n}, ${hit}`,
       stopped: `stopped: ${n}, ${hit}`,
       failed: `failed: ${run.error || "unknown error"}`,
@@ -128,7 +147,23 @@ export function describeRun(run) {
   return { frac, text: what, state: run.state };
 }
 
-/** The latest decisions, newest first, one line each. @param {RoutingRun} run */
+/**
+ * A compare run's two columns, one per side: its title, fleet link, hit ratio, replica table and
+ * latest decisions. Empty for any other run. @param {RoutingRun} run
+ */
+export function sideColumns(run) {
+  if (run.mode !== "live" || !run.compare) return [];
+  return (run.sides || []).map((s) => ({
+    title: `${s.label}: ${s.policy}`,
+    fleet: fleetHref({ mode: "live", fleet: s.fleet }),
+    fleetName: s.fleet,
+    hit: `hit ${pct(s.hit_ratio)} over ${s.requests.toLocaleString("en-US")} requests`,
+    table: resultTable({ mode: "live", replica_figures: s.replica_figures }),
+    decisions: decisionLines(s),
+  }));
+}
+
+/** The latest decisions, newest first, one line each. @param {{decisions?: Decision[]}} run */
 export function decisionLines(run) {
   return (run.decisions || [])
     .slice()

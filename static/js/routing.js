@@ -1,9 +1,10 @@
 // Routing view: start a routing lab run (POST /api/routing), poll its progress, show its rows; a
-// live run links to its fleet in the Fleet view and can switch its policy while it runs.
+// live run links to its fleet in the Fleet view and can switch its policy while it runs; a live
+// comparison shows its two sides in two columns, each linking to its own fleet.
 
 import { api } from "./api.js";
 import { escapeHtml } from "./dom.js";
-import { decisionLines, describeRun, fleetHref, resultTable, routingBody } from "./routing-model.js";
+import { decisionLines, describeRun, fleetHref, resultTable, routingBody, sideColumns } from "./routing-model.js";
 
 // Polling period while a run goes: the server updates progress every 256 requests.
 const POLL_MS = 400;
@@ -17,9 +18,36 @@ export function createRoutingView($) {
   let timer = 0;
   let error = "";
 
+  /** @param {{headers: string[], rows: string[][]}} t */
+  const tableHtml = (t) =>
+    `<thead><tr>${t.headers.map((h) => `<th>${escapeHtml(h)}</th>`).join("")}</tr></thead>` +
+    `<tbody>${t.rows.map((r) => `<tr>${r.map((c) => `<td>${escapeHtml(c)}</td>`).join("")}</tr>`).join("")}</tbody>`;
+  /** @param {string[]} lines */
+  const listHtml = (lines) => lines.map((l) => `<li>${escapeHtml(l)}</li>`).join("");
+
+  function renderSides() {
+    const cols = run ? sideColumns(run) : [];
+    const box = $("#routing-sides");
+    box.hidden = cols.length === 0;
+    document.querySelectorAll("#view-routing .routing-single").forEach((el) => {
+      /** @type {HTMLElement} */ (el).hidden = cols.length > 0;
+    });
+    box.innerHTML = cols
+      .map(
+        (c) =>
+          `<section class="panel routing-side"><div class="panel-head"><h2>${escapeHtml(c.title)}</h2>` +
+          `<span class="hint">${escapeHtml(c.hit)}</span></div>` +
+          (c.fleet ? `<a class="side-fleet" href="${escapeHtml(c.fleet)}">open fleet ${escapeHtml(c.fleetName || "")} in the Fleet view</a>` : "") +
+          `<table class="log">${tableHtml(c.table)}</table>` +
+          `<ol class="decisions">${listHtml(c.decisions)}</ol></section>`,
+      )
+      .join("");
+  }
+
   function render() {
     const box = $("#routing-progress");
     const table = $("#routing-results");
+    renderSides();
     if (!run) {
       box.hidden = true;
       table.innerHTML = "";
@@ -29,7 +57,7 @@ export function createRoutingView($) {
     }
     const href = fleetHref(run);
     const live = $("#routing-live");
-    live.hidden = run.mode !== "live";
+    live.hidden = run.mode !== "live" || !!run.compare;
     const link = /** @type {HTMLAnchorElement} */ ($("#routing-fleet-link"));
     link.hidden = !href;
     if (href) {
@@ -42,11 +70,8 @@ export function createRoutingView($) {
     box.dataset.state = d.state;
     /** @type {HTMLElement} */ (box.querySelector("i")).style.width = `${(100 * d.frac).toFixed(1)}%`;
     /** @type {HTMLElement} */ (box.querySelector("span")).textContent = d.text;
-    const t = resultTable(run);
-    table.innerHTML =
-      `<thead><tr>${t.headers.map((h) => `<th>${escapeHtml(h)}</th>`).join("")}</tr></thead>` +
-      `<tbody>${t.rows.map((r) => `<tr>${r.map((c) => `<td>${escapeHtml(c)}</td>`).join("")}</tr>`).join("")}</tbody>`;
-    $("#routing-decisions").innerHTML = decisionLines(run).map((l) => `<li>${escapeHtml(l)}</li>`).join("");
+    table.innerHTML = tableHtml(resultTable(run));
+    $("#routing-decisions").innerHTML = listHtml(decisionLines(run));
   }
 
   async function poll() {
@@ -71,6 +96,7 @@ export function createRoutingView($) {
       limit: form.limit.value,
       mode: form.mode.value,
       speed: form.speed.value,
+      compare: form.compare.checked,
     });
     try {
       run = (await api("POST", "/api/routing", body)).routing;
@@ -125,6 +151,7 @@ export function createRoutingView($) {
             fleet: fleetHref(run),
             table: resultTable(run),
             decisions: decisionLines(run),
+            sides: sideColumns(run),
             error,
           }
         : { error },

@@ -227,3 +227,139 @@ def test_a_live_run_the_server_cannot_hold_is_refused_and_leaves_nothing(client,
     rid = r.json()["routing"]["id"]
     assert wait_for(client, rid)["state"] == "finished"
     assert client.delete(f"/api/routing/{rid}").status_code == 204
+
+
+def replay(policy: str, limit: int, replicas: int, capacity_tokens: int) -> list[dict]:
+    """A live side's per-replica figures, replayed in process on fresh pools of the same size."""
+    from allocator import create_pool
+    from workloads.routing.live import PoolCluster, pool_hashes
+    from workloads.routing.sequence import requests
+
+    trace = load_mooncake(limit=limit)
+    cluster = PoolCluster([create_pool("paged", num_blocks=capacity_tokens // 512, block_bytes=64,
+                                       tokens_per_block=512, device="cpu",
+                                       prefix_caching={"policy": "lru"})
+                           for _ in range(replicas)])
+    policy_ = make_policy(policy, replicas)
+    for req in requests(trace):
+        cluster.offer(req, pool_hashes(trace, req.index))
+        cluster.serve(req, policy_.route(req, cluster))
+    return cluster.figures()
+
+
+def best_hit_tokens(limit: int) -> int:
+    """The most any routing can hit without eviction: each request's leading blocks found among
+    every earlier request's blocks (a replica holds at most those)."""
+    from workloads.routing.live import pool_hashes
+
+    trace = load_mooncake(limit=limit)
+    seen: set[int] = set()
+    hit = 0
+    for i in range(len(trace)):
+        hashes = pool_hashes(trace, i)
+        k = 0
+        while k < len(hashes) and hashes[k] in seen:
+            k += 1
+        hit += k * 512
+        seen.update(hashes)
+    return hit
+
+
+def test_a_compare_run_feeds_the_same_requests_to_two_sides_each_with_its_fleet(client):
+    # 4096 blocks a replica hold every block of the first 120 requests: nothing is evicted
+    capacity = 4096 * 512
+    body = {**LIVE, "capacity_tokens": capacity, "compare": ["round_robin", "longest_prefix"],
+            "limit": 120, "speed": 1e5}
+    r = client.post("/api/routing", json=body)
+    assert r.status_code == 202, r.text
+    run = r.json()["routing"]
+    rid = run["id"]
+    assert run["compare"] is True and run["policies"] == ["round_robin", "longest_prefix"]
+    assert [s["label"] for s in run["sides"]] == ["a", "b"]
+    fleets = [f"route-{rid}-a", f"route-{rid}-b"]
+    assert [s["fleet"] for s in run["sides"]] == fleets
+    pools = [f"route-{rid}-{side}-r{i}" for side in "ab" for i in range(3)]
+    assert run["pools"] == pools
+    assert names(client) == (sorted(["default", *pools]), fleets)
+    view = wait_for(client, rid)
+    assert view["state"] == "finished" and view["done"] == view["total"] == 120, view
+    a, b = view["sides"]
+    # both sides saw every request once, each routed by its own policy
+    assert a["requests"] == b["requests"] == 120
+    assert [f["requests"] for f in a["replica_figures"]] == [40, 40, 40]
+    assert sum(f["requests"] for f in b["replica_figures"]) == 120
+    assert {d["policy"] for d in a["decisions"]} == {"round_robin"}
+    assert {d["policy"] for d in b["decisions"]} == {"longest_prefix"}
+    assert [d["request"] for d in a["decisions"]] == [d["request"] for d in b["decisions"]]
+    # each side's figures are those of its policy replayed on the same trace and pools
+    keys = ("requests", "hit_tokens", "cached_blocks", "refused")
+    for side in (a, b):
+        want = replay(side["policy"], 120, 3, capacity)
+        assert [{k: f[k] for k in keys} for f in side["replica_figures"]] == \
+            [{k: f[k] for k in keys} for f in want]
+    # nothing evicted: no side can hit more than every earlier block allows, and routing to the
+    # longest cached prefix reaches that bound here, so it hits at least as much as taking turns
+    best = best_hit_tokens(120)
+    assert all(f["cached_blocks"] < f["num_blocks"] and f["refused"] == 0
+               for side in (a, b) for f in side["replica_figures"])
+    hits = [sum(f["hit_tokens"] for f in side["replica_figures"]) for side in (a, b)]
+    assert 0 < hits[0] <= hits[1] == best, (hits, best)
+    assert b["hit_ratio"] >= a["hit_ratio"] > 0
+    # each side's fleet holds what its own pools hold
+    for side in (a, b):
+        want = [f["cached_blocks"] for f in side["replica_figures"]]
+
+        def mirrored(side=side, want=want):
+            state = client.get(f"/api/fleets/{side['fleet']}").json()
+            return state if [e["cached_blocks"] for e in state["engines"]] == want else None
+
+        assert poll(mirrored), (side["fleet"], want)
+    assert a["replica_figures"] != b["replica_figures"]  # the two sides hold different blocks
+    # a compare run's policies stay as they are
+    err = assert_error(client.post(f"/api/routing/{rid}/policy", json={"policy": "session"}),
+                       409, "conflict")
+    r = client.post("/api/routing", json={"action": "stop", "id": rid})
+    assert r.status_code == 200, r.text
+    assert r.json()["routing"]["pools"] == [] and names(client) == (["default"], [])
+    assert [s["fleet"] for s in r.json()["routing"]["sides"]] == [None, None]
+    for fleet in fleets:
+        assert_error(client.get(f"/api/fleets/{fleet}"), 404, "not_found")
+    assert err["message"]
+
+
+def test_deleting_a_running_compare_run_leaves_nothing(client):
+    r = client.post("/api/routing", json={**LIVE, "compare": ["sglang_cache_aware", "round_robin"],
+                                          "limit": 3000, "speed": 20.0})
+    assert r.status_code == 202, r.text
+    rid = r.json()["routing"]["id"]
+    assert poll(lambda: client.get(f"/api/routing/{rid}").json()["routing"]["sides"][1]["decisions"])
+    view = client.get(f"/api/routing/{rid}").json()["routing"]
+    assert view["state"] == "running"
+    err = assert_error(client.post(f"/api/routing/{rid}/policy", json={"policy": "session"}),
+                       409, "conflict")
+    assert "compares two policies" in err["message"]
+    assert client.delete(f"/api/routing/{rid}").status_code == 204
+    assert names(client) == (["default"], [])
+    assert_error(client.get(f"/api/routing/{rid}"), 404, "not_found")
+
+
+@pytest.mark.parametrize("body,words", [
+    ({"compare": ["round_robin", "longest_prefix", "session"]}, "compare"),
+    ({"compare": ["round_robin"]}, "compare"),
+    ({"compare": ["round_robin", "fastest"]}, "compare"),
+    ({"compare": ["session", "session"]}, "two different policies"),
+    ({"compare": ["round_robin", "session"], "policy": "session"}, "either 'policy' or 'compare'"),
+    ({"compare": ["round_robin", "session"], "mode": "sequence"}, "'compare' is for mode 'live'"),
+])
+def test_bad_compare_bodies_are_422_and_start_nothing(client, body, words):
+    err = assert_error(client.post("/api/routing", json={**LIVE, **body}), 422, "invalid_request")
+    assert words in str(err), err
+    assert names(client) == (["default"], [])
+    assert_error(client.get("/api/routing/r1"), 404, "not_found")
+
+
+def test_a_compare_run_the_server_cannot_hold_is_refused_and_leaves_nothing(client):
+    # two sides of 4 replicas are 8 pools: with the default pool, one past the test server's 8
+    r = client.post("/api/routing", json={**LIVE, "replicas": 4, "compare": ["round_robin", "session"]})
+    assert r.status_code == 409, r.text
+    assert names(client) == (["default"], [])

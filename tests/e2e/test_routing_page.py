@@ -91,3 +91,50 @@ def test_a_live_run_from_the_page_links_its_fleet_and_switches_policy(page, api)
     assert not [p for p in api.get("/api/pools").json()["pools"] if p["name"].startswith("route-")]
     assert api.get("/api/fleets").json()["fleets"] == []
     assert page.console_log.errors == []
+
+
+def test_a_live_comparison_from_the_page_shows_two_columns_each_linking_its_fleet(page, api):
+    page.goto("/#routing")
+    page.wait_for_function("window.kvscope && window.kvscope.routing", timeout=30_000)
+    assert page.is_hidden("#routing-sides")
+    page.select_option("#f-routing [name=mode]", "live")
+    page.fill("#f-routing [name=replicas]", "2")
+    page.fill("#f-routing [name=capacity]", "200,000")
+    page.fill("#f-routing [name=limit]", "3000")
+    page.fill("#f-routing [name=speed]", "20")
+    page.check("#f-routing [name=compare]")  # the first two ticked: round_robin, sglang_cache_aware
+    page.click("#f-routing button[type=submit]")
+    page.wait_for_function("(() => { const r = window.kvscope.routing(); return r.state === 'running' "
+                           "&& r.sides.length === 2 && r.sides.every(s => s.decisions.length > 0); })()",
+                           timeout=60_000)
+    shown = page.evaluate("window.kvscope.routing()")
+    rid = shown["id"]
+    assert [c["title"] for c in shown["sides"]] == ["a: round_robin", "b: sglang_cache_aware"]
+    assert [c["fleet"] for c in shown["sides"]] == [f"/?fleet=route-{rid}-{s}#fleet" for s in "ab"]
+    # two columns side by side, each with its replicas, its decisions and a link to its own fleet
+    assert page.is_visible("#routing-sides") and page.is_hidden("#routing-results")
+    assert page.is_hidden("#routing-live")  # no switching in a comparison
+    cols = page.locator("#routing-sides .routing-side")
+    assert cols.count() == 2
+    boxes = [cols.nth(i).bounding_box() for i in range(2)]
+    assert boxes[1]["x"] > boxes[0]["x"] + boxes[0]["width"] / 2 and abs(boxes[1]["y"] - boxes[0]["y"]) < 2
+    for i, side in enumerate("ab"):
+        col = cols.nth(i)
+        assert col.locator("a.side-fleet").get_attribute("href") == f"/?fleet=route-{rid}-{side}#fleet"
+        assert col.locator("tbody tr").count() == 2
+        assert col.locator("ol.decisions li").count() > 0
+    assert "[sglang_cache_aware]" in cols.nth(1).locator("ol.decisions li").first.inner_text()
+    assert " vs " in page.locator("#routing-progress span").inner_text()
+    fleets = sorted(f["name"] for f in api.get("/api/fleets").json()["fleets"])
+    assert fleets == [f"route-{rid}-a", f"route-{rid}-b"]
+
+    # side b's link opens its fleet in the Fleet view
+    cols.nth(1).locator("a.side-fleet").click()
+    page.wait_for_function(f"(() => {{ const f = window.kvscope.fleet && window.kvscope.fleet(); "
+                           f"return f && f.fleet === 'route-{rid}-b' && f.engines.length === 2; }})()",
+                           timeout=60_000)
+    r = api.post("/api/routing", json={"action": "stop", "id": rid})
+    assert r.status_code == 200 and r.json()["routing"]["state"] == "stopped", r.text
+    assert not [p for p in api.get("/api/pools").json()["pools"] if p["name"].startswith("route-")]
+    assert api.get("/api/fleets").json()["fleets"] == []
+    assert page.console_log.errors == []

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { decisionLines, describeRun, fleetHref, resultTable, routingBody } from "../routing-model.js";
+import { decisionLines, describeRun, fleetHref, resultTable, routingBody, sideColumns } from "../routing-model.js";
 
 const row = { policy: "dynamo_kv", hit_ratio: 0.12345, imbalance: 1.0234, duplicated_blocks: 1534,
   available_hit_ratio: 0.2, ttft_p50_s: 0.5, ttft_p99_s: 4.25, throughput_rps: 3.391 };
@@ -62,4 +62,40 @@ test("a live run shows its replicas, its policy and a link to its fleet until re
   assert.equal(fleetHref({ ...run, mode: "sequence" }), null);
   assert.deepEqual(decisionLines(run),
     ["request 9 → replica 1 [session]: hash of the first block (cached blocks [0, 1], in flight [5, 5])"]);
+});
+
+test("a live comparison sends the first two ticked policies instead of one", () => {
+  assert.deepEqual(
+    routingBody({ policies: ["round_robin", "longest_prefix", "session"], replicas: "2", capacity: "400,000",
+      limit: "50", mode: "live", speed: "20", compare: true }),
+    { action: "start", mode: "live", compare: ["round_robin", "longest_prefix"], replicas: 2,
+      capacity_tokens: 400000, limit: 50, speed: 20 },
+  );
+  // a sequence run ignores the box: it compares every ticked policy already
+  assert.equal(routingBody({ policies: ["session"], replicas: "1", capacity: "512", limit: "1", mode: "sequence",
+    compare: true }).compare, undefined);
+});
+
+test("a live comparison shows two columns, each with its figures and its own fleet", () => {
+  const side = (label, policy, hit, fleet) => ({ label, policy, requests: 10, hit_ratio: hit, fleet,
+    replica_figures: [{ replica: 0, requests: 10, hit_ratio: hit, cached_blocks: 7, num_blocks: 100, refused: 0 }],
+    decisions: [{ request: 9, replica: 0, policy, rule: "next in turn", matches: [1], loads: [10] }] });
+  const run = { id: "r4", mode: "live", compare: true, state: "running", policy: null, done: 10, total: 40,
+    hit_ratio: null, fleet: null, error: null, results: [], decisions: [], replica_figures: [],
+    sides: [side("a", "round_robin", 0.25, "route-r4-a"), side("b", "longest_prefix", 0.5, "route-r4-b")] };
+  assert.equal(describeRun(run).text,
+    "live, round_robin vs longest_prefix: 10 / 40 requests, hit 25.0% (round_robin) vs 50.0% (longest_prefix)");
+  const cols = sideColumns(run);
+  assert.deepEqual(cols.map((c) => [c.title, c.fleet, c.hit]), [
+    ["a: round_robin", "/?fleet=route-r4-a#fleet", "hit 25.0% over 10 requests"],
+    ["b: longest_prefix", "/?fleet=route-r4-b#fleet", "hit 50.0% over 10 requests"],
+  ]);
+  assert.deepEqual(cols[1].table.rows, [["r0", "10", "50.0%", "7 / 100", "0"]]);
+  assert.deepEqual(cols[0].decisions,
+    ["request 9 → replica 0 [round_robin]: next in turn (cached blocks [1], in flight [10])"]);
+  // released: no fleet links; a single-policy run has no columns
+  const released = { ...run, sides: run.sides.map((s) => ({ ...s, fleet: null })) };
+  assert.deepEqual(sideColumns(released).map((c) => c.fleet), [null, null]);
+  assert.deepEqual(sideColumns({ ...run, compare: false }), []);
+  assert.equal(fleetHref(run), null);
 });
