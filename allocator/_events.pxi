@@ -291,10 +291,19 @@ cdef class EventRing:
         cdef list objs = [], keys = []
         cdef Py_ssize_t slot0 = self._slot(first)
         cdef object held = self._objs
+        cdef uint8_t sane[256]  # per kind byte: _need_sane's kind checks, done once per export
+        cdef Py_ssize_t nnames = len(self._names)
+        cdef int32_t bn
+        for i in range(256):
+            sane[i] = (i & CODE_MASK) < nnames and (
+                (i & FLAG_OBJ) or self._layouts[i & CODE_MASK] is not None)
         slot = slot0
         for i in range(n):
-            self._need_sane(slot, first + i)
             k = self.kind[slot]
+            bn = self.bn[slot]
+            if not sane[k] or (bn > 0 and (bn > self.bcap or self.boff[slot] < 0
+                                           or self.boff[slot] % self.bcap + bn > self.bcap)):
+                self._need_sane(slot, first + i)  # raises CorruptState, naming the damage
             ts_v[i] = self.ts[slot]
             kd_v[i] = k
             ax_v[i] = self.aux[slot]
@@ -390,14 +399,14 @@ cdef class EventRing:
         self.last_seq = seq
         self.ts[slot] = now
         self.kind[slot] = code | FLAG_KEY
-        self._objs[slot] = first
+        list_put(self._objs, slot, first)
         self.bn[slot] = 0
         return &self.vals[slot * NVALS]
 
     cdef inline void _open_slot(self, Py_ssize_t slot) noexcept:
         """Make room for the next event: free what the slot held."""
         if self.kind[slot] & HELD:
-            self._objs[slot] = None
+            list_put(self._objs, slot, None)
         if self.count < self.capacity:
             self.count += 1
 
