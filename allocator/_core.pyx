@@ -7,6 +7,7 @@ compiles with -O0 -g), or `cython -a allocator/_core.pyx` for the annotated HTML
 line that still goes through the Python C API (yellow).
 """
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.list cimport PyList_GET_ITEM, PyList_SET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
