@@ -392,6 +392,7 @@ cdef class CacheCore:
         helps = pool.victim_filter(nbytes) if self.filters else None
         self.c_make_room(need, None, evicted, helps, now, wall)
         cdef uint8_t state = 3 if pin else 2
+        cdef int64_t aid  # a C integer: the compiled path never boxes the new id
         if self.pcore is not None and need <= self.pcore.free_count * self.bb:
             aid = self.pcore.alloc_one(nb, need // self.bb, state, wall)
         else:

@@ -7,7 +7,11 @@ compiles with -O0 -g), or `cython -a allocator/_core.pyx` for the annotated HTML
 line that still goes through the Python C API (yellow).
 """
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.list cimport PyList_GET_ITEM, PyList_SET_ITEM
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.string cimport memcpy
 from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
@@ -20,6 +24,14 @@ from cpython.array cimport clone as _clone_ints
 from cpython.array cimport array as _carray
 
 cdef _carray _EMPTY_INTS = _array("i")
+
+
+cdef inline void list_put(list l, Py_ssize_t i, object v) noexcept:
+    """`l[i] = v` for an index the caller knows is in range: no bounds check, no call."""
+    cdef PyObject *old = PyList_GET_ITEM(l, i)
+    Py_INCREF(v)
+    PyList_SET_ITEM(l, i, v)
+    Py_XDECREF(old)
 
 
 cdef double wall_time() noexcept nogil:

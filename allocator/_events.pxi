@@ -282,19 +282,29 @@ cdef class EventRing:
         cdef int alloc_code = self._codes.get("allocate", -1)
         if n <= 0:
             return None
-        ts = np.empty(n, dtype=np.float64)
-        kd = np.empty(n, dtype=np.uint8)
-        ax = np.empty(n, dtype=np.uint8)
-        cdef double[::1] ts_v = ts
-        cdef uint8_t[::1] kd_v = kd
-        cdef uint8_t[::1] ax_v = ax
+        # The columns are written straight into fresh bytes objects (no array, no copy).
+        ts = PyBytes_FromStringAndSize(NULL, n * sizeof(double))
+        kd = PyBytes_FromStringAndSize(NULL, n)
+        ax = PyBytes_FromStringAndSize(NULL, n)
+        cdef double *ts_v = <double *>PyBytes_AS_STRING(ts)
+        cdef uint8_t *kd_v = <uint8_t *>PyBytes_AS_STRING(kd)
+        cdef uint8_t *ax_v = <uint8_t *>PyBytes_AS_STRING(ax)
         cdef list objs = [], keys = []
         cdef Py_ssize_t slot0 = self._slot(first)
         cdef object held = self._objs
+        cdef uint8_t sane[256]  # per kind byte: _need_sane's kind checks, done once per export
+        cdef Py_ssize_t nnames = len(self._names)
+        cdef int32_t bn
+        for i in range(256):
+            sane[i] = (i & CODE_MASK) < nnames and (
+                (i & FLAG_OBJ) or self._layouts[i & CODE_MASK] is not None)
         slot = slot0
         for i in range(n):
-            self._need_sane(slot, first + i)
             k = self.kind[slot]
+            bn = self.bn[slot]
+            if not sane[k] or (bn > 0 and (bn > self.bcap or self.boff[slot] < 0
+                                           or self.boff[slot] % self.bcap + bn > self.bcap)):
+                self._need_sane(slot, first + i)  # raises CorruptState, naming the damage
             ts_v[i] = self.ts[slot]
             kd_v[i] = k
             ax_v[i] = self.aux[slot]
@@ -310,15 +320,15 @@ cdef class EventRing:
             slot += 1
             if slot == self.capacity:
                 slot = 0
-        num = np.empty(2 * nnum, dtype=np.int64)
-        nb = np.empty(nnum, dtype=np.int32)
-        ne = np.empty(nnum, dtype=np.int32)
-        wide = np.empty(NVALS * nkey, dtype=np.int64)
+        num = PyBytes_FromStringAndSize(NULL, 2 * nnum * sizeof(int64_t))
+        nb = PyBytes_FromStringAndSize(NULL, nnum * sizeof(int32_t))
+        ne = PyBytes_FromStringAndSize(NULL, nnum * sizeof(int32_t))
+        wide = PyBytes_FromStringAndSize(NULL, NVALS * nkey * sizeof(int64_t))
         ids = np.empty(total, dtype=np.int32)  # the encoding is never longer than the ids
-        cdef int64_t[::1] num_v = num
-        cdef int32_t[::1] nb_v = nb
-        cdef int32_t[::1] ne_v = ne
-        cdef int64_t[::1] wide_v = wide
+        cdef int64_t *num_v = <int64_t *>PyBytes_AS_STRING(num)
+        cdef int32_t *nb_v = <int32_t *>PyBytes_AS_STRING(nb)
+        cdef int32_t *ne_v = <int32_t *>PyBytes_AS_STRING(ne)
+        cdef int64_t *wide_v = <int64_t *>PyBytes_AS_STRING(wide)
         cdef int32_t *out = i32_ptr(ids) if total else NULL
         cdef int64_t *v
         pos = 0
@@ -362,8 +372,7 @@ cdef class EventRing:
                         b += 1
                 ne_v[j] = <int32_t>(pos - e)
             j += 1
-        return ("cols2", first, self.last_seq, ts.tobytes(), kd.tobytes(), ax.tobytes(),
-                num.tobytes(), nb.tobytes(), ne.tobytes(), ids[:pos].tobytes(), wide.tobytes(),
+        return ("cols2", first, self.last_seq, ts, kd, ax, num, nb, ne, ids[:pos].tobytes(), wide,
                 keys, objs, list(self._names), list(self._strings), block_bytes)
 
     def code(self, str kind) -> int:
@@ -390,14 +399,14 @@ cdef class EventRing:
         self.last_seq = seq
         self.ts[slot] = now
         self.kind[slot] = code | FLAG_KEY
-        self._objs[slot] = first
+        list_put(self._objs, slot, first)
         self.bn[slot] = 0
         return &self.vals[slot * NVALS]
 
     cdef inline void _open_slot(self, Py_ssize_t slot) noexcept:
         """Make room for the next event: free what the slot held."""
         if self.kind[slot] & HELD:
-            self._objs[slot] = None
+            list_put(self._objs, slot, None)
         if self.count < self.capacity:
             self.count += 1
 

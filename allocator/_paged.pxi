@@ -190,7 +190,7 @@ cdef class PagedCore:
         cdef Py_ssize_t s = self.htab[pos], i = pos, j = pos, k
         self.r_aid[s] = 0
         if self.tags is not None:
-            self.tags[s] = None
+            list_put(self.tags, s, None)
         self.r_tail[s] = self.slot_free
         self.slot_free = <int32_t>s
         self.live -= 1
@@ -215,7 +215,7 @@ cdef class PagedCore:
             s = self.htab[self.find(aid)]
         if self.tags is None:
             self.tags = [None] * self.rcap
-        self.tags[s] = tag
+        list_put(self.tags, s, tag)
         return 0
 
     def tag_of(self, aid):

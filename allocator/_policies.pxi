@@ -97,7 +97,7 @@ cdef class KeyedPolicy:
                 raise KeyError(f"{key!r} is already held")
         self.unused = self.next[s]
         self.prev[s] = self.next[s] = DETACHED
-        self._keys[s] = key
+        list_put(self._keys, s, key)
         self.count += 1
         return s
 
@@ -105,7 +105,7 @@ cdef class KeyedPolicy:
         """Forget the (already unlinked) slot `s` and its key."""
         if not self.slotted:
             del self._slot[self._keys[s]]
-        self._keys[s] = None
+        list_put(self._keys, s, None)
         self.next[s] = self.unused
         self.unused = s
         self.count -= 1
