@@ -74,6 +74,14 @@ cdef inline uint64_t nonzero(uint64_t k) noexcept nogil:
     return k if k != 0 else 1  # 0 is the root's key
 
 
+cdef inline void set_for_engines(dict out, uint64_t engines, Py_ssize_t blocks):
+    """out[e] = blocks for every engine e in the mask `engines` (a match's answer)."""
+    cdef int e
+    for e in range(MAX_ENGINES):
+        if engines >> e & 1:
+            out[e] = blocks
+
+
 cdef inline int popcount(uint64_t m) noexcept nogil:
     return __builtin_popcountll(m)
 
@@ -598,7 +606,6 @@ cdef class FleetCore:
         cdef uint64_t act = among, m, dropped
         cdef Py_ssize_t i, n = len(nodes)
         cdef int32_t node
-        cdef int e
         cdef dict out = {}
         for i in range(n):
             node = nodes[i]
@@ -606,15 +613,11 @@ cdef class FleetCore:
             dropped = act & ~m
             if dropped:
                 if i:
-                    for e in range(MAX_ENGINES):
-                        if dropped >> e & 1:
-                            out[e] = i
+                    set_for_engines(out, dropped, i)
                 act &= m
                 if not act:
                     return out
-        for e in range(MAX_ENGINES):
-            if act >> e & 1:
-                out[e] = n
+        set_for_engines(out, act, n)
         return out
 
     def match_keys(self, list keys, uint64_t among=0xffffffffffffffffULL) -> dict:
@@ -632,7 +635,6 @@ cdef class FleetCore:
         cdef uint64_t k = 0, m, dropped, act = among & self.active
         cdef uint64_t lora = 0 if lora_id is None else <uint64_t><int64_t>lora_id
         cdef int32_t node
-        cdef int e
         cdef dict out = {}
         if nb == 0:
             return out
@@ -643,15 +645,11 @@ cdef class FleetCore:
             dropped = act & ~m
             if dropped:
                 if i:
-                    for e in range(MAX_ENGINES):
-                        if dropped >> e & 1:
-                            out[e] = i
+                    set_for_engines(out, dropped, i)
                 act &= m
                 if not act:
                     return out
-        for e in range(MAX_ENGINES):
-            if act >> e & 1:
-                out[e] = nb
+        set_for_engines(out, act, nb)
         return out
 
     def match_hashes(self, int e, list hashes) -> dict:
