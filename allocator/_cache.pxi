@@ -96,6 +96,9 @@ cdef class PutResult:
         return f"PutResult(entry={self.entry!r}, created={self.created}, evicted={self.evicted!r})"
 
 
+include "_keyindex.pxi"
+
+
 cdef class CacheCore:
     """The per-operation path of KVCache (its base class): put, victim choice, eviction and
     drop, compiled. KVCache (allocator/cache.py) adds validation messages, refresh/resize,
@@ -117,7 +120,7 @@ cdef class CacheCore:
     cdef public int64_t misses
     cdef public int64_t refusals
     cdef public str _policy
-    cdef public dict _entries        # key -> Entry
+    cdef public KeyIndex _entries    # key -> Entry
     cdef public dict _key_of         # allocation id -> key (other pools; a paged pool tags its records)
     cdef public dict _by_priority    # priority -> policy structure (non-empty ones)
     cdef public list _ttl_heap       # (expires_at, key, id), stale records skipped lazily
@@ -282,11 +285,11 @@ cdef class CacheCore:
             raise (<object>self)._refuse_budget(need)
         if short > spare:
             raise (<object>self)._refuse_pool(need)
-        entries = self._entries
+        cdef KeyIndex entries = self._entries
         while self.used_bytes + need > self.capacity_bytes:
             key = ((helps is not None and self._next_victim(exclude, helps))
                    or self.c_next_victim(exclude))
-            e = entries[key]
+            e = entries.c_get(<str>key, PyObject_Hash(key))
             if now < 0:
                 now, wall = self.now(), wall_time()
             expired = e.expires_at is not None and e.expires_at <= now
@@ -326,7 +329,7 @@ cdef class CacheCore:
         self.c_evict(key, reason)
 
     cdef int c_drop(self, Entry entry, bint evicted, double wall) except -1:
-        del self._entries[entry.key]
+        self._entries.c_remove(entry)
         if self.pcore is None:
             del self._key_of[entry.id]
         if entry.pinned:
@@ -376,13 +379,15 @@ cdef class CacheCore:
         if not (type(key) is str and 0 < len(<str>key) <= 256 and type(nbytes) is int
                 and nbytes > 0 and priority is None and ttl_s is None and pinned is None):
             me._validate(key, nbytes, priority, ttl_s, pinned)
+            key = exact_key(key)
+        cdef Py_hash_t h = PyObject_Hash(key)
         cdef int64_t nb = nbytes if nbytes <= self.capacity_bytes else self.capacity_bytes + 1
         cdef int64_t need = ((nb + self.bb - 1) // self.bb) * self.bb if self.exact else self.pool.footprint(nbytes)
         if need > self.capacity_bytes:
             raise me._too_large(nbytes, self.pool.footprint(nbytes))
         cdef double now = self.now()
         cdef double wall = wall_time()
-        entry = self._entries.get(key)
+        entry = self._entries.c_get(<str>key, h)
         if entry is not None:
             return me._refresh(entry, nbytes, priority, ttl_s, pinned, now)
         priority = priority or 0
@@ -412,7 +417,7 @@ cdef class CacheCore:
         e.priority, e.pinned, e.ttl_s = priority, pin, ttl_s
         e.expires_at = None if ttl_s is None else now + ttl_s
         e.created_at = e.last_access = now
-        self._entries[key] = e
+        self._entries.c_insert(e, h)
         if self.pcore is not None:
             self.pcore.set_tag(aid, key)
         else:

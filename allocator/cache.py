@@ -6,7 +6,7 @@ import heapq
 import time
 from collections.abc import Callable
 
-from ._core import CacheCore, Entry, PutResult
+from ._core import CacheCore, Entry, KeyIndex, PutResult
 from .blockmap import CACHED, PINNED
 from .errors import (
     Conflict,
@@ -68,7 +68,7 @@ class KVCache(CacheCore):
         self.capacity_bytes = capacity_bytes
         self.clock = clock
         self._policy = policy
-        self._entries: dict[str, Entry] = {}
+        self._entries = KeyIndex()
         self._key_of: dict[int, str] = {}
         self._by_priority: dict[int, object] = {}
         self._ttl_heap: list[tuple[float, str, int]] = []
@@ -257,7 +257,7 @@ class KVCache(CacheCore):
 
     def check(self) -> list[str]:
         """Every cache invariant; returns the problems found (empty = ok)."""
-        problems: list[str] = []
+        problems: list[str] = list(self._entries.check())
         total = pinned = 0
         id_map = self._keys_by_id()
         for key, e in self._entries.items():
@@ -423,7 +423,7 @@ class KVCache(CacheCore):
 
     def _forget_all(self) -> None:
         """The pool was reset under us: every entry's memory is already gone."""
-        self._entries.clear()
+        self._entries = KeyIndex()
         self._key_of.clear()
         self._by_priority.clear()
         self._ttl_heap.clear()
