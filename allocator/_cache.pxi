@@ -31,6 +31,7 @@ cdef class Entry:
     cdef public int64_t data_bytes  # length of the payload last written; reads return exactly that
     cdef readonly int32_t pslot     # slot in its priority's policy structure (-1: not filed);
                                     # read-only to Python: the compiled policy trusts it
+    cdef int64_t iseq               # insertion number in the cache's key index (its order)
 
     def __init__(self, str key, int64_t id, int64_t nbytes, int64_t allocated_bytes,
                  priority=0, bint pinned=False, ttl_s=None, expires_at=None,

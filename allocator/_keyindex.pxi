@@ -6,7 +6,6 @@ from libc.stdlib cimport calloc, free, qsort
 
 cdef struct KCell:
     Py_hash_t h      # hash of the entry's key
-    int64_t seq      # insertion number: iteration follows it, as a dict's would
     PyObject *e      # an owned reference to the Entry; NULL marks an empty cell
 
 
@@ -32,8 +31,9 @@ cdef inline object exact_key(object key):
 @cython.final
 cdef class KeyIndex:
     """The cache's key -> Entry map: open addressing with linear probing and backward-shift
-    deletion over 24-byte cells (the key's hash, an insertion number, the entry), at most half
-    full. Each entry is filed under its own `key`.
+    deletion over 16-byte cells (the key's hash, the entry), four to a cache line, at most half
+    full. Each entry is filed under its own `key`; its insertion number (`Entry.iseq`) gives
+    the iteration order.
 
     NOTE: why not a dict. CPython keeps no hashes in a dict whose keys are all str, so each
     probe that meets another key reads that key's string, and the probe sequence jumps across
@@ -104,7 +104,7 @@ cdef class KeyIndex:
         Py_INCREF(e)
         self.cells[i].e = <PyObject *>e
         self.cells[i].h = h
-        self.cells[i].seq = self.next_seq
+        e.iseq = self.next_seq
         self.next_seq += 1
         self.used += 1
         return 0
@@ -204,7 +204,7 @@ cdef class KeyIndex:
             raise MemoryError()
         for i in range(self.mask + 1):
             if self.cells[i].e != NULL and n < self.used:
-                order[n].seq = self.cells[i].seq
+                order[n].seq = (<Entry>self.cells[i].e).iseq
                 order[n].e = self.cells[i].e
                 n += 1
         qsort(order, n, sizeof(KOrder), _by_seq)
