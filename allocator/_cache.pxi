@@ -296,6 +296,34 @@ cdef class CacheCore:
             expired = e.expires_at is not None and e.expires_at <= now
             self.c_evict_entry(e, "ttl" if expired else "capacity", now, wall)
             evicted.append(key)
+        self.c_prefetch_victims()
+        return 0
+
+    cdef int c_prefetch_victims(self) except -1:
+        """Start loading what the next evicting puts will read, while this one finishes: with
+        one priority in use and no TTL, the next victims are the head of the policy's order, and
+        each of the next three gets one step of its lookup asked for, one put ahead of need:
+        the third's key string, the second's key-index cell (by the hash in its string, asked
+        for one put ago), the first's entry (from its cell, asked for one put ago)."""
+        cdef Py_ssize_t dpos = 0
+        cdef PyObject *dkey
+        cdef PyObject *dval
+        cdef KeyedPolicy s
+        cdef int32_t v1, v2, v3
+        if self._ttl_heap or len(self._by_priority) != 1:
+            return 0
+        PyDict_Next(self._by_priority, &dpos, &dkey, &dval)
+        s = <KeyedPolicy>dval
+        if s.count < 3:
+            return 0
+        v1 = s.c_victim_slot()
+        v2 = s.c_victim_after(v1)
+        v3 = s.c_victim_after(v2)
+        if not (0 <= v1 < s.cap and 0 <= v2 < s.cap and 0 <= v3 < s.cap):
+            return 0  # a hint only: a policy without one, or a damaged list, gets no prefetch
+        __builtin_prefetch(PyList_GET_ITEM(s._keys, v3))
+        self._entries.c_prefetch_cell(PyObject_Hash(<object>PyList_GET_ITEM(s._keys, v2)))
+        self._entries.c_prefetch_entry(PyObject_Hash(<object>PyList_GET_ITEM(s._keys, v1)))
         return 0
 
     def _make_room(self, int64_t need, exclude, list evicted, helps=None) -> None:

@@ -3,6 +3,9 @@
 from cpython.object cimport PyObject_Hash
 from libc.stdlib cimport calloc, free, qsort
 
+cdef extern from *:
+    void __builtin_prefetch(const void *addr) noexcept nogil
+
 
 cdef struct KCell:
     Py_hash_t h      # hash of the entry's key
@@ -93,6 +96,19 @@ cdef class KeyIndex:
         """The entry of exact-str `key` (hash `h`), or None."""
         cdef Py_ssize_t i = self.c_find(key, h)
         return None if i < 0 else <Entry>self.cells[i].e
+
+    cdef inline void c_prefetch_cell(self, Py_hash_t h) noexcept:
+        __builtin_prefetch(&self.cells[<size_t>h & <size_t>self.mask])
+
+    cdef inline void c_prefetch_entry(self, Py_hash_t h) noexcept:
+        """Prefetch the entry of the first cell holding hash `h` (the cell should be cached)."""
+        cdef Py_ssize_t i = <Py_ssize_t>(<size_t>h & <size_t>self.mask)
+        while self.cells[i].e != NULL:
+            if self.cells[i].h == h:
+                __builtin_prefetch(self.cells[i].e)
+                __builtin_prefetch((<char *>self.cells[i].e) + 64)
+                return
+            i = (i + 1) & self.mask
 
     cdef int c_insert(self, Entry e, Py_hash_t h) except -1:
         """File `e` under its key, whose hash is `h`; the caller knows the key is absent."""

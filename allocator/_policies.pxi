@@ -152,6 +152,10 @@ cdef class KeyedPolicy:
     cdef int32_t c_victim_slot(self) except -2:
         raise NotImplementedError
 
+    cdef int32_t c_victim_after(self, int32_t s) noexcept:
+        """The slot evicted after slot `s` if nothing changes, or NIL when unknown (a hint)."""
+        return NIL
+
     cdef int c_insert(self, key) except -1:
         if not self.slotted and key in self._slot:
             raise KeyError(f"{key!r} is already held")
@@ -315,6 +319,9 @@ cdef class LRU(KeyedPolicy):
 
     cdef int32_t c_victim_slot(self) except -2:
         return self.order_.l.head
+
+    cdef int32_t c_victim_after(self, int32_t s) noexcept:
+        return self.next[s] if 0 <= s < self.cap else NIL
 
     def order(self, limit=None) -> list:
         return self.walk(self.order_, -1 if limit is None else limit)
