@@ -28,14 +28,19 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from allocator._core cimport (
     DETACHED,
     NIL,
+    BlockMap,
     DList,
+    EventRing,
     Stack,
     dlist_push_back,
     dlist_remove,
     stack_pop,
     stack_push,
+    wall_time,
 )
+from cpython cimport array as carray
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.dict cimport PyDict_DelItem, PyDict_GetItem
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.math cimport INFINITY
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
@@ -68,6 +73,9 @@ cdef enum:
     Q_MAIN = 1
     S3_MAX_FREQ = 3
     NBUCKETS = 20
+    # an operation on up to this many blocks keeps its per-block scratch (the ids and hashes
+    # its events name) on the C stack; a bigger one allocates it once for the operation
+    SMALL_OP = 64
 
 POLICY_CODES = {"lru": P_LRU, "fifo": P_FIFO, "lfu": P_LFU, "s3fifo": P_S3FIFO, "belady": P_BELADY}
 HIST_BOUNDS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
@@ -81,6 +89,8 @@ cdef uint64_t ROOT_SEED = 0x6B7673636F706531ULL  # "kvscope1"
 cdef uint64_t M1 = 0xBF58476D1CE4E5B9ULL
 cdef uint64_t M2 = 0x94D049BB133111EBULL
 cdef uint64_t GOLD = 0x9E3779B97F4A7C15ULL
+cdef carray.array I32 = array("i")  # the template of a sequence's block array (int32 items)
+assert I32.itemsize == sizeof(int32_t)
 
 
 cdef extern from "Python.h":
@@ -104,6 +114,16 @@ cdef inline object _ids(int32_t *ids, Py_ssize_t n):
     if n == 0:
         return None
     return PyBytes_FromStringAndSize(<char *>ids, n * sizeof(int32_t))
+
+
+cdef inline bytes _id_run(int32_t *ids, Py_ssize_t n):
+    """n block ids as native int32 bytes (b"" when n == 0): a prefix event's `blocks`."""
+    return PyBytes_FromStringAndSize(<char *>ids, n * sizeof(int32_t))
+
+
+cdef inline bytes _hash_run(uint64_t *hashes, Py_ssize_t n):
+    """n block hashes as native uint64 bytes: a prefix event's `block_hashes`."""
+    return PyBytes_FromStringAndSize(<char *>hashes, n * sizeof(uint64_t))
 
 
 cdef inline uint64_t mix64(uint64_t z) nogil:
@@ -207,15 +227,17 @@ cdef class PrefixCore:
     cdef int64_t tick
     cdef public dict index
     # hkey[b]: the very int object that keys block b in `index` (the caller's, or made once), so
-    # eviction and its event reuse it instead of building a new int from bhash[b]
+    # eviction deletes it from `index` without building a new int from bhash[b]
     cdef list hkey
     cdef public object ghost
     # block map views
-    cdef object bm
+    cdef BlockMap bm
     cdef int32_t[:] owner
     cdef uint8_t[:] state
     cdef uint32_t[:] cv
-    cdef object ev_record
+    # the pool's event ring, recorded into directly, and the codes of the kinds recorded here
+    cdef EventRing ring
+    cdef uint8_t k_open, k_append, k_close, k_stored, k_removed, k_cleared
     cdef int64_t[:, :] hist
     cdef double[3] hist_sum
     cdef public int64_t queries, hit_tokens, query_blocks, hit_blocks, stored, evicted
@@ -262,7 +284,10 @@ cdef class PrefixCore:
         self.owner = blockmap.owner
         self.state = blockmap.state
         self.cv = blockmap.chunk_version
-        self.ev_record = events.record
+        self.ring = events
+        self.k_open, self.k_append = events.code("open"), events.code("append")
+        self.k_close, self.k_cleared = events.code("close"), events.code("cleared")
+        self.k_stored, self.k_removed = events.code("stored"), events.code("removed")
         self._clear_structures()
 
     cdef _clear_structures(self):
@@ -430,6 +455,12 @@ cdef class PrefixCore:
         self.state[b] = st
         self.cv[b >> CHUNK_SHIFT] = v
 
+    cdef inline int _record(self, uint8_t kind, tuple values) except -1:
+        """Append one event of `kind` (its EVENT_FIELDS values, in order) to the pool's ring,
+        as EventLog.record would."""
+        self.ring.record_values(kind, values, wall_time())
+        return 0
+
     def available(self):
         """Blocks a new allocation could get: free plus idle cached (evictable)."""
         return self.fs.top + self.n_evictable
@@ -442,64 +473,87 @@ cdef class PrefixCore:
         cdef int64_t bb = self.block_bytes, bs = self.block_size
         return held * bb - (self.slack_tokens * bb // bs - slack_before * bb // bs)
 
-    cdef object _take_into(self, int32_t[:] o, Py_ssize_t at, int n, int32_t owner, uint8_t st,
+    cdef object _take_into(self, int32_t *o, Py_ssize_t n, int32_t owner, uint8_t st,
                            uint32_t v, double now):
-        """Take n blocks into o[at:at+n]: the free stack first, then evictions in policy order.
-        Returns ([evicted blocks], [their hashes]) or None. Caller checked n <= available()."""
-        cdef int i, b
-        cdef list ev_blocks = None, ev_hashes = None
-        index = self.index
-        for i in range(n):
-            if self.fs.top > 0:
-                b = stack_pop(&self.fs)
-            else:
-                b = self._ev_victim()
-                self._ev_remove(b)
-                ho = self.hkey[b]
-                self.hkey[b] = None
-                if ev_blocks is None:
-                    ev_blocks, ev_hashes = [], []
-                ev_blocks.append(b)
-                ev_hashes.append(ho)
-                if self.policy == P_S3FIFO and self.queue[b] == Q_SMALL:
-                    self.ghost[ho] = None
-                    while len(self.ghost) > max(self.lst[Q_MAIN].size, 1):
-                        self.ghost.popitem(last=False)
-                del index[ho]
-                self.hashed[b] = 0
-                self.evicted += 1
-                self._observe(0, now - self.born[b])
-                self._observe(1, now - self.released[b])
-            self.where[b] = W_HELD
-            self.refcnt[b] = 1
-            self.next_use[b] = INFINITY
-            self.hits[b] = 0
-            self.freq[b] = 0
-            self.born[b] = now
-            self.last_access[b] = now
-            self._stamp(b, owner, st, v)
-            o[at + i] = b
-        return None if ev_blocks is None else (ev_blocks, ev_hashes)
+        """Take n blocks into o[0:n]: the free stack first, then evictions in policy order.
+        Returns (blocks, hashes) of the evicted ones as native int32 / uint64 bytes (what their
+        `removed` event names), or None. Caller checked n <= available()."""
+        cdef Py_ssize_t i, nev = 0, most = n - self.fs.top
+        cdef int b
+        cdef int32_t sb[SMALL_OP]
+        cdef uint64_t sh[SMALL_OP]
+        cdef int32_t *evb = sb
+        cdef uint64_t *evh = sh
+        cdef dict index = self.index
+        cdef list hkey = self.hkey
+        cdef object ho
+        if most > SMALL_OP:
+            evb = <int32_t *>PyMem_Malloc(most * sizeof(int32_t))
+            evh = <uint64_t *>PyMem_Malloc(most * sizeof(uint64_t))
+            if evb == NULL or evh == NULL:
+                PyMem_Free(evb)
+                PyMem_Free(evh)
+                raise MemoryError()
+        try:
+            for i in range(n):
+                if self.fs.top > 0:
+                    b = stack_pop(&self.fs)
+                else:
+                    b = self._ev_victim()
+                    self._ev_remove(b)
+                    ho = hkey[b]
+                    hkey[b] = None
+                    evb[nev] = b
+                    evh[nev] = self.bhash[b]
+                    nev += 1
+                    if self.policy == P_S3FIFO and self.queue[b] == Q_SMALL:
+                        self.ghost[ho] = None
+                        while len(self.ghost) > max(self.lst[Q_MAIN].size, 1):
+                            self.ghost.popitem(last=False)
+                    PyDict_DelItem(index, ho)
+                    self.hashed[b] = 0
+                    self.evicted += 1
+                    self._observe(0, now - self.born[b])
+                    self._observe(1, now - self.released[b])
+                self.where[b] = W_HELD
+                self.refcnt[b] = 1
+                self.next_use[b] = INFINITY
+                self.hits[b] = 0
+                self.freq[b] = 0
+                self.born[b] = now
+                self.last_access[b] = now
+                self._stamp(b, owner, st, v)
+                o[i] = b
+            return None if nev == 0 else (_id_run(evb, nev), _hash_run(evh, nev))
+        finally:
+            if evb != sb:
+                PyMem_Free(evb)
+                PyMem_Free(evh)
 
     def take(self, int n, int32_t owner, int st):
         """n blocks for a plain allocation (refcount 1 each), evicting idle cached blocks when
-        the free stack runs out. Returns (array('i'), evicted): evicted is None or ([blocks],
-        [hashes]), for the caller to record as `removed` after its own event (see
-        `_removed`). Caller checks n <= available()."""
-        out = array("i", bytes(4 * n))
-        return out, self._take_into(out, 0, n, owner, <uint8_t>st, self.bm.version, mono())
+        the free stack runs out. Returns (array('i'), evicted): evicted is None or (blocks,
+        hashes) as native int32 / uint64 bytes, for the caller to record as `removed` after its
+        own event (see `_removed`). Caller checks n <= available()."""
+        if n < 0:
+            raise ValueError(f"cannot take {n} blocks")
+        cdef carray.array out = carray.clone(I32, n, False)
+        if n == 0:
+            return out, None
+        return out, self._take_into(<int32_t *>out.data.as_ints, n, owner, <uint8_t>st,
+                                    self.bm.version, mono())
 
     def removed(self, evicted, int64_t taken_by):
         """Record the `removed` event of blocks `take` evicted for `taken_by`."""
         self._removed(evicted, taken_by)
 
-    cdef _removed(self, evicted, int64_t taken_by):
+    cdef _removed(self, tuple evicted, int64_t taken_by):
         # NOTE: recorded after the event of the operation that took the blocks (which names
         # them with their new owner), never before: a history keyframe may be taken after any
         # event, and one taken between the two would hold the operation's effects already, so
         # replaying its (relative) numbers on top would count them twice. `taken_by` tells the
         # replay this eviction changed no block beyond what that event said.
-        self.ev_record("removed", _frozen(evicted[0]), _frozen(evicted[1]), "evicted", taken_by)
+        self._record(self.k_removed, (evicted[0], evicted[1], "evicted", taken_by))
 
     def give_back(self, blocks):
         """Return the blocks of a plain allocation (refcount 1, never hashed) to the free stack."""
@@ -609,13 +663,14 @@ cdef class PrefixCore:
         NULL; *idle_matched counts those no sequence holds."""
         cdef Py_ssize_t i, matched = 0
         cdef int b
+        cdef PyObject *got
+        cdef dict index = self.index
         self.op += 1
-        index = self.index
         for i in range(nhash):
-            got = index.get(hashes[i])
-            if got is None:
+            got = PyDict_GetItem(index, hashes[i])
+            if got == NULL:
                 break
-            b = got
+            b = <object>got
             if self.mark[b] == self.op:
                 break
             self.mark[b] = self.op
@@ -660,9 +715,9 @@ cdef class PrefixCore:
             # sequence's size is built, with the numbers the full check below would give.
             matched = self._match(hashes, nhash, NULL, &idle_matched)
             raise MemoryError(nblocks - matched, self.fs.top + self.n_evictable - idle_matched)
-        blocks = array("i", bytes(4 * nblocks))
-        cdef int32_t[:] bl = blocks
-        matched = self._match(hashes, nhash, &bl[0], &idle_matched)
+        cdef carray.array blocks = carray.clone(I32, nblocks, False)
+        cdef int32_t *bl = <int32_t *>blocks.data.as_ints
+        matched = self._match(hashes, nhash, bl, &idle_matched)
         need = nblocks - matched
         if need > self.fs.top + self.n_evictable - idle_matched:
             raise MemoryError(need, self.fs.top + self.n_evictable - idle_matched)
@@ -673,9 +728,10 @@ cdef class PrefixCore:
         cdef int64_t slack_before = self.slack_tokens
         # hits on blocks other sequences hold: they become SHARED, owner unchanged (the event
         # names them; every other block of the sequence becomes USED by it)
-        cdef int32_t *held = NULL
+        cdef int32_t held_small[SMALL_OP]
+        cdef int32_t *held = held_small
         cdef Py_ssize_t nheld = 0
-        if matched > idle_matched:
+        if matched - idle_matched > SMALL_OP:
             held = <int32_t *>PyMem_Malloc((matched - idle_matched) * sizeof(int32_t))
             if held == NULL:
                 raise MemoryError()
@@ -696,9 +752,12 @@ cdef class PrefixCore:
             self.last_access[b] = now
             self.depth[b] = i
             self._stamp(b, owner, st, v)
+        shared = _ids(held, nheld)
+        if held != held_small:
+            PyMem_Free(held)
         removed = None
         if need:
-            removed = self._take_into(bl, matched, need, <int32_t>seq_id, USED, v, now)
+            removed = self._take_into(bl + matched, need, <int32_t>seq_id, USED, v, now)
         if next_use is not None:
             for i in range(nblocks):
                 self.next_use[bl[i]] = next_use[i]
@@ -717,10 +776,8 @@ cdef class PrefixCore:
         self.hit_blocks += matched
         self.slack_tokens += nblocks * bs - num_tokens
         self.opens += 1
-        shared = _ids(held, nheld)
-        PyMem_Free(held)
-        self.ev_record("open", seq_id, num_tokens, matched * bs, _frozen(blocks.tolist()), shared,
-                       self._requested_delta(idle_matched + need, slack_before))
+        self._record(self.k_open, (seq_id, num_tokens, matched * bs, _id_run(bl, nblocks), shared,
+                                   self._requested_delta(idle_matched + need, slack_before)))
         if removed is not None:
             self._removed(removed, seq_id)
         if mode == 1:
@@ -738,61 +795,81 @@ cdef class PrefixCore:
         A hash already indexed (another sequence filled the same prefix meanwhile) leaves the
         block private and unhashed, so each hash names one block; the stored events are split
         into runs that each chain from their parent, as vLLM's BlockStored expects."""
-        cdef Py_ssize_t i, bs = self.block_size, run_start = 0
+        cdef Py_ssize_t i, run = 0, run_start = 0
         cdef int b
-        cdef list run_blocks = [], run_hashes = []
-        cdef object parent, run_parent = None
-        index = self.index
+        cdef uint64_t hv
+        cdef object parent, run_parent = None, h, bo
+        cdef dict index = self.index
+        cdef list hkey = self.hkey
+        cdef carray.array arr = seq.blocks
+        cdef int32_t *blocks = <int32_t *>arr.data.as_ints
+        # the run of newly indexed blocks and their hashes, for its `stored` event
+        cdef int32_t sb[SMALL_OP]
+        cdef uint64_t sh[SMALL_OP]
+        cdef int32_t *rb = sb
+        cdef uint64_t *rh = sh
         if start > 0:
             parent = hashes[start - 1]
         elif first > 0:
             parent = seq.last_hash
         else:
             parent = None
-        cdef int32_t[:] blocks = seq.blocks
-        cdef list hkey = self.hkey
-        cdef object bo
-        for i in range(start, stop):
-            b = blocks[first + i]
-            h = hashes[i]
-            bo = b  # one int object for the index and the event
-            self.depth[b] = first + i
-            if PyDict_SetDefault(index, h, bo) == <PyObject *>bo:  # one lookup: inserted, was not indexed
-                self.bhash[b] = h
-                hkey[b] = h
-                self.hashed[b] = 1
-                self.tick += 1
-                self.stored_tick[b] = self.tick
-                self.stored += 1
-                if self.policy == P_S3FIFO:
-                    if h in self.ghost:
-                        del self.ghost[h]
-                        self.queue[b] = Q_MAIN
-                    else:
-                        self.queue[b] = Q_SMALL
-                if not run_blocks:
-                    run_parent = parent
-                    run_start = first + i
-                run_blocks.append(bo)
-                run_hashes.append(h)
-            elif run_blocks:
-                self._stored_event(seq, run_blocks, run_hashes, run_parent, run_start, toks, tok_base)
-                run_blocks, run_hashes = [], []
-            parent = h
-        if run_blocks:
-            self._stored_event(seq, run_blocks, run_hashes, run_parent, run_start, toks, tok_base)
+        if stop - start > SMALL_OP:
+            rb = <int32_t *>PyMem_Malloc((stop - start) * sizeof(int32_t))
+            rh = <uint64_t *>PyMem_Malloc((stop - start) * sizeof(uint64_t))
+            if rb == NULL or rh == NULL:
+                PyMem_Free(rb)
+                PyMem_Free(rh)
+                raise MemoryError()
+        try:
+            for i in range(start, stop):
+                b = blocks[first + i]
+                h = hashes[i]
+                bo = b  # one int object for the index and hkey
+                self.depth[b] = first + i
+                if PyDict_SetDefault(index, h, bo) == <PyObject *>bo:  # one lookup: inserted, was not indexed
+                    hv = h
+                    self.bhash[b] = hv
+                    hkey[b] = h
+                    self.hashed[b] = 1
+                    self.tick += 1
+                    self.stored_tick[b] = self.tick
+                    self.stored += 1
+                    if self.policy == P_S3FIFO:
+                        if h in self.ghost:
+                            del self.ghost[h]
+                            self.queue[b] = Q_MAIN
+                        else:
+                            self.queue[b] = Q_SMALL
+                    if run == 0:
+                        run_parent = parent
+                        run_start = first + i
+                    rb[run] = b
+                    rh[run] = hv
+                    run += 1
+                elif run:
+                    self._stored_event(seq, rb, rh, run, run_parent, run_start, toks, tok_base)
+                    run = 0
+                parent = h
+            if run:
+                self._stored_event(seq, rb, rh, run, run_parent, run_start, toks, tok_base)
+        finally:
+            if rb != sb:
+                PyMem_Free(rb)
+                PyMem_Free(rh)
         if stop > 0:
             seq.nhashed = first + stop
             seq.last_hash = hashes[stop - 1]
 
-    cdef _stored_event(self, Seq seq, list blocks, list hashes, parent, Py_ssize_t first_block,
-                       toks, Py_ssize_t tok_base):
+    cdef _stored_event(self, Seq seq, int32_t *blocks, uint64_t *hashes, Py_ssize_t n, parent,
+                       Py_ssize_t first_block, toks, Py_ssize_t tok_base):
         cdef Py_ssize_t bs = self.block_size, a
         token_ids = None
         if toks is not None:
             a = (first_block - tok_base) * bs
-            token_ids = _frozen(toks[a:a + len(blocks) * bs].tolist())
-        self.ev_record("stored", _frozen(blocks), _frozen(hashes), parent, token_ids, bs, seq.id)
+            token_ids = toks[a:a + n * bs].tobytes()  # native int64
+        self._record(self.k_stored, (_id_run(blocks, n), _hash_run(hashes, n), parent, token_ids, bs,
+                                     seq.id))
 
     def append(self, Seq seq, tokens, int64_t num_new, block_hashes):
         """Grow `seq` by num_new tokens (given as `tokens` in token mode); newly full blocks are
@@ -817,17 +894,17 @@ cdef class PrefixCore:
         cdef double now = mono()
         cdef uint32_t v = self.bm.version
         cdef int64_t slack_before = self.slack_tokens
-        new = None
+        cdef carray.array new = None
         removed = None
         if need > 0:
-            new = array("i", bytes(4 * need))
-            removed = self._take_into(new, 0, need, <int32_t>seq.id, USED, v, now)
+            new = carray.clone(I32, need, False)
+            removed = self._take_into(<int32_t *>new.data.as_ints, need, <int32_t>seq.id, USED, v, now)
             seq.blocks.extend(new)
         seq.num_tokens = total
         self.slack_tokens += need * bs - num_new
         self.appends += 1
-        self.ev_record("append", seq.id, total, _frozen(new.tolist() if new is not None else []),
-                       self._requested_delta(need, slack_before))
+        added = _id_run(<int32_t *>new.data.as_ints, need) if need > 0 else b""
+        self._record(self.k_append, (seq.id, total, added, self._requested_delta(need, slack_before)))
         if removed is not None:
             self._removed(removed, seq.id)
         if seq.mode == 1:
@@ -843,17 +920,20 @@ cdef class PrefixCore:
     def close(self, Seq seq):
         """Drop the sequence's references, tail first: idle hashed blocks become evictable (so
         with equal recency a prefix's tail goes before its head), the rest return free."""
-        blocks = seq.blocks
-        cdef int32_t[:] bl = blocks
-        cdef Py_ssize_t i, n = bl.shape[0], nfreed = 0, ncached = 0, nused = 0
+        cdef carray.array blocks = seq.blocks
+        cdef int32_t *bl = <int32_t *>blocks.data.as_ints
+        cdef Py_ssize_t i, n = len(blocks), nfreed = 0, ncached = 0, nused = 0
         cdef double now = mono()
         cdef uint32_t v = self.bm.version
         cdef int64_t slack_before = self.slack_tokens
         cdef int b, st
         # what each block became, for the event: freed (owner gone), idle cached, one holder left
-        cdef int32_t *went = <int32_t *>PyMem_Malloc(3 * n * sizeof(int32_t) + 1)
-        if went == NULL:
-            raise MemoryError()
+        cdef int32_t went_small[3 * SMALL_OP]
+        cdef int32_t *went = went_small
+        if n > SMALL_OP:
+            went = <int32_t *>PyMem_Malloc(3 * n * sizeof(int32_t))
+            if went == NULL:
+                raise MemoryError()
         cdef int32_t *freed = went
         cdef int32_t *cached = went + n
         cdef int32_t *used = went + 2 * n
@@ -874,9 +954,10 @@ cdef class PrefixCore:
         try:
             freed_ids, cached_ids, used_ids = _ids(freed, nfreed), _ids(cached, ncached), _ids(used, nused)
         finally:
-            PyMem_Free(went)
-        self.ev_record("close", seq.id, _frozen(blocks.tolist()), freed_ids, cached_ids, used_ids,
-                       self._requested_delta(-(nfreed + ncached), slack_before))
+            if went != went_small:
+                PyMem_Free(went)
+        self._record(self.k_close, (seq.id, _id_run(bl, n), freed_ids, cached_ids, used_ids,
+                                    self._requested_delta(-(nfreed + ncached), slack_before)))
 
     def reset_prefix(self):
         """Forget every hash: idle cached blocks go free, held ones stay held but unhashed.
@@ -899,7 +980,7 @@ cdef class PrefixCore:
                 freed.append(b)
         self.index = {}
         self.ghost = OrderedDict()
-        self.ev_record("cleared", _frozen(blocks), _frozen(hashes), freed.tobytes())
+        self._record(self.k_cleared, (_frozen(blocks), _frozen(hashes), freed.tobytes()))
         return blocks, hashes
 
     def set_next_use(self, blocks, next_use):

@@ -15,7 +15,7 @@ import numpy as np
 from ._core import map_summary, replay_columns, rows_of_columns2, validate_columns
 from .blockmap import CACHED, FREE, NO_OWNER, PINNED, SHARED, STATE_NAMES, USED
 from .errors import Conflict, NotFound
-from .events import event_dict
+from .events import event_dict, packed_list
 from .metrics import fragmentation_stats
 from .vocab import EVICTION_REASONS
 
@@ -614,6 +614,12 @@ def _rows(value) -> np.ndarray | slice | int | None:
     return np.asarray(value, dtype=np.int64) if len(value) else None
 
 
+def _id_seq(value):
+    """A prefix event's `blocks` (native int32 bytes from the core, a list from a mirror or an
+    older recording, or None) as something to iterate over."""
+    return packed_list(value) or ()
+
+
 def _count(value) -> int:
     if value is None:
         return 0
@@ -844,7 +850,7 @@ class Replayer:
                 blocks, shared = row[6], row[7]
                 if shared is not None:
                     held = set(np.frombuffer(shared, dtype=np.int32).tolist())
-                    blocks = [b for b in blocks if b not in held]
+                    blocks = [b for b in _id_seq(blocks) if b not in held]
                 write(blocks, row[3], USED)
                 if shared is not None:
                     write(shared, None, SHARED)
@@ -864,18 +870,18 @@ class Replayer:
             if n <= 10:  # a prefix-caching pool's (or recorded before `owners` / `state`)
                 return
             st = row[10]
-            for b, o in zip(row[3] or (), row[9]):
+            for b, o in zip(_id_seq(row[3]), row[9]):
                 if b >= 0:
                     write(b, o, st)
         elif kind == "removed":
             if n > 6 and row[6] is not None:
                 self.last_id = max(self.last_id, row[6])
             else:
-                write([b for b in row[3] or () if b >= 0], NO_OWNER, FREE)
+                write([b for b in _id_seq(row[3]) if b >= 0], NO_OWNER, FREE)
         elif kind == "cleared":
             freed = row[5] if n > 5 else None
             if freed is None:
-                freed = [b for b in row[3] or () if b >= 0]
+                freed = [b for b in _id_seq(row[3]) if b >= 0]
             write(freed, NO_OWNER, FREE)
 
     def apply_rows(self, rows) -> None:

@@ -24,7 +24,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from allocator import Conflict, KVCache, NotFound, OutOfMemory, create_pool
 from allocator.blockmap import PINNED, USED
+from allocator.events import PACKED_FIELDS, PACKED_KINDS, event_dict, packed_list
 from allocator.history import History, Replayer, map_runs
+from allocator.vocab import EVENT_FIELDS
 
 BS = 4
 BLOCKS = 14
@@ -305,3 +307,56 @@ def test_past_stats_of_a_prefix_pool_with_a_kv_cache() -> None:
             assert view.stats_at(seq) == stats, seq
             checked += 1
     assert checked > 60 and cache.evictions["capacity"] + pool.prefix_stats()["evicted"] > 0
+
+
+def _as_lists(row: tuple) -> tuple:
+    """`row` with its packed runs (native bytes) as lists: the form older recordings carry."""
+    if row[2] not in PACKED_KINDS:
+        return row
+    names = EVENT_FIELDS[row[2]]
+    return row[:3] + tuple(packed_list(v, PACKED_FIELDS[name]) if name in PACKED_FIELDS else v
+                           for name, v in zip(names, row[3:]))
+
+
+def test_runs_recorded_as_bytes_read_and_replay_as_lists_do() -> None:
+    """The core records its prefix events' block ids, hashes and token ids as native bytes; the
+    same rows with lists there (older recordings, mirrors) read back as the same event dicts and
+    replay to the same maps, vectorised and row by row."""
+    pool = make_pool("lru")
+    rng = random.Random(11)
+    seqs: list[int] = []
+    for _ in range(80):
+        r = rng.random()
+        try:
+            if r < 0.3:
+                tail = [rng.randint(0, 9) for _ in range(rng.randint(1, 9))]
+                seqs.append(pool.open_sequence(tokens=[3, 1, 4, 1] + tail).id)
+            elif r < 0.5:
+                hashes = [rng.randint(1, 4) * (1 << 60) + k for k in range(rng.randint(1, 3))]
+                seqs.append(pool.open_sequence(block_hashes=hashes, num_tokens=len(hashes) * BS).id)
+            elif r < 0.65 and seqs:
+                s = pool.sequence(seqs[-1])
+                if pool._seqs[s.id].mode == 1:
+                    pool.append(s.id, tokens=[rng.randint(0, 9) for _ in range(rng.randint(1, 6))])
+            elif seqs:
+                pool.close_sequence(seqs.pop(rng.randrange(len(seqs))))
+        except OutOfMemory:
+            pass
+    view = pool.history.view()
+    kf = view.keyframes[0]
+    rows = list(view.rows(kf.seq, view.last_seq))
+    packed = {r[2] for r in rows
+              if r[2] in PACKED_KINDS and r[3 + EVENT_FIELDS[r[2]].index("blocks")].__class__ is bytes}
+    assert packed >= {"open", "close", "stored", "removed"}
+    listed = [_as_lists(r) for r in rows]
+    assert [event_dict(r) for r in listed] == [event_dict(r) for r in rows]
+    assert all(isinstance(e["blocks"], list) for e in map(event_dict, rows) if e["type"] in PACKED_KINDS)
+    fast, slow, by_row = Replayer(kf), Replayer(kf), Replayer(kf)
+    fast.apply_rows(rows)
+    slow.apply_rows(listed)
+    for r in listed:
+        by_row.apply(r)
+    owner, state = pool.blockmap.owners_np(), pool.blockmap.states_np()
+    for rep in (fast, slow, by_row):
+        assert np.array_equal(rep.owner, owner) and np.array_equal(rep.state, state)
+    assert fast.requested == slow.requested == by_row.requested
