@@ -21,6 +21,10 @@ from kvevents.publisher import Publisher  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
+# The fleet view's state once the page's scripts have set it up (null before: a probe right after
+# a navigation or reload must not throw).
+FLEET = "(window.kvscope && window.kvscope.fleet && window.kvscope.fleet())"
+
 
 @pytest.fixture
 def fleet(api, tmp_path):
@@ -75,8 +79,8 @@ def test_fleet_view_paints_every_engine_and_matches(page, api, fleet, artifacts)
     page.goto("/?fleet=e2e#fleet")
     want = {n: len(s.cached) for n, s in fleet.items()}
     page.wait_for_function(
-        "(() => { const f = window.kvscope.fleet(); "
-        f"return f.painted.e0 === {want['e0']} && f.painted.e1 === {want['e1']}; }})()", timeout=30_000)
+        f"(() => {{ const f = {FLEET}; "
+        f"return f && f.painted.e0 === {want['e0']} && f.painted.e1 === {want['e1']}; }})()", timeout=30_000)
     stats = api.get("/api/fleets/e2e").json()["stats"]
     assert stats["duplicated_blocks"] > 0
     numbers = page.locator("#fleet-numbers").inner_text().lower()
@@ -139,17 +143,17 @@ def test_fleet_view_opens_the_fleet_named_in_the_address(page, api, tmp_path):
         assert listed.index(names[0]) < listed.index(names[1])
         page.goto(f"/?fleet={names[1]}#fleet")
         page.wait_for_function(
-            f"window.kvscope.fleet().engines.join() === '{names[1]}-engine'", timeout=30_000)
+            f"({FLEET} || {{engines: []}}).engines.join() === '{names[1]}-engine'", timeout=30_000)
         assert page.locator("#fleet-select").input_value() == names[1]
         assert page.locator("#view-fleet").is_visible()
         page.select_option("#fleet-select", names[0])
         page.wait_for_function(
-            f"window.kvscope.fleet().engines.join() === '{names[0]}-engine'", timeout=30_000)
+            f"({FLEET} || {{engines: []}}).engines.join() === '{names[0]}-engine'", timeout=30_000)
         url = urlsplit(page.url)
         assert parse_qs(url.query)["fleet"] == [names[0]] and url.fragment == "fleet", page.url
         page.reload()
         page.wait_for_function(
-            f"window.kvscope.fleet().engines.join() === '{names[0]}-engine'", timeout=30_000)
+            f"({FLEET} || {{engines: []}}).engines.join() === '{names[0]}-engine'", timeout=30_000)
         assert page.locator("#fleet-select").input_value() == names[0]
         assert page.console_log.errors == []
     finally:

@@ -82,8 +82,9 @@ def test_a_live_run_from_the_page_links_its_fleet_and_switches_policy(page, api)
     assert page.locator("#routing-decisions li").first.inner_text().startswith("request ")
 
     # the link opens the run's fleet in the Fleet view
-    page.click("#routing-fleet-link")
-    page.wait_for_function(f"(() => {{ const f = window.kvscope.fleet && window.kvscope.fleet(); "
+    page.click("#routing-fleet-link")  # a navigation: the new document's scripts load later
+    page.wait_for_url(f"**/?fleet=route-{rid}#fleet")
+    page.wait_for_function(f"(() => {{ const k = window.kvscope, f = k && k.fleet && k.fleet(); "
                            f"return f && f.fleet === 'route-{rid}' && f.engines.length === 2; }})()",
                            timeout=60_000)
     r = api.post("/api/routing", json={"action": "stop", "id": rid})
@@ -129,8 +130,9 @@ def test_a_live_comparison_from_the_page_shows_two_columns_each_linking_its_flee
     assert fleets == [f"route-{rid}-a", f"route-{rid}-b"]
 
     # side b's link opens its fleet in the Fleet view
-    cols.nth(1).locator("a.side-fleet").click()
-    page.wait_for_function(f"(() => {{ const f = window.kvscope.fleet && window.kvscope.fleet(); "
+    cols.nth(1).locator("a.side-fleet").click()  # a navigation, as above
+    page.wait_for_url(f"**/?fleet=route-{rid}-b#fleet")
+    page.wait_for_function(f"(() => {{ const k = window.kvscope, f = k && k.fleet && k.fleet(); "
                            f"return f && f.fleet === 'route-{rid}-b' && f.engines.length === 2; }})()",
                            timeout=60_000)
     r = api.post("/api/routing", json={"action": "stop", "id": rid})
