@@ -95,8 +95,12 @@ class Recordings:
         self.verdicts.trust(recorder.path)
         return out
 
-    def flush_all(self) -> None:
+    def flush_all(self, only: Path | None = None) -> None:
+        """Flush every recorder (or only the one writing `only`); one that fails (a full disk)
+        stops, with why in `failed`. On the event loop: never from two threads at once."""
         for pool, (recorder, handle) in list(self.active.items()):
+            if only is not None and recorder.path.resolve() != only.resolve():
+                continue
             if self.registry.find(pool) is not handle:  # the pool was deleted
                 self.stop(pool)
                 continue
@@ -162,17 +166,14 @@ class Recordings:
 
     def download(self, name: str) -> Path:
         """The file of recording `name` once it is known to be a sound recording (checked whole
-        as `open` does unless this process wrote it), with what a recorder of this process has
-        buffered flushed into it. Raises NotFound, InvalidRequest. Blocking: run it off the
-        event loop."""
+        as `open` does unless this process wrote it or is writing it). Raises NotFound,
+        InvalidRequest. Blocking: run it off the event loop (then `flush_all(only=it)`)."""
         path = self.existing(name)
-        recorder = self.recorder_of(path)
-        if recorder is not None:
-            recorder.flush()  # what is downloaded is everything up to now
-        elif not self.verdicts.sound(path):
+        if self.recorder_of(path) is None and not self.verdicts.sound(path):
             self.verdicts.open(path, pool_name_for(path.stem), self.max_blocks, label(path.stem),
                                each=servable, served=answers_as_json)
         return path
+
 
     def existing(self, name: str) -> Path:
         path = self.file_of(name)

@@ -83,7 +83,9 @@ async def list_recordings(request: Request) -> dict:
 async def download_recording(name: RecordingName, request: Request) -> FileResponse:
     """The file as it is (one in progress: up to now). A file that is not a sound recording is
     422 saying what is wrong with it."""
-    path = await run_in_threadpool(recordings_of(request).download, name)
+    recs = recordings_of(request)
+    path = await run_in_threadpool(recs.download, name)
+    recs.flush_all(only=path)  # what is downloaded is everything up to now
     return FileResponse(path, media_type="application/vnd.sqlite3", filename=path.name)
 
 

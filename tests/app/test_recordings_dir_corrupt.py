@@ -229,12 +229,17 @@ def test_a_file_replaced_by_a_bad_one_after_it_was_checked_is_checked_again(c, s
 
 
 def test_a_recording_the_server_made_opens_without_a_second_check_and_a_damaged_one_not_at_all(c, srv, made):
-    """Recorded by this server: opened as written. Cut short by hand afterwards: a 422."""
+    """Recorded by this server: downloaded and opened while in progress, opened as written once
+    stopped. Cut short by hand afterwards: a 422."""
     assert c.post("/api/pools", json={"name": "rec-src", "num_blocks": 32, "block_bytes": 64}).status_code == 201
     try:
         assert c.post("/api/pools/rec-src/recording", json={"name": "mine"}).status_code == 201
         for _ in range(5):
             assert c.post("/api/pools/rec-src/allocations", json={"bytes": 100}).status_code == 201
+        assert c.get("/api/recordings/mine/file").status_code == 200  # in progress: as it is now
+        r = c.post("/api/recordings/mine/open", json={"pool": "mine-so-far"})
+        assert r.status_code == 201, r.text
+        assert c.delete("/api/pools/mine-so-far").status_code == 204
         assert c.delete("/api/pools/rec-src/recording").status_code == 200
         r = c.post("/api/recordings/mine/open", json={})
         assert r.status_code == 201, r.text
