@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import sqlite3
 import time
@@ -155,10 +156,23 @@ def read_recording(path: str | Path, label: str | None = None,
     `max_blocks` (a file from elsewhere) refuses a larger pool before any keyframe inflates."""
     path = Path(path)
     where = label or repr(str(path))
+    try:
+        return _read_recording(path, where, max_blocks)
+    except InvalidRequest:
+        raise
+    except Exception as exc:  # whatever else a damaged file breaks in the reading is the file's fault
+        raise InvalidRequest(f"{where} is corrupt: it does not read as a recording ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})") from None
+
+
+def _read_recording(path: Path, where: str, max_blocks: int | None) -> tuple[dict, HistoryView]:
     if not path.is_file():
-        raise InvalidRequest(f"no recording file at {where}")
-    with open(path, "rb") as f:
-        head = f.read(len(SQLITE_MAGIC))
+        raise InvalidRequest(f"{where} is not a file: no recording file there")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except OSError as exc:
+        raise InvalidRequest(f"{where} cannot be read: {exc.strerror or exc}") from None
     if head.startswith(KV_EVENT_RECORDING_MAGIC):
         raise InvalidRequest(f"{where} is a KV-event recording (kvscope mirror --record, .kvevents), "
                              "not a pool history: read it with `kvscope recording FILE`")
@@ -203,9 +217,9 @@ def read_recording(path: str | Path, label: str | None = None,
     last = segs[-1].last if segs else kfs[0].seq
     for a, b in zip(segs, segs[1:]):
         if b.first != a.last + 1:
-            raise InvalidRequest(f"recording {where} is corrupt: events {a.last + 1}..{b.first - 1} missing")
+            raise InvalidRequest(f"{where} is corrupt: events {a.last + 1}..{b.first - 1} missing")
     if kfs[0].seq > last or (segs and kfs[0].seq < segs[0].first - 1):
-        raise InvalidRequest(f"recording {where} is corrupt: its first keyframe at {kfs[0].seq} is outside "
+        raise InvalidRequest(f"{where} is corrupt: its first keyframe at {kfs[0].seq} is outside "
                              f"its events ..{last}")
     view = HistoryView(geometry=meta["geometry"], keyframes=[k for k in kfs if k.seq <= last],
                        segments=segs, tail=[], last_seq=last, dropped_events=0)
@@ -364,8 +378,79 @@ def open_untrusted(path: str | Path, name: str, max_blocks: int, label: str, eac
     except InvalidRequest:
         raise
     except Exception as exc:  # whatever a crafted file breaks in the reading is the file's fault
-        raise InvalidRequest(f"{label} is corrupt: its events do not replay ({type(exc).__name__}: "
-                             f"{str(exc)[:200]})") from None
+        raise corrupt(label, exc) from None
+
+
+def file_stamp(path: str | Path) -> tuple[int, int, int, int] | None:
+    """What changes when a file is written to, cut short, copied over or replaced: (device,
+    inode, size, mtime in ns); None when there is no file to read there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class Verdicts:
+    """What checking each recording file found, kept while the file is unchanged (`file_stamp`):
+    a file this process wrote (`trust`) or checked whole once is not checked again, and a file
+    found damaged is refused again without reading it, until it changes. A file put in the
+    directory by hand, or changed since, is checked whole (`open_untrusted`) when first opened.
+
+    Invariant: `_seen[path]` is (the stamp the file had when judged, None when sound or why not).
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[tuple | None, str | None]] = {}
+
+    def trust(self, path: str | Path) -> None:
+        """`path` as this process wrote it (a stopped recorder's file, a checked upload)."""
+        self._seen[str(path)] = (file_stamp(path), None)
+
+    def sound(self, path: str | Path) -> bool:
+        """Whether `path`, unchanged since it was judged, was judged a sound recording."""
+        seen = self._seen.get(str(path))
+        return seen is not None and seen[1] is None and seen[0] is not None and seen[0] == file_stamp(path)
+
+    def problem(self, path: str | Path) -> str | None:
+        """Why `path`, unchanged since it was judged, is not a sound recording; None when it is
+        or when it was not judged as it is now."""
+        seen = self._seen.get(str(path))
+        return seen[1] if seen is not None and seen[0] == file_stamp(path) else None
+
+    def open(self, path: str | Path, name: str, max_blocks: int, label: str, each=None,
+             served=None) -> RecordedPool:
+        """`path` as a RecordedPool named `name`: read as it is when judged sound while
+        unchanged, otherwise checked whole first (`open_untrusted` with `each(row)`, then
+        `served(pool)`, the caller's check of what serving it answers), and the verdict kept.
+        `label` names the file in messages. Raises InvalidRequest (never another exception).
+        Blocking: O(events) the first time."""
+        key = str(path)
+        why = self.problem(path)
+        if why is not None:
+            raise InvalidRequest(why)
+        if self.sound(path):
+            try:
+                return RecordedPool(path, name, preread=read_recording(path, label))
+            except InvalidRequest:
+                raise
+            except Exception as exc:  # judged sound, yet it breaks: the file's fault all the same
+                raise corrupt(label, exc) from None
+        try:
+            pool = open_untrusted(path, name, max_blocks, label, each)
+            if served is not None:
+                served(pool)
+        except InvalidRequest as exc:
+            self._seen[key] = (file_stamp(path), str(exc))
+            raise
+        self._seen[key] = (file_stamp(path), None)  # (after reading: opening may recover a WAL)
+        return pool
+
+
+def corrupt(label: str, exc: BaseException) -> InvalidRequest:
+    """The 422 for what a damaged recording broke while it was read or replayed."""
+    return InvalidRequest(f"{label} is corrupt: its events do not replay ({type(exc).__name__}: "
+                          f"{str(exc)[:200]})")
 
 
 class ReadOnly(Conflict, AttributeError):
@@ -452,6 +537,11 @@ class RecordedPool:
         self.events = RecordedEvents(list(view.rows(max(view.first_seq, view.last_seq - 10_000),
                                                     view.last_seq)), view.last_seq)
 
+    def damaged(self, exc: BaseException) -> InvalidRequest:
+        """The 422 for `exc`, raised while reading or replaying this recording's data (a file
+        changed or damaged in a way the checks on opening it did not catch)."""
+        return corrupt(f"recording {Path(self.path).stem!r}", exc)
+
     def __getattr__(self, name: str):
         raise ReadOnly(f"pool {self.__dict__.get('name', '?')!r} is a recording (read-only): "
                        f"{name!r} is not available")
@@ -489,4 +579,4 @@ class RecordedPool:
         return False
 
 
-__all__ = ["ReadOnly", "RecordedPool", "Recorder", "open_untrusted", "read_recording"]
+__all__ = ["ReadOnly", "RecordedPool", "Recorder", "Verdicts", "file_stamp", "open_untrusted", "read_recording"]

@@ -15,7 +15,15 @@ from fastapi.encoders import jsonable_encoder
 
 from allocator.errors import Conflict, InvalidRequest, KVScopeError, NotFound
 from allocator.events import event_dict
-from allocator.recording import RecordedPool, Recorder, open_untrusted, read_recording
+from allocator.recording import (
+    RecordedPool,
+    Recorder,
+    Verdicts,
+    corrupt,
+    file_stamp,
+    open_untrusted,
+    read_recording,
+)
 
 FLUSH_S = 0.5  # at most this much (plus one flush's time) is lost when the server is killed
 SUFFIX = ".kvrec"
@@ -28,11 +36,18 @@ STALE_PART_S = 3600.0  # an upload part file untouched this long belongs to a ki
 class Recordings:
     """At most one recorder per pool, each flushed every FLUSH_S by one task; files live in
     `directory` (KVSCOPE_RECORDINGS_DIR) and are named `<name>.kvrec`. A recorder stops when
-    asked, when its pool is deleted, or when the server shuts down."""
+    asked, when its pool is deleted, or when the server shuts down.
 
-    def __init__(self, directory: str | Path, registry) -> None:
+    Any file in the directory may have been put there by hand (a copy cut short, a file of
+    another kind, one damaged since): opening or downloading a file this process did not write,
+    or that changed since, checks it whole first, as an upload is (`verdicts`); a bad one is a
+    422 naming it and what is wrong, and the listing shows it with its `error`."""
+
+    def __init__(self, directory: str | Path, registry, max_blocks: int = 1 << 24) -> None:
         self.directory = Path(directory)
         self.registry = registry
+        self.max_blocks = max_blocks  # a file from elsewhere is refused past this many blocks
+        self.verdicts = Verdicts()
         self.active: dict[str, tuple[Recorder, object]] = {}  # pool name -> (recorder, handle)
         self.failed: dict[str, str] = {}  # pool name -> why its last recording stopped on its own
         self._task: asyncio.Task | None = None
@@ -76,10 +91,16 @@ class Recordings:
             recorder, _ = self.active.pop(pool)
         except KeyError:
             raise NotFound("recording of pool", pool) from None
-        return recorder.stop() | {"name": recorder.path.stem}
+        out = recorder.stop() | {"name": recorder.path.stem}
+        self.verdicts.trust(recorder.path)
+        return out
 
-    def flush_all(self) -> None:
+    def flush_all(self, only: Path | None = None) -> None:
+        """Flush every recorder (or only the one writing `only`); one that fails (a full disk)
+        stops, with why in `failed`. On the event loop: never from two threads at once."""
         for pool, (recorder, handle) in list(self.active.items()):
+            if only is not None and recorder.path.resolve() != only.resolve():
+                continue
             if self.registry.find(pool) is not handle:  # the pool was deleted
                 self.stop(pool)
                 continue
@@ -104,12 +125,20 @@ class Recordings:
             self.stop(pool)
 
     def listing(self) -> list[dict]:
+        """Every `*.kvrec` in the directory; one that is not a sound recording (as far as
+        reading it, or checking it whole when it was opened, found) is listed with `error`
+        saying why. Blocking: reads every file."""
         out = []
-        recording = {r.path.resolve(): r for r, _ in self.active.values()}
+        recording = {r.path.resolve() for r, _ in tuple(self.active.values())}
         for path in sorted(self.directory.glob(f"*{SUFFIX}")) if self.directory.is_dir() else ():
-            item = {"name": path.stem, "bytes": path.stat().st_size, "recording": path.resolve() in recording}
+            stamp = file_stamp(path)
+            item = {"name": path.stem, "bytes": stamp[2] if stamp else None,
+                    "recording": path.resolve() in recording}
             try:
-                meta, view = read_recording(path)
+                why = self.verdicts.problem(path)
+                if why is not None:
+                    raise InvalidRequest(why)
+                meta, view = read_recording(path, label(path.stem))
                 item.update(pool=meta.get("pool"), strategy=view.geometry["strategy"],
                             start_seq=view.first_seq, last_seq=view.last_seq,
                             started_at=meta.get("started_at"), complete="stopped_at" in meta)
@@ -119,31 +148,79 @@ class Recordings:
         return out
 
     def open(self, name: str, as_name: str | None = None) -> RecordedPool:
+        """The recording `name` served read-only (pool `as_name`, default rec-<name>): a file
+        this process is recording, or wrote, or checked unchanged, is read as it is; any other
+        is checked whole first. Raises NotFound, InvalidRequest (saying what is wrong with the
+        file). Blocking: run it off the event loop."""
+        path = self.existing(name)
+        as_name = as_name or pool_name_for(path.stem)
+        if self.recorder_of(path) is None:
+            return self.verdicts.open(path, as_name, self.max_blocks, label(path.stem), each=servable,
+                                      served=answers_as_json)
+        try:  # being written by this process: whole so far, nothing to check
+            return RecordedPool(path, as_name, preread=read_recording(path, label(path.stem)))
+        except InvalidRequest:
+            raise
+        except Exception as exc:
+            raise corrupt(label(path.stem), exc) from None
+
+    def download(self, name: str) -> Path:
+        """The file of recording `name` once it is known to be a sound recording (checked whole
+        as `open` does unless this process wrote it or is writing it). Raises NotFound,
+        InvalidRequest. Blocking: run it off the event loop (then `flush_all(only=it)`)."""
+        path = self.existing(name)
+        if self.recorder_of(path) is None and not self.verdicts.sound(path):
+            self.verdicts.open(path, pool_name_for(path.stem), self.max_blocks, label(path.stem),
+                               each=servable, served=answers_as_json)
+        return path
+
+
+    def existing(self, name: str) -> Path:
         path = self.file_of(name)
         if not path.is_file():
             raise NotFound("recording", name)
-        return RecordedPool(path, as_name or pool_name_for(path.stem))
+        return path
+
+    def recorder_of(self, path: Path) -> Recorder | None:
+        """The recorder of this process writing `path`, if any."""
+        for recorder, _ in tuple(self.active.values()):
+            if recorder.path.resolve() == path.resolve():
+                return recorder
+        return None
 
     def incoming(self) -> Path:
         """A fresh hidden file in the directory for an upload's bytes (not listed: no suffix)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         return self.directory / f".upload-{secrets.token_hex(8)}.part"
 
-    def accept_upload(self, part: Path, max_blocks: int) -> RecordedPool:
+    def accept_upload(self, part: Path) -> RecordedPool:
         """Check an uploaded file (`incoming()`) as a recording from elsewhere and keep it as
         `upload-<date>-<time>-<random>.kvrec`: the name is the server's, never the client's.
         Returns it opened read-only (pool `rec-<name>`). Raises InvalidRequest (the file is
         not kept then). Blocking: run it off the event loop."""
         name = f"upload-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-        pool = open_untrusted(part, pool_name_for(name), max_blocks, "the uploaded file", each=servable)
-        try:  # what GET /api/pools/{it} answers: JSON, no NaN (a crafted config or count breaks it)
-            json.dumps(jsonable_encoder({"config": pool.config(), "stats": pool.stats()}), allow_nan=False)
-        except (ValueError, TypeError, RecursionError) as exc:
-            raise InvalidRequest(f"the uploaded file is corrupt: its pool does not answer as JSON ({exc})") from None
+        pool = open_untrusted(part, pool_name_for(name), self.max_blocks, "the uploaded file", each=servable)
+        answers_as_json(pool, "the uploaded file")
         final = self.file_of(name)
         os.link(part, final)  # fails rather than replace an existing file
         pool.path = str(final)
+        self.verdicts.trust(final)
         return pool
+
+
+def label(stem: str) -> str:
+    """How messages name the recording file `<stem>.kvrec` (never by the server's path)."""
+    return f"recording {stem!r}"
+
+
+def answers_as_json(pool: RecordedPool, where: str | None = None) -> None:
+    """Raises InvalidRequest unless what GET /api/pools/{it} answers is JSON with no NaN (a
+    crafted config or count breaks it)."""
+    try:
+        json.dumps(jsonable_encoder({"config": pool.config(), "stats": pool.stats()}), allow_nan=False)
+    except (ValueError, TypeError, RecursionError) as exc:
+        where = where or label(Path(pool.path).stem)
+        raise InvalidRequest(f"{where} is corrupt: its pool does not answer as JSON ({exc})") from None
 
 
 def servable(row: tuple) -> None:

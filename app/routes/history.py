@@ -8,8 +8,9 @@ from fastapi import APIRouter, Depends, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from allocator import STATE_NAMES
-from allocator.errors import Conflict, InvalidRequest
+from allocator.errors import Conflict, InvalidRequest, KVScopeError
 from allocator.history import HistoryView, map_runs
+from allocator.recording import RecordedPool
 from allocator.series import DEFAULT_POINTS, MAX_POINTS, history_series
 
 from ..auth import check_token
@@ -30,20 +31,38 @@ def history_view(handle) -> HistoryView:
     return history.view()
 
 
+async def replayed(handle, fn, *args):
+    """`fn(*args)` off the event loop. On a recorded pool, whatever the file's data breaks
+    there (a file damaged past what the checks on opening it catch) is a 422 naming the
+    recording, never a 500; on a live pool an exception stays what it is."""
+    try:
+        return await run_in_threadpool(fn, *args)
+    except KVScopeError:
+        raise
+    except Exception as exc:
+        if not isinstance(handle.pool, RecordedPool):
+            raise
+        raise handle.pool.damaged(exc) from None
+
+
+def map_at(view: HistoryView, at_seq: int) -> dict:
+    rep = view.replay_to(at_seq)
+    return {"num_blocks": int(rep.owner.size), "states": {str(k): v for k, v in STATE_NAMES.items()},
+            "runs": map_runs(rep.owner, rep.state), "at_seq": at_seq}
+
+
 async def blockmap_at(handle, at_seq: int) -> dict:
     """The block map as the live route answered right after event `at_seq`."""
     view = history_view(handle)
     view.check_seq(at_seq)
-    rep = await run_in_threadpool(view.replay_to, at_seq)
-    return {"num_blocks": int(rep.owner.size), "states": {str(k): v for k, v in STATE_NAMES.items()},
-            "runs": map_runs(rep.owner, rep.state), "at_seq": at_seq}
+    return await replayed(handle, map_at, view, at_seq)
 
 
 async def stats_at(handle, at_seq: int) -> dict:
     """The pool's stats right after event `at_seq` (without the cache's own figures)."""
     view = history_view(handle)
     view.check_seq(at_seq)
-    return await run_in_threadpool(view.stats_at, at_seq)
+    return await replayed(handle, view.stats_at, at_seq)
 
 
 def history_info(handle) -> dict:
@@ -84,7 +103,7 @@ async def get_history_series(
     view.check_seq(last)
     if first > last:
         raise InvalidRequest(f"from_seq {first} is after to_seq {last}: give from_seq <= to_seq")
-    return await run_in_threadpool(history_series, view, first, last, points)
+    return await replayed(handle, history_series, view, first, last, points)
 
 
 @router.get("/{pool}/history/events", summary="Events of the whole kept history")
@@ -105,7 +124,7 @@ async def history_events(
         if unknown:
             raise InvalidRequest(f"unknown event kinds {unknown}; choose from {sorted(EVENT_FIELDS)}")
     view = history_view(handle)
-    events = await run_in_threadpool(view.events, after, limit, wanted)
+    events = await replayed(handle, view.events, after, limit, wanted)
     return {"events": events, "first_seq": view.first_seq, "last_seq": view.last_seq}
 
 
@@ -124,9 +143,9 @@ async def export(
     view = history_view(handle)
     name = handle.name
     if format == "csv":
-        body = await run_in_threadpool(events_csv, view)
+        body = await replayed(handle, events_csv, view)
         return Response(body, media_type="text/csv",
                         headers={"Content-Disposition": f'attachment; filename="{name}-events.csv"'})
-    body = await run_in_threadpool(memory_snapshot, view, name)
+    body = await replayed(handle, memory_snapshot, view, name)
     return Response(body, media_type="application/octet-stream",
                     headers={"Content-Disposition": f'attachment; filename="{name}-snapshot.pickle"'})

@@ -10,7 +10,7 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from allocator.errors import Conflict, InvalidRequest, NotFound
+from allocator.errors import Conflict, InvalidRequest
 
 from ..auth import check_token
 from ..deps import HubDep, PoolDep, RegistryDep
@@ -72,20 +72,20 @@ async def stop_recording(handle: PoolDep, request: Request) -> dict:
 
 @router.get("/api/recordings", summary="Recording files on the server")
 async def list_recordings(request: Request) -> dict:
+    """Every `.kvrec` file in the directory; one that is not a sound recording (put there by
+    hand, cut short, damaged) is listed with `error` saying what is wrong with it."""
     recs = recordings_of(request)
-    return {"directory": str(recs.directory), "recordings": recs.listing()}
+    return {"directory": str(recs.directory), "recordings": await run_in_threadpool(recs.listing)}
 
 
 @router.get("/api/recordings/{name}/file", summary="Download a recording file",
             dependencies=[Depends(check_token)], response_class=FileResponse)
 async def download_recording(name: RecordingName, request: Request) -> FileResponse:
+    """The file as it is (one in progress: up to now). A file that is not a sound recording is
+    422 saying what is wrong with it."""
     recs = recordings_of(request)
-    path = recs.file_of(name)
-    if not path.is_file():
-        raise NotFound("recording", name)
-    for recorder, _ in recs.active.values():
-        if recorder.path.resolve() == path.resolve():
-            recorder.flush()  # what is downloaded is everything up to now
+    path = await run_in_threadpool(recs.download, name)
+    recs.flush_all(only=path)  # what is downloaded is everything up to now
     return FileResponse(path, media_type="application/vnd.sqlite3", filename=path.name)
 
 
@@ -95,8 +95,9 @@ async def open_recording(name: RecordingName, request: Request, registry: Regist
                          body: RecordingOpen | None = None) -> dict:
     """The recording becomes a pool (default name `rec-<name>`) whose map, stats and events are
     those at its last event; `at_seq` and /history reach any point of it. Anything that would
-    change it is 409."""
-    pool = recordings_of(request).open(name, body.pool if body else None)
+    change it is 409. A file the server did not write (or that changed since) is checked whole
+    first, as an upload is: one that is not a sound recording is 422 saying what is wrong."""
+    pool = await run_in_threadpool(recordings_of(request).open, name, body.pool if body else None)
     handle = registry.adopt(pool.name, pool)
     hub.attach(handle)
     return handle.describe()
@@ -123,7 +124,7 @@ async def upload_recording(request: Request, registry: RegistryDep, hub: HubDep)
         size = await receive_to(request, part, limit)
         if size == 0:
             raise InvalidRequest("empty upload: send the recording file's bytes as the body")
-        pool = await run_in_threadpool(recs.accept_upload, part, request.app.state.settings.max_blocks)
+        pool = await run_in_threadpool(recs.accept_upload, part)
     finally:
         for leftover in (part, part.with_name(part.name + "-wal"), part.with_name(part.name + "-shm")):
             leftover.unlink(missing_ok=True)

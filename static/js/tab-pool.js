@@ -84,7 +84,9 @@ export function createPoolTab(ctx, alloc) {
     list.hidden = false;
     list.innerHTML = data.recordings.length
       ? data.recordings
-          .map((r) => `<li data-name="${escapeHtml(r.name)}"><span>${escapeHtml(r.name)} · ${r.pool || "?"} · events ${r.start_seq}..${r.last_seq}${r.recording ? " · recording" : ""}</span> <button type="button" class="ghost" data-open="${escapeHtml(r.name)}">Open</button></li>`)
+          .map((r) => `<li data-name="${escapeHtml(r.name)}"><span>${escapeHtml(r.name)} · ${
+            r.error ? `not openable: ${escapeHtml(r.error)}` : `${escapeHtml(r.pool || "?")} · events ${r.start_seq}..${r.last_seq}`
+          }${r.recording ? " · recording" : ""}</span> <button type="button" class="ghost" data-open="${escapeHtml(r.name)}">Open</button></li>`)
           .join("")
       : "<li>no recordings yet</li>";
     return `${data.recordings.length} recording(s) in ${data.directory}`;

@@ -216,3 +216,46 @@ def test_a_local_recording_with_a_crafted_meta_or_geometry_is_invalid_not_a_cras
         db.close()
         with pytest.raises(InvalidRequest, match=f"(?i){says}"):
             read_recording(path)
+
+
+def test_verdicts_check_a_file_once_while_it_is_unchanged_and_again_once_it_changes(tmp_path) -> None:
+    """A file judged (trusted as written, or checked whole) is opened as it is while its size,
+    mtime and inode stay; changed, it is checked whole again; a damaged one is refused with the
+    kept reason, and after it is mended it opens."""
+    from allocator.history import History, Segment
+    from allocator.recording import Verdicts
+
+    pool = create_pool("contiguous", num_blocks=64, block_bytes=BLOCK, device="cpu", event_capacity=8)
+    pool.history = History(pool, max_bytes=1 << 26, keyframe_every=16)
+    path = tmp_path / "r.kvrec"
+    rec = Recorder(pool, path)
+    churn(pool, random.Random(5), 120, [], {})
+    rec.stop()
+    good = path.read_bytes()
+    db = sqlite3.connect(path)  # an early event names a block past the map; the end still replays
+    first, last, blob = db.execute("SELECT first, last, blob FROM segments ORDER BY first LIMIT 1").fetchone()
+    rows = Segment(first, last, blob).rows()
+    i = next(i for i, r in enumerate(rows) if r[2] == "allocate")
+    rows[i] = rows[i][:7] + (10**6,) + rows[i][8:]
+    db.execute("UPDATE segments SET blob = ? WHERE first = ?", (Segment.pack(rows).blob, first))
+    db.commit()
+    db.close()
+    RecordedPool(path)  # reading alone does not see it
+
+    verdicts = Verdicts()
+    verdicts.trust(path)  # as if this process wrote it: not checked whole
+    assert verdicts.sound(path) and verdicts.open(path, "x", 1024, "recording 'r'").name == "x"
+    data = path.read_bytes()
+    path.write_bytes(data + b"\0" * 4096)  # changed: checked whole this time
+    assert not verdicts.sound(path)
+    with pytest.raises(InvalidRequest, match="recording 'r' is corrupt: its events do not replay"):
+        verdicts.open(path, "x", 1024, "recording 'r'")
+    assert verdicts.problem(path).startswith("recording 'r' is corrupt")
+    with pytest.raises(InvalidRequest, match="recording 'r' is corrupt"):  # the kept verdict
+        verdicts.open(path, "x", 1024, "recording 'r'")
+    path.write_bytes(good)
+    assert verdicts.problem(path) is None
+    stats = verdicts.open(path, "x", 1024, "recording 'r'").stats()
+    for key in ("used_blocks", "requested_bytes", "allocation_count", "external_fragmentation"):
+        assert stats[key] == pool.stats()[key], key
+    assert verdicts.sound(path)

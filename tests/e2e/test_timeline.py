@@ -142,3 +142,43 @@ def test_open_a_recording_from_the_pool_tab_and_scrub_it(browser, tmp_path):
                 context.close()
     finally:
         stop_server(proc)
+
+
+def test_the_pool_tab_lists_a_bad_recording_file_with_why_and_shows_file_text_as_text(browser, tmp_path):
+    """Files put in the recordings directory by hand: one that is not a recording is listed with
+    the server's reason; the pool name a recording's file claims is shown as text, never markup."""
+    import sqlite3
+
+    from allocator import create_pool
+    from allocator.recording import Recorder
+
+    recs = tmp_path / "recs"
+    recs.mkdir()
+    (recs / "bad.kvrec").write_text('{"not": "a recording"}')
+    Recorder(create_pool("paged", num_blocks=8, block_bytes=BLOCK, device="cpu"), recs / "named.kvrec").stop()
+    db = sqlite3.connect(recs / "named.kvrec")
+    db.execute("UPDATE meta SET value = ? WHERE key = 'pool'", (json.dumps('<img src=x onerror="window.__xss=1">'),))
+    db.commit()
+    db.close()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "server.log"
+    proc = start_server(port, log_path, env={"KVSCOPE_RECORDINGS_DIR": str(recs)})
+    try:
+        wait_healthy(base, proc, log_path)
+        context = browser.new_context(viewport={"width": 1440, "height": 1000}, base_url=base, bypass_csp=BYPASS_CSP)
+        page = context.new_page()
+        try:
+            open_pool(page, "default")
+            page.click(".controls-panel [data-tab=pool]")
+            page.click("#b-recordings")
+            page.wait_for_selector("#recording-list li[data-name=named]", timeout=30_000)
+            bad = page.inner_text("#recording-list li[data-name=bad]")
+            assert "not openable: recording 'bad' is not a kvscope recording: JSON or other text" in bad, bad
+            assert '<img src=x onerror="window.__xss=1">' in page.inner_text("#recording-list li[data-name=named]")
+            assert page.locator("#recording-list img").count() == 0
+            assert page.evaluate("window.__xss") is None
+        finally:
+            context.close()
+    finally:
+        stop_server(proc)
