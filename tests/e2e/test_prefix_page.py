@@ -58,9 +58,16 @@ def test_prefix_chat_runs_live_and_the_page_shows_its_hit_ratio(page, api):
     page.select_option("#f-workload [name=name]", "prefix-chat")
     page.fill("#f-workload [name=speed]", "50")
     page.click("#f-workload button[type=submit]")
-    page.wait_for_function(
-        "(() => { const s = window.kvscope.stats(); return s && s.prefix && s.prefix.queries > 2000 && s.prefix.hits > 0; })()",
-        timeout=30_000)
+    try:
+        page.wait_for_function(
+            "(() => { const s = window.kvscope.stats(); return s && s.prefix && s.prefix.queries > 2000 && s.prefix.hits > 0; })()",
+            timeout=30_000)
+    except Exception:  # say where it stopped: the workload's own state, the page's view of it
+        workload = api.get("/api/pools/e2e-pxchat/workload")
+        seen = page.evaluate("JSON.stringify({connection: window.kvscope.connection, "
+                             "prefix: (window.kvscope.stats() || {}).prefix || null})")
+        raise AssertionError(f"workload: {workload.status_code} {workload.text[:400]}; page: {seen[:400]}; "
+                             f"console: {page.console_log.errors[:3]}") from None
     hit = page.evaluate("window.kvscope.stats().prefix.hit_ratio")
     assert hit > 0.3
     page.wait_for_function(
