@@ -78,3 +78,41 @@ def histogram(lengths: list[int]) -> dict[str, int]:
         label = str(lo) if lo == hi else f"{lo}-{hi}"
         out[label] = out.get(label, 0) + 1
     return out
+
+
+def prefix_churn(pool, rec, steps: int, each=None) -> None:
+    """Shared prompts opened and closed at random on a prefix-caching pool (hits, misses and
+    evictions), `rec` (a Recorder) flushed every 30 steps; `each()` after every step."""
+    from allocator import OutOfMemory
+
+    rng, seqs = random.Random(3), []
+    for i in range(steps):
+        try:
+            if rng.random() < 0.55 or not seqs:
+                tokens = [7, 7, 7, 7, 1, 2, 3, 4][: rng.choice([0, 4, 8])] + [rng.randint(0, 40) for _ in range(5)]
+                seqs.append(pool.open_sequence(tokens=tokens).id)
+            else:
+                pool.close_sequence(seqs.pop(rng.randrange(len(seqs))))
+        except OutOfMemory:
+            pass
+        if i % 30 == 29:
+            rec.flush()
+        if each is not None:
+            each()
+
+
+def block_past_the_map(path) -> None:
+    """Rewrite the recording at `path` so that one allocation early in it names a block past the
+    map: the file still reads (meta, keyframes, segments whole), its events do not replay."""
+    import sqlite3
+
+    from allocator.history import Segment
+
+    db = sqlite3.connect(path)
+    first, last, blob = db.execute("SELECT first, last, blob FROM segments ORDER BY first LIMIT 1").fetchone()
+    rows = Segment(first, last, blob).rows()
+    i = next(i for i, r in enumerate(rows) if r[2] == "allocate")
+    rows[i] = rows[i][:7] + (10**6,) + rows[i][8:]
+    db.execute("UPDATE segments SET blob = ? WHERE first = ?", (Segment.pack(rows).blob, first))
+    db.commit()
+    db.close()

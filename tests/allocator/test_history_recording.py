@@ -7,6 +7,7 @@ import sqlite3
 
 import numpy as np
 import pytest
+from kvtest_util import block_past_the_map, prefix_churn
 
 from allocator import KVCache, OutOfMemory, create_pool
 from allocator.errors import Conflict, InvalidRequest
@@ -144,21 +145,14 @@ def test_recording_of_a_prefix_caching_pool_replays_every_point(tmp_path) -> Non
     pool = create_pool("paged", num_blocks=12, block_bytes=30, tokens_per_block=4, device="cpu",
                        prefix_caching={"policy": "lru"}, event_capacity=8)
     rec = Recorder(pool, tmp_path / "p.kvrec")
-    rng, seqs, captured = random.Random(3), [], {}
-    for i in range(120):
-        try:
-            if rng.random() < 0.55 or not seqs:
-                tokens = [7, 7, 7, 7, 1, 2, 3, 4][: rng.choice([0, 4, 8])] + [rng.randint(0, 40) for _ in range(5)]
-                seqs.append(pool.open_sequence(tokens=tokens).id)
-            else:
-                pool.close_sequence(seqs.pop(rng.randrange(len(seqs))))
-        except OutOfMemory:
-            pass
-        if i % 30 == 29:
-            rec.flush()
+    captured = {}
+
+    def capture():
         stats = pool.stats()
         stats.pop("prefix")
         captured[pool.events.last_seq] = (pool.blockmap.owners_np().copy(), pool.blockmap.states_np().copy(), stats)
+
+    prefix_churn(pool, rec, 120, capture)
     rec.stop()
     assert pool.prefix_stats()["evicted"] > 0
     meta, view = read_recording(tmp_path / "p.kvrec")
@@ -222,7 +216,7 @@ def test_verdicts_check_a_file_once_while_it_is_unchanged_and_again_once_it_chan
     """A file judged (trusted as written, or checked whole) is opened as it is while its size,
     mtime and inode stay; changed, it is checked whole again; a damaged one is refused with the
     kept reason, and after it is mended it opens."""
-    from allocator.history import History, Segment
+    from allocator.history import History
     from allocator.recording import Verdicts
 
     pool = create_pool("contiguous", num_blocks=64, block_bytes=BLOCK, device="cpu", event_capacity=8)
@@ -232,14 +226,7 @@ def test_verdicts_check_a_file_once_while_it_is_unchanged_and_again_once_it_chan
     churn(pool, random.Random(5), 120, [], {})
     rec.stop()
     good = path.read_bytes()
-    db = sqlite3.connect(path)  # an early event names a block past the map; the end still replays
-    first, last, blob = db.execute("SELECT first, last, blob FROM segments ORDER BY first LIMIT 1").fetchone()
-    rows = Segment(first, last, blob).rows()
-    i = next(i for i, r in enumerate(rows) if r[2] == "allocate")
-    rows[i] = rows[i][:7] + (10**6,) + rows[i][8:]
-    db.execute("UPDATE segments SET blob = ? WHERE first = ?", (Segment.pack(rows).blob, first))
-    db.commit()
-    db.close()
+    block_past_the_map(path)  # an early event names a block past the map; the end still replays
     RecordedPool(path)  # reading alone does not see it
 
     verdicts = Verdicts()

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 from apputil import Server, make_client
+
+# The allocator tests' helpers (kvtest_util: recordings to damage, churn drivers) are shared.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "allocator"))
 
 
 @pytest.fixture(autouse=True)

@@ -13,9 +13,10 @@ import sqlite3
 import httpx
 import pytest
 from apputil import Server, assert_error, make_client
+from kvtest_util import block_past_the_map, prefix_churn
 
-from allocator import OutOfMemory, create_pool
-from allocator.history import History, Segment
+from allocator import create_pool
+from allocator.history import History
 from allocator.recording import Recorder
 
 PREFIX_BLOCKS = 12
@@ -46,18 +47,7 @@ def prefix_recording(path) -> int:
     pool = create_pool("paged", num_blocks=PREFIX_BLOCKS, block_bytes=30, tokens_per_block=4, device="cpu",
                        prefix_caching={"policy": "lru"}, event_capacity=8)
     rec = Recorder(pool, path)
-    rng, seqs = random.Random(3), []
-    for i in range(200):
-        try:
-            if rng.random() < 0.55 or not seqs:
-                tokens = [7, 7, 7, 7, 1, 2, 3, 4][: rng.choice([0, 4, 8])] + [rng.randint(0, 40) for _ in range(5)]
-                seqs.append(pool.open_sequence(tokens=tokens).id)
-            else:
-                pool.close_sequence(seqs.pop(rng.randrange(len(seqs))))
-        except OutOfMemory:
-            pass
-        if i % 30 == 29:
-            rec.flush()
+    prefix_churn(pool, rec, 200)
     rec.stop()
     assert pool.prefix_stats()["evicted"] > 0
     return pool.events.last_seq
@@ -75,19 +65,6 @@ def segment_flipped(data: bytes, path, which: int, at: float) -> bytes:
     out = bytearray(data)
     out[start + min(len(blob) - 1, int(len(blob) * at))] ^= 0xFF
     return bytes(out)
-
-
-def block_past_the_map(path) -> None:
-    """Rewrite the recording at `path` so that one allocation early in it names a block past the
-    map: the file still reads (meta, keyframes, segments whole), its events do not replay."""
-    db = sqlite3.connect(path)
-    first, last, blob = db.execute("SELECT first, last, blob FROM segments ORDER BY first LIMIT 1").fetchone()
-    rows = Segment(first, last, blob).rows()
-    i = next(i for i, r in enumerate(rows) if r[2] == "allocate")
-    rows[i] = rows[i][:7] + (10**6,) + rows[i][8:]
-    db.execute("UPDATE segments SET blob = ? WHERE first = ?", (Segment.pack(rows).blob, first))
-    db.commit()
-    db.close()
 
 
 @pytest.fixture(scope="module")
