@@ -42,7 +42,7 @@ cdef uint64_t K2 = 0xff51afd7ed558ccdULL
 COUNTERS = ("batches", "stored_events", "removed_events", "cleared_events", "stored_blocks",
             "removed_blocks", "duplicate_stores", "unknown_removes", "orphan_stores",
             "fallback_blocks", "other_medium", "malformed_events", "cross_engine_recomputes",
-            "recompute_tokens")
+            "recompute_tokens", "over_capacity_blocks", "block_size_changes")
 cdef enum:
     MAX_ENGINES = 64
 
@@ -61,7 +61,13 @@ cdef enum:
     C_MALFORMED = 11
     C_RECOMPUTE = 12
     C_RECOMPUTE_TOK = 13
-    N_COUNTERS = 14
+    C_OVER_CAP = 14      # blocks a store would have held past the engine's block limit
+    C_BS_CHANGED = 15    # blocks stored at another block size than the engine's first
+    N_COUNTERS = 16
+
+# Blocks one engine may hold in the index when its KV block count is not known (given as
+# `num_blocks` or read from its /metrics): SGLang's token-level pages reach millions.
+DEFAULT_ENGINE_BLOCKS = 1 << 22
 
 
 cdef inline uint64_t mix64(uint64_t z) noexcept nogil:
@@ -193,6 +199,8 @@ cdef class FleetCore:
     cdef int64_t counters[MAX_ENGINES][N_COUNTERS]
     cdef int64_t held[MAX_ENGINES]   # hashes in engine e's table
     cdef int32_t bsize[MAX_ENGINES]  # tokens per block, from the engine's events (0: not seen)
+    cdef int32_t bs_other[MAX_ENGINES]  # the last other block size its events used (0: none)
+    cdef int64_t cap[MAX_ENGINES]    # most hashes engine e may hold (its KV block count)
     cdef readonly int64_t unique     # live nodes
     cdef readonly int64_t duplicated  # live nodes held by 2+ engines
     cdef readonly int64_t holdings   # (engine, node) pairs
@@ -203,15 +211,27 @@ cdef class FleetCore:
     cdef public dict multi           # (node, engine) -> further hashes of e on the node
 
     def __cinit__(self, int64_t capacity=1024, *args, **kwargs):
+        self._alloc(capacity)
+        memset(self.counters, 0, sizeof(self.counters))
+        memset(self.held, 0, sizeof(self.held))
+        memset(self.bsize, 0, sizeof(self.bsize))
+        memset(self.bs_other, 0, sizeof(self.bs_other))
+        memset(self.etab, 0, sizeof(self.etab))
+        self.extra = {}
+        self.multi = {}
+
+    cdef int _alloc(self, int64_t capacity) except -1:
         cdef int64_t cap = 16
         while cap < capacity:
             cap *= 2
         self.node_cap = cap
+        self.node_top = 0
         self.node_key = <uint64_t *> PyMem_Malloc(cap * sizeof(uint64_t))
         self.node_parent = <uint64_t *> PyMem_Malloc(cap * sizeof(uint64_t))
         self.node_mask = <uint64_t *> PyMem_Malloc(cap * sizeof(uint64_t))
         self.free_head = -1
         self.kcap = cap * 2
+        self.kn = 0
         self.kslots = <int32_t *> PyMem_Malloc(self.kcap * sizeof(int32_t))
         if (self.node_key == NULL or self.node_parent == NULL or self.node_mask == NULL
                 or self.kslots == NULL):
@@ -222,14 +242,12 @@ cdef class FleetCore:
         self.scratch_k = <uint64_t *> PyMem_Malloc(self.scratch_cap * sizeof(uint64_t))
         if self.scratch_h == NULL or self.scratch_k == NULL:
             raise MemoryError()
-        memset(self.counters, 0, sizeof(self.counters))
-        memset(self.held, 0, sizeof(self.held))
-        memset(self.bsize, 0, sizeof(self.bsize))
-        memset(self.etab, 0, sizeof(self.etab))
-        self.extra = {}
-        self.multi = {}
+        return 0
 
     def __dealloc__(self):
+        self._free()
+
+    cdef void _free(self) noexcept:
         cdef int e
         for e in range(MAX_ENGINES):
             if self.etab[e].keys != NULL:
@@ -240,6 +258,20 @@ cdef class FleetCore:
         PyMem_Free(self.kslots)
         PyMem_Free(self.scratch_h)
         PyMem_Free(self.scratch_k)
+        self.node_key = self.node_parent = self.node_mask = NULL
+        self.kslots = NULL
+        self.scratch_h = self.scratch_k = NULL
+
+    def release(self) -> None:
+        """Free every array now (a deleted fleet's memory goes back at once, whoever still
+        holds the object) and start over empty, with no engines."""
+        self._free()
+        self.active = 0
+        self.unique = self.duplicated = self.holdings = 0
+        memset(self.held, 0, sizeof(self.held))
+        self.extra = {}
+        self.multi = {}
+        self._alloc(16)
 
     # -- engines ------------------------------------------------------------------------------
     def add_engine(self, int e) -> None:
@@ -251,6 +283,8 @@ cdef class FleetCore:
         memset(self.counters[e], 0, sizeof(self.counters[e]))
         self.held[e] = 0
         self.bsize[e] = 0
+        self.bs_other[e] = 0
+        self.cap[e] = DEFAULT_ENGINE_BLOCKS
         self.active |= (<uint64_t>1) << e
 
     def drop_engine(self, int e) -> None:
@@ -392,16 +426,35 @@ cdef class FleetCore:
         return out
 
     # -- applying an engine's events ------------------------------------------------------------
-    def apply(self, int e, list events) -> int:
+    def set_max_blocks(self, int e, int64_t n) -> None:
+        """Engine e holds at most `n` blocks (its KV block count): a store past that is counted
+        in `over_capacity_blocks` and not indexed."""
+        self._check_engine(e)
+        if n < 1:
+            raise ValueError("max blocks must be positive")
+        self.cap[e] = n
+
+    def max_blocks_of(self, int e) -> int:
+        self._check_engine(e)
+        return self.cap[e]
+
+    def block_size_refused_of(self, int e):
+        """The last block size engine e's stores used that was not its own (None: none)."""
+        self._check_engine(e)
+        return self.bs_other[e] or None
+
+    def apply(self, int e, list events, bint new_batch=True) -> int:
         """Apply one batch of normalised events (objects with `kind` 'stored' / 'removed' /
         'cleared', as kvevents.codec makes) of engine e. Events of another medium (a CPU offload
         tier) are counted and skipped; an event that cannot be read (token ids that are not ints,
         hashes outside 64 bits) is counted in `malformed_events` and changes nothing. Returns the
-        number of malformed events."""
+        number of malformed events. `new_batch=False`: these events continue the last batch
+        (a batch applied in parts), not counted as another."""
         self._check_engine(e)
         cdef int64_t *c = self.counters[e]
         cdef int bad = 0
-        c[C_BATCHES] += 1
+        if new_batch:
+            c[C_BATCHES] += 1
         for ev in events:
             kind = ev.kind
             if kind == "cleared":
@@ -490,6 +543,13 @@ cdef class FleetCore:
             else:
                 pk = nonzero(mix64(FALLBACK ^ mix64(hs[i] ^ lora * K2)))
             ks[i] = pk
+        if bs and self.bsize[e] and bs != self.bsize[e]:
+            # the engine's blocks changed size mid-stream: these tokens would never match
+            # the blocks it stored before, nor these the prompts it serves; counted, not indexed
+            c[C_STORED_EV] += 1
+            c[C_BS_CHANGED] += n
+            self.bs_other[e] = bs
+            return 0
         # Pass 2: apply.
         if bs and self.bsize[e] == 0:
             self.bsize[e] = bs
@@ -500,16 +560,20 @@ cdef class FleetCore:
             c[C_FALLBACK] += n
         pk = pk0
         for i in range(n):
-            c[C_STORED_BL] += 1
             h = hs[i]
             k = ks[i]
             slot = ht_find(t, h)
             if slot >= 0:  # this engine stored the hash again: one more copy
+                c[C_STORED_BL] += 1
                 c[C_DUP] += 1
                 ek = (e, h)
                 self.extra[ek] = self.extra.get(ek, 0) + 1
                 pk = k
                 continue
+            if self.held[e] >= self.cap[e]:  # past the engine's blocks: the rest of the chain
+                c[C_OVER_CAP] += n - i
+                break
+            c[C_STORED_BL] += 1
             node = self.node_of(k)
             if node < 0:
                 node = self.new_node(k, pk)

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._fleet import COUNTERS, MAX_FLEET_ENGINES, FleetCore
+from ._fleet import COUNTERS, DEFAULT_ENGINE_BLOCKS, MAX_FLEET_ENGINES, FleetCore
 from .errors import Conflict, InvalidRequest, NotFound
 
-__all__ = ["COUNTERS", "MAX_FLEET_ENGINES", "EngineInfo", "FleetIndex"]
+__all__ = ["COUNTERS", "DEFAULT_ENGINE_BLOCKS", "MAX_FLEET_ENGINES", "EngineInfo", "FleetIndex"]
 
 
 @dataclass(slots=True)
@@ -47,8 +47,9 @@ class FleetIndex(FleetCore):
 
     # -- engines --------------------------------------------------------------------------------
     def add(self, name: str, *, server: str | None = None, dp_rank: int = 0,
-            block_size: int | None = None) -> EngineInfo:
-        """Register an engine. Raises Conflict (name taken, or the fleet is full)."""
+            block_size: int | None = None, max_blocks: int | None = None) -> EngineInfo:
+        """Register an engine; `max_blocks`: its KV block count, the most it can hold (default
+        DEFAULT_ENGINE_BLOCKS). Raises Conflict (name taken, or the fleet is full)."""
         if name in self.engines:
             raise Conflict(f"engine {name!r} is already in the fleet")
         if len(self.engines) >= self.max_engines:
@@ -56,6 +57,8 @@ class FleetIndex(FleetCore):
                            f"({self.max_engines}); remove one first")
         eid = next(i for i in range(MAX_FLEET_ENGINES) if i not in self._by_id)
         self.add_engine(eid)
+        if max_blocks is not None:
+            self.set_max_blocks(eid, max_blocks)
         info = EngineInfo(name, eid, server or name, dp_rank, block_size)
         self.engines[name] = info
         self._by_id[eid] = info
@@ -140,9 +143,22 @@ class FleetIndex(FleetCore):
         out["cached_blocks"] = self.held_of(info.eid)
         out["block_size"] = self.block_size_of(info.eid)
         seen, want = out["block_size"], info.block_size
-        out["block_size_error"] = (
-            f"events say {seen} tokens per block, the engine was configured with {want}"
-            if seen and want and seen != want else None)
+        other = self.block_size_refused_of(info.eid)
+        if seen and want and seen != want:
+            out["block_size_error"] = (f"events say {seen} tokens per block, the engine was "
+                                       f"configured with {want}")
+        elif other:
+            out["block_size_error"] = (
+                f"{out['block_size_changes']} blocks came at {other} tokens per block after "
+                f"{seen}: not indexed (an engine's block size cannot change mid-stream; "
+                f"restart it, or re-add it with the new size)")
+        else:
+            out["block_size_error"] = None
+        out["max_blocks"] = self.max_blocks_of(info.eid)
+        out["capacity_error"] = (
+            f"{out['over_capacity_blocks']} blocks stored past the engine's {out['max_blocks']} "
+            f"blocks were not indexed (its events store more than it can hold: a wrong "
+            f"num_blocks, or missed removes)" if out["over_capacity_blocks"] else None)
         out["keyed_by"] = ("engine hashes" if out["fallback_blocks"] and not
                            out["stored_blocks"] - out["fallback_blocks"] else "tokens")
         return out

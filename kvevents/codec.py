@@ -17,7 +17,7 @@ Decoding is lenient and typed by hand, so one bad event never costs the rest of 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -25,7 +25,16 @@ HASH_MASK = (1 << 64) - 1
 # A batch holding more events than this is refused whole: no engine step produces it, and
 # decoding it could hold the subscriber for seconds.
 MAX_BATCH_EVENTS = 100_000
-MAX_BATCH_BYTES = 64 << 20
+# The same for a batch's bytes (also the SUB socket's ZMQ_MAXMSGSIZE: a bigger message is dropped
+# by ZeroMQ before it is buffered), its block hashes and its token ids, and one event's: a batch
+# past a cap is refused whole as `too_large`, an event past its own cap is a malformed event.
+# One vLLM step stores a few thousand blocks; 128k-token prompts in blocks of 16 are 8,192.
+MAX_BATCH_BYTES = 16 << 20
+MAX_BATCH_BLOCKS = 1 << 17
+MAX_BATCH_TOKENS = 1 << 22
+MAX_EVENT_BLOCKS = 1 << 16
+MAX_EVENT_TOKENS = 1 << 22
+MAX_DP_RANK = 1024  # data-parallel ranks 0..1023 (a batch naming another is malformed)
 
 MEDIUM_GPU = "GPU"
 
@@ -159,8 +168,8 @@ _ARRAY_FIELDS = {
 
 
 def decode_event(raw: object):
-    """One event (map or array form) as Stored / Removed / Cleared, or None for an unknown
-    type. Raises WireError when it cannot be read."""
+    """One event (map or array form), already decoded to Python objects, as Stored / Removed /
+    Cleared, or None for an unknown type. Raises WireError when it cannot be read."""
     if isinstance(raw, dict):
         name = raw.get("type")
         fields = raw
@@ -190,42 +199,190 @@ def decode_event(raw: object):
     raise WireError("malformed", "event has no 'type'")
 
 
+# -- bounded decoding -------------------------------------------------------------------------------
+# msgspec reads an array's length from its header before it decodes a single item, so these typed
+# decoders refuse an oversized list without building it: no payload costs more than its caps.
+class _WireStored(msgspec.Struct, tag="BlockStored", tag_field="type", gc=False):
+    block_hashes: Annotated[list[int], msgspec.Meta(max_length=MAX_EVENT_BLOCKS)]
+    parent_block_hash: int | None = None
+    token_ids: Annotated[list[int], msgspec.Meta(max_length=MAX_EVENT_TOKENS)] | None = None
+    block_size: int | None = None
+    lora_id: int | None = None
+    medium: str | None = None
+
+
+class _WireRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type", gc=False):
+    block_hashes: Annotated[list[int], msgspec.Meta(max_length=MAX_EVENT_BLOCKS)]
+    medium: str | None = None
+
+
+class _WireCleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type", gc=False):
+    pass
+
+
+_OUTER = msgspec.msgpack.Decoder(Annotated[list[msgspec.Raw], msgspec.Meta(max_length=16)])
+_TS = msgspec.msgpack.Decoder(float)
+_RANK = msgspec.msgpack.Decoder(int | None)
+_FAST = msgspec.msgpack.Decoder(_WireStored | _WireRemoved | _WireCleared)
+_SHAPE = msgspec.msgpack.Decoder(Annotated[dict[str, msgspec.Raw], msgspec.Meta(max_length=64)]
+                                 | Annotated[list[msgspec.Raw], msgspec.Meta(max_length=64)])
+_ANY = msgspec.msgpack.Decoder()
+_LISTS = {"block_hashes": (msgspec.msgpack.Decoder(Annotated[list[Any], msgspec.Meta(
+              max_length=MAX_EVENT_BLOCKS)]), MAX_EVENT_BLOCKS, "block hashes"),
+          "token_ids": (msgspec.msgpack.Decoder(Annotated[list[Any], msgspec.Meta(
+              max_length=MAX_EVENT_TOKENS)]), MAX_EVENT_TOKENS, "token ids")}
+_SMALL_FIELD = 4096  # bytes: a scalar field longer than this is not one (read as its wrong type)
+
+
+def _events_decoder(max_events: int) -> msgspec.msgpack.Decoder:
+    if max_events == MAX_BATCH_EVENTS:
+        return _EVENTS
+    return msgspec.msgpack.Decoder(Annotated[list[msgspec.Raw], msgspec.Meta(max_length=max_events)])
+
+
+_EVENTS = msgspec.msgpack.Decoder(Annotated[list[msgspec.Raw], msgspec.Meta(max_length=MAX_BATCH_EVENTS)])
+
+
+def _fast_event(ev):
+    """A typed event as the normalised form (hashes folded to [0, 2**64))."""
+    if ev.__class__ is _WireStored:
+        hashes = ev.block_hashes
+        if any(h < 0 for h in hashes):
+            hashes = [h & HASH_MASK for h in hashes]
+        parent = ev.parent_block_hash
+        return Stored(hashes, None if parent is None else parent & HASH_MASK,
+                      ev.token_ids, ev.block_size,
+                      ev.medium, ev.lora_id)
+    if ev.__class__ is _WireRemoved:
+        hashes = ev.block_hashes
+        if any(h < 0 for h in hashes):
+            hashes = [h & HASH_MASK for h in hashes]
+        return Removed(hashes, ev.medium)
+    return Cleared()
+
+
+def _bounded_field(name: str, raw: msgspec.Raw):
+    """One field of an event read generically, its lists within their caps."""
+    entry = _LISTS.get(name)
+    if entry is not None:
+        decoder, cap, what = entry
+        try:
+            return decoder.decode(raw)
+        except msgspec.ValidationError as exc:
+            if "length" in str(exc):
+                raise WireError("malformed", f"event of more than {cap} {what} (cap {cap})") from None
+            return _ANY.decode(raw) if len(raw) <= _SMALL_FIELD else None
+    if len(raw) > _SMALL_FIELD:
+        return _Unreadable
+    return _ANY.decode(raw)
+
+
+class _Unreadable:
+    """Stands for a field too large to be what it names: decoding it reports its wrong type."""
+
+
+def _slow_event(raw: msgspec.Raw):
+    """An event the typed decoder refused (the pre-0.24 array form, a hash as bytes, a field of
+    the wrong type, an unknown type): read field by field within the caps, then as before."""
+    try:
+        shape = _SHAPE.decode(raw)
+    except msgspec.ValidationError as exc:
+        if "length" in str(exc):
+            raise WireError("malformed", "event with more than 64 fields") from None
+        raise WireError("malformed", "event is not a tagged map or array") from None
+    if isinstance(shape, dict):
+        obj = {k: _bounded_field(k, v) for k, v in shape.items()}
+    elif shape:
+        head = _ANY.decode(shape[0]) if len(shape[0]) <= _SMALL_FIELD else None
+        names = _ARRAY_FIELDS.get(head, ()) if isinstance(head, str) else ()
+        obj = [head] + [_bounded_field(names[i] if i < len(names) else "", v)
+                        for i, v in enumerate(shape[1:])]
+    else:
+        obj = []
+    return decode_event(obj)
+
+
 def decode_batch(payload: bytes, max_events: int = MAX_BATCH_EVENTS) -> Batch:
     """A payload `[ts, events, dp_rank]` as a Batch. Raises WireError when the payload as a whole
-    is unreadable or too large; a bad event inside is skipped and counted in the Batch."""
+    is unreadable or too large (past MAX_BATCH_BYTES, `max_events`, MAX_BATCH_BLOCKS hashes or
+    MAX_BATCH_TOKENS token ids: refused before more than the cap is decoded) or its DP rank is
+    outside 0..MAX_DP_RANK - 1; a bad event inside (past MAX_EVENT_BLOCKS hashes, say) is
+    skipped and counted in the Batch."""
     if len(payload) > MAX_BATCH_BYTES:
         raise WireError("too_large", f"payload of {len(payload)} bytes (cap {MAX_BATCH_BYTES})")
     try:
-        raw = _DECODER.decode(payload)
-    except (msgspec.DecodeError, ValueError) as exc:
-        raise WireError("malformed", f"not msgpack: {exc}") from None
+        outer = _OUTER.decode(payload)
     except RecursionError:  # msgspec stops a payload nested deeper than the interpreter allows
         raise WireError("malformed", "payload nested too deep to be a batch") from None
-    if not isinstance(raw, list) or len(raw) < 2 or not isinstance(raw[1], list):
+    except msgspec.ValidationError:
+        raise WireError("malformed", "payload is not [ts, events, dp_rank]") from None
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise WireError("malformed", f"not msgpack: {exc}") from None
+    if len(outer) < 2:
         raise WireError("malformed", "payload is not [ts, events, dp_rank]")
-    ts = raw[0]
-    if not isinstance(ts, (int, float)) or isinstance(ts, bool):
-        raise WireError("malformed", f"batch timestamp is {type(ts).__name__}")
-    if len(raw[1]) > max_events:
-        raise WireError("too_large", f"batch of {len(raw[1])} events (cap {max_events})")
-    rank = raw[2] if len(raw) > 2 and raw[2].__class__ is int else None
-    out = Batch(float(ts), [], rank)
-    for item in raw[1]:
+    try:
+        ts = _TS.decode(outer[0])
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        raise WireError("malformed", "batch timestamp is not a number") from None
+    try:
+        raws = _events_decoder(max_events).decode(outer[1])
+    except msgspec.ValidationError as exc:
+        if "length" in str(exc):
+            raise WireError("too_large", f"batch of more than {max_events} events (cap {max_events})") from None
+        raise WireError("malformed", "payload is not [ts, events, dp_rank]") from None
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise WireError("malformed", f"not msgpack: {exc}") from None
+    rank = None
+    if len(outer) > 2:
         try:
-            ev = decode_event(item)
+            rank = _RANK.decode(outer[2])
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            rank = None  # not an int: read as "no rank", as vLLM's own decoder would fail to
+        if rank is not None and not 0 <= rank < MAX_DP_RANK:
+            raise WireError("malformed", f"data_parallel_rank {rank} is outside 0..{MAX_DP_RANK - 1}")
+    out = Batch(float(ts), [], rank)
+    blocks = tokens = 0
+    for raw in raws:
+        try:
+            try:
+                ev = _fast_event(_FAST.decode(raw))
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                ev = _slow_event(raw)
         except WireError as exc:
             out.malformed += 1
             if len(out.problems) < 4:
                 out.problems.append(str(exc))
             continue
+        except RecursionError:  # msgspec stops an event nested deeper than the interpreter allows
+            out.malformed += 1
+            if len(out.problems) < 4:
+                out.problems.append("event nested too deep")
+            continue
         if ev is None:
             out.unknown += 1
             if len(out.problems) < 4:
-                name = item.get("type") if isinstance(item, dict) else item[0]
-                out.problems.append(f"unknown event type {str(name)[:40]!r}")
+                out.problems.append(f"unknown event type {_type_name(raw)!r}")
             continue
+        if ev.kind != "cleared":
+            blocks += len(ev.block_hashes)
+            if ev.kind == "stored" and ev.token_ids:
+                tokens += len(ev.token_ids)
+            if blocks > MAX_BATCH_BLOCKS or tokens > MAX_BATCH_TOKENS:
+                raise WireError("too_large", f"batch of more than {MAX_BATCH_BLOCKS} block hashes "
+                                f"or {MAX_BATCH_TOKENS} token ids (the caps)")
         out.events.append(ev)
     return out
+
+
+def _type_name(raw: msgspec.Raw) -> str:
+    try:
+        shape = _SHAPE.decode(raw)
+    except msgspec.ValidationError:
+        return "?"
+    head = shape.get("type") if isinstance(shape, dict) else shape[0] if shape else None
+    if head is None or len(head) > _SMALL_FIELD:
+        return "?"
+    return str(_ANY.decode(head))[:40]
 
 
 # -- encoding -----------------------------------------------------------------------------------

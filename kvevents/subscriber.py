@@ -9,7 +9,15 @@ from collections.abc import Callable
 
 import zmq
 
-from .codec import MAX_BATCH_EVENTS, Batch, WireError, decode_batch, seq_bytes, seq_of
+from .codec import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_EVENTS,
+    Batch,
+    WireError,
+    decode_batch,
+    seq_bytes,
+    seq_of,
+)
 
 ERROR_KINDS = ("malformed", "frames", "too_large", "unknown_type", "malformed_event", "apply",
                "replay", "seq_jump", "internal")
@@ -81,19 +89,41 @@ class Subscriber:
     def start(self) -> Subscriber:
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
+        # ZeroMQ drops a bigger message (and that connection, which it then retries) before
+        # buffering it: a publisher cannot make this process hold more than the cap for it.
+        self._sub.setsockopt(zmq.MAXMSGSIZE, MAX_BATCH_BYTES + 64)
         self._sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
-        self._sub.connect(self.endpoint)
+        try:
+            self._before_connect(self._sub)
+            self._sub.connect(self.endpoint)
+        except BaseException:
+            self._sub.close(linger=0)
+            raise
         self.state = "connecting"
         self.started_at = time.time()
         self._thread = threading.Thread(target=self._run, daemon=True, name="kvevents-sub")
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def _before_connect(self, sock) -> None:
+        """Called with the SUB socket before it connects (a socket monitor attaches here, so it
+        sees the first connect)."""
+
+    def stop(self, timeout: float = 3.0) -> None:
+        self.stop_soon()
+        self.join(timeout)
+
+    def stop_soon(self) -> None:
+        """Ask the thread to stop; it notices within 0.1 s, also while waiting on a replay."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=3)
         self.state = "stopped"
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread (after `stop_soon`); True when it is gone."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
 
     def _run(self) -> None:
         sub = self._sub
@@ -252,12 +282,16 @@ class Subscriber:
         deadline = time.monotonic() + self.replay_timeout
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not dealer.poll(int(left * 1000) + 1):
+            if self._stop.is_set():
+                self._drop_dealer()
+                return
+            if left <= 0:
                 self._error("replay", f"replay from {start}: no end marker within "
                                       f"{self.replay_timeout}s")
                 self._drop_dealer()  # a late answer must not be read as the reply to the next request
                 return
-            yield dealer.recv_multipart()
+            if dealer.poll(int(min(left, 0.1) * 1000) + 1):
+                yield dealer.recv_multipart()
 
     def _drop_dealer(self) -> None:
         if self._dealer is not None:

@@ -202,3 +202,45 @@ def test_kvscope_publisher_frames_and_replay_match_vllm(ipc, vllm_kv):
         sub.close(0)
         dealer.close(0)
         pub.close()
+
+
+def test_caps_refuse_oversized_events_and_batches_before_decoding_them():
+    """An event of 3M hashes is one malformed event, refused from its array header (not
+    decoded: a few microseconds); hashes or token ids past the batch caps refuse the batch."""
+    from kvevents.codec import MAX_BATCH_BLOCKS, MAX_EVENT_BLOCKS
+
+    enc = msgspec.msgpack.encode
+    big = {"type": "BlockStored", "block_hashes": [7] * 3_000_000,
+           "parent_block_hash": None, "token_ids": [], "block_size": 16}
+    ok = {"type": "BlockRemoved", "block_hashes": [1, 2]}
+    payload = enc([1.0, [big, ok], 0])
+    t0 = time.process_time()
+    b = decode_batch(payload)
+    assert time.process_time() - t0 < 0.05  # the 3M hashes were never built
+    assert b.malformed == 1 and [e.kind for e in b.events] == ["removed"]
+    assert f"cap {MAX_EVENT_BLOCKS}" in b.problems[0]
+    # the same refusal on the slow path (hashes as bytes, the pre-0.24 array form)
+    old = ["BlockStored", [b"\x01"] * (MAX_EVENT_BLOCKS + 1), None, [], 16, None, "GPU"]
+    b = decode_batch(enc([1.0, [old, ok], 0]))
+    assert b.malformed == 1 and len(b.events) == 1
+    # many events each under the event cap, together past the batch's
+    per = MAX_EVENT_BLOCKS // 2
+    n = MAX_BATCH_BLOCKS // per + 1
+    events = [{"type": "BlockRemoved", "block_hashes": list(range(i * per, (i + 1) * per))}
+              for i in range(n)]
+    with pytest.raises(WireError) as err:
+        decode_batch(enc([1.0, events, 0]))
+    assert err.value.kind == "too_large" and str(MAX_BATCH_BLOCKS) in str(err.value)
+    # exactly at the cap is fine
+    events = [{"type": "BlockRemoved", "block_hashes": list(range(i * per, (i + 1) * per))}
+              for i in range(MAX_BATCH_BLOCKS // per)]
+    assert sum(len(e.block_hashes) for e in decode_batch(enc([1.0, events, 0])).events) == MAX_BATCH_BLOCKS
+
+
+@pytest.mark.parametrize("rank", [-1, -(1 << 63), (1 << 63) - 1, 1024])
+def test_a_dp_rank_outside_0_1023_is_malformed(rank):
+    payload = msgspec.msgpack.encode([1.0, [{"type": "AllBlocksCleared"}], rank])
+    with pytest.raises(WireError) as err:
+        decode_batch(payload)
+    assert err.value.kind == "malformed" and "data_parallel_rank" in str(err.value)
+    assert decode_batch(msgspec.msgpack.encode([1.0, [], 1023])).dp_rank == 1023
