@@ -138,10 +138,15 @@ class Fleets:
             raise Conflict(f"the server follows {total} engines; {n} more would pass its limit "
                            f"of {self.max_total_engines}: delete a fleet or remove engines first")
 
-    async def delete(self, name: str) -> None:
+    async def delete(self, name: str, *, handle: FleetHandle | None = None) -> bool:
+        """Remove and close the fleet `name`. Raises NotFound. Given `handle`, only that very
+        fleet: False (nothing done) when the fleet by that name is another one or gone."""
+        if handle is not None and self._fleets.get(name) is not handle:
+            return False
         handle = self.get(name)
         del self._fleets[name]
         await handle.aclose()
+        return True
 
     async def add_engine(self, name: str, engine: dict) -> None:
         handle = self.get(name)

@@ -13,6 +13,22 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# The request histogram's labels take bounded values whatever a client sends: a method outside
+# these is `other`, a path no route matched `unmatched` (never the raw path), a status outside
+# 100..599 `other`. The other families are labelled by pools, fleets and engines, which the
+# server's caps bound, and by fixed names (block states, OOM causes, eviction reasons).
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE",
+                           "CONNECT"})
+OTHER = "other"
+UNMATCHED = "unmatched"
+
+
+def request_labels(method: str, route, status: int) -> tuple[str, str, str]:
+    """The (method, route, status) label values of one request, each from a bounded set."""
+    path = getattr(route, "path", None)
+    return (method if method in KNOWN_METHODS else OTHER,
+            path if isinstance(path, str) and path else UNMATCHED,
+            str(status) if isinstance(status, int) and 100 <= status <= 599 else OTHER)
 
 
 class PoolCollector:
@@ -158,7 +174,8 @@ class Metrics:
 
 
 class LatencyMiddleware:
-    """Pure-ASGI: times each HTTP request, labelled by its route template (not the raw path)."""
+    """Pure-ASGI: times each HTTP request, labelled by its route template (not the raw path),
+    its method and its status, each folded into a bounded set (`request_labels`)."""
 
     def __init__(self, app, metrics: Metrics) -> None:
         self.app = app
@@ -180,9 +197,7 @@ class LatencyMiddleware:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = scope.get("route")
-            path = getattr(route, "path", None) or "unmatched"
-            self.metrics.latency.labels(scope["method"], path, str(status)).observe(
-                time.perf_counter() - started)
+            labels = request_labels(scope.get("method", ""), scope.get("route"), status)
+            self.metrics.latency.labels(*labels).observe(time.perf_counter() - started)
 
 

@@ -193,6 +193,16 @@ class Registry:
         del self._pools[name]
         return handle
 
-    async def delete(self, name: str, hub: Hub, reason: str = "pool deleted") -> None:
-        """Unregister the pool, stop its workload and close its stream. Raises NotFound."""
+    def holds(self, handle: PoolHandle) -> bool:
+        """Whether `handle` is still the server's pool by its name."""
+        return self._pools.get(handle.name) is handle
+
+    async def delete(self, name: str, hub: Hub, reason: str = "pool deleted", *,
+                     handle: PoolHandle | None = None) -> bool:
+        """Unregister the pool, stop its workload and close its stream. Raises NotFound. Given
+        `handle`, only that very pool: False (nothing done) when the pool by that name is
+        another one or gone."""
+        if handle is not None and not self.holds(handle):
+            return False
         await hub.detach(self.remove(name), reason=reason)
+        return True

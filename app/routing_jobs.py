@@ -16,6 +16,12 @@ requests. Given `compare` (two policies), it runs two such sides (`LiveSide`: po
 `route-<id>-a-r<i>` and fleet `route-<id>-a`, the same with b), and each step routes and serves
 the request on both, so the two policies see the same requests at the same pace. Releasing it
 (stop or delete) removes its pools, publishers and fleets.
+
+A live run owns the very pools and fleets it created, not their names: a name it needs that is
+taken refuses the run (409) before anything is made; its release removes a pool or fleet only
+while the server still holds that same object (one the user deleted, or deleted and made again
+under the same name, is left alone), and its view lists only what it still holds. While it runs,
+its pools cannot be deleted (`check_pool_deletable`: 409 naming the run).
 """
 
 from __future__ import annotations
@@ -160,9 +166,27 @@ class LiveSide:
         self.policy = policy
         self.explained = Explained(make_policy(policy, spec["replicas"], spec["seed"]), policy)
         self.cluster = None
-        self.handles: list = []
-        self.pools: list[str] = []
-        self.fleet: str | None = None
+        self.handles: list = []  # the PoolHandles this side created, replica i at i
+        self.fleet_handle = None  # the FleetHandle it created
+        self._registry = self._fleets = None  # the server's, once set up
+
+    def names(self, replicas: int) -> tuple[list[str], str]:
+        """The pool names and the fleet name this side needs."""
+        return [f"{self.name}-r{i}" for i in range(replicas)], self.name
+
+    @property
+    def pools(self) -> list[str]:
+        """The names of this side's pools the server still holds (those very pools)."""
+        reg = self._registry
+        return [h.name for h in self.handles if reg is not None and reg.holds(h)]
+
+    @property
+    def fleet(self) -> str | None:
+        """The name of this side's fleet while the server still holds that very fleet."""
+        h, fleets = self.fleet_handle, self._fleets
+        if h is None or fleets is None or h.name not in fleets or fleets.get(h.name) is not h:
+            return None
+        return h.name
 
     def view(self) -> dict:
         cluster = self.cluster
@@ -227,10 +251,26 @@ class LiveRun:
     def holds(self) -> bool:
         return any(side.pools or side.fleet is not None for side in self.sides)
 
+    def check_names(self, app) -> None:
+        """Raises Conflict when a pool or fleet name the run needs is taken (nothing is made)."""
+        taken = []
+        for side in self.sides:
+            pools, fleet = side.names(self.spec["replicas"])
+            taken += [f"pool {n!r}" for n in pools if n in app.state.registry]
+            if fleet in app.state.fleets:
+                taken.append(f"fleet {fleet!r}")
+        if taken:
+            verb = "exists" if len(taken) == 1 else "exist"
+            raise Conflict(f"routing run {self.id!r} names its pools and fleets route-{self.id}-*, "
+                           f"but {', '.join(taken)} {verb}: delete {'it' if len(taken) == 1 else 'them'} "
+                           "or start the run again (it takes the next id)")
+
     async def setup(self, app) -> None:
         """Create each side's pools (each publishing on a loopback port) and the fleet following
-        them. Raises what the registry or the fleets raise (Conflict, TooLarge, InvalidRequest);
-        then whatever was made is removed again."""
+        them. Raises Conflict when a name is taken (then nothing is made), or what the registry
+        or the fleets raise (Conflict, TooLarge, InvalidRequest); then whatever this run made
+        is removed again (and nothing else)."""
+        self.check_names(app)
         try:
             for side in self.sides:
                 await self._setup_side(side, app)
@@ -245,16 +285,16 @@ class LiveRun:
         from .mirrors import start_pool
 
         spec, settings = self.spec, app.state.settings
+        side._registry, side._fleets = app.state.registry, app.state.fleets
         blocks = spec["capacity_tokens"] // BLOCK_TOKENS
-        for i in range(spec["replicas"]):
-            name = f"{side.name}-r{i}"
+        pool_names, fleet_name = side.names(spec["replicas"])
+        for name in pool_names:
             handle = await start_pool(app.state.registry, app.state.hub, {
                 "name": name, "strategy": "paged", "num_blocks": blocks,
                 "block_bytes": settings.default_block_bytes, "tokens_per_block": BLOCK_TOKENS,
                 "prefix_caching": {"policy": "lru"},
                 "publish": {"endpoint": "tcp://127.0.0.1:*",
                             "replay_endpoint": "tcp://127.0.0.1:*"}})
-            side.pools.append(name)
             side.handles.append(handle)
             self._check_not_stopped()
         engines = []
@@ -263,8 +303,7 @@ class LiveRun:
             engines.append({"name": f"r{i}", "endpoint": pub.endpoint,
                             "replay_endpoint": pub.replay_endpoint, "num_blocks": blocks,
                             "block_size": BLOCK_TOKENS})
-        await app.state.fleets.create(side.name, engines)
-        side.fleet = side.name
+        side.fleet_handle = await app.state.fleets.create(fleet_name, engines)
         self._check_not_stopped()
         side.cluster = PoolCluster([h.pool for h in side.handles])
 
@@ -344,20 +383,23 @@ class LiveRun:
         await self._remove(app)
 
     async def _remove(self, app) -> None:
+        """Remove the pools and fleets this run made that the server still holds: by object,
+        so a pool or fleet of the user's that took one of their names is left alone."""
         for side in self.sides:
-            if side.fleet is not None or side.name in app.state.fleets:
+            fleet, side.fleet_handle = side.fleet_handle, None
+            if fleet is not None:
                 with contextlib.suppress(NotFound):
-                    await app.state.fleets.delete(side.name)
-                side.fleet = None
-            for name in list(side.pools):
-                handle = app.state.registry.find(name)
-                if handle is not None and handle in side.handles:
-                    try:
-                        await app.state.registry.delete(name, app.state.hub,
-                                                        reason="routing run released")
-                    except Exception:
-                        log.exception("removing pool %s of routing run %s failed", name, self.id)
-                side.pools.remove(name)
+                    await app.state.fleets.delete(fleet.name, handle=fleet)
+            handles, side.handles = side.handles, []
+            for handle in handles:
+                try:
+                    await app.state.registry.delete(handle.name, app.state.hub,
+                                                    reason="routing run released", handle=handle)
+                except Exception:
+                    log.exception("removing pool %s of routing run %s failed", handle.name, self.id)
+
+    def holds_pool(self, handle) -> bool:
+        return any(handle is h for side in self.sides for h in side.handles)
 
     def view(self) -> dict:
         sides = [side.view() for side in self.sides]
@@ -404,9 +446,18 @@ class RoutingRuns:
         run.thread.start()
         return run
 
+    def check_pool_deletable(self, handle) -> None:
+        """Raises Conflict when `handle` is a replica of a live run that is running (its thread
+        routes into it)."""
+        for run in self._runs.values():
+            if isinstance(run, LiveRun) and run.state == "running" and run.holds_pool(handle):
+                raise Conflict(f"pool {handle.name!r} is a replica of live routing run "
+                               f"{run.id!r}; stop the run first")
+
     async def start_live(self, spec: dict, app) -> LiveRun:
         """Start a live run (its pools and fleet made before it is listed). Raises Conflict
-        (a run is going, a name is taken, the server is full), TooLarge, InvalidRequest."""
+        (a run is going, a name is taken, the server is full), TooLarge, InvalidRequest; then
+        no run is listed and nothing the run did not make is touched."""
         self._check_idle()
         run = LiveRun(f"r{next(self._ids)}", spec, asyncio.get_running_loop())
         self._runs[run.id] = run  # listed while it is set up, so no second run starts meanwhile

@@ -9,7 +9,8 @@ every engine group; an engine that dies while booting (or a port that is taken) 
 naming the engine and showing the tail of its log.
 
 Ports: the dashboard on --port P; engine i serves HTTP on P+101+3i, its KV events on P+102+3i
-and their replay on P+103+3i.
+and their replay on P+103+3i. Every one of them is probed (bound and let go) before any engine
+starts: a taken one stops the demo, naming the engine and the port, and nothing is started.
 """
 
 from __future__ import annotations
@@ -38,6 +39,18 @@ def engine_specs(n: int, port: int, log_dir: Path) -> list[EngineSpec]:
                        num_blocks=ENGINE_BLOCKS, max_model_len=MAX_MODEL_LEN,
                        hash_seed=str(1000 + i), log_path=log_dir / f"engine-{i}.log")
             for i in range(n)]
+
+
+def taken_ports(specs: list[EngineSpec]) -> list[str]:
+    """One line per engine with a port that cannot be bound now ("engine engine-1: events port
+    8206 already in use"), or past 65535; empty when all are free."""
+    out = []
+    for s in specs:
+        bad = [f"{what} port {p} is past 65535" if p > 65535 else f"{what} port {p} already in use"
+               for what, p in s.ports().items() if p > 65535 or port_taken(p)]
+        if bad:
+            out.append(str(EngineFailed(s.name, ", ".join(bad))))
+    return out
 
 
 def register(app, specs: list[EngineSpec]) -> None:
@@ -132,6 +145,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 1 <= args.engines <= MAX_ENGINES:
         p.error(f"--engines must be 1..{MAX_ENGINES} (each engine takes about 2 GB of memory)")
+    if args.port is not None and not 1 <= args.port <= 65535:
+        p.error("--port must be 1..65535")
     if not args.speed > 0:
         p.error("--speed must be a positive number")
     return args
@@ -163,6 +178,13 @@ def demo_main(argv: list[str]) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     settings = dataclasses.replace(settings, host=args.host, port=port)
     specs = engine_specs(args.engines, port, log_dir)
+    taken = taken_ports(specs)
+    if taken:
+        for line in taken:
+            print(f"{PROG}: {line}", file=sys.stderr)
+        print(f"{PROG}: engine i takes ports P+101+3i .. P+103+3i of --port P; choose another "
+              "--port (nothing was started)", file=sys.stderr)
+        return 1
     engines = [EngineProcess(s, log_dir) for s in specs]
     return run(args, settings, trace, engines, log_dir)
 

@@ -57,8 +57,11 @@ async def get_pool(handle: PoolDep) -> dict:
     return handle.describe()
 
 
-@router.delete("/{pool}", status_code=status.HTTP_204_NO_CONTENT)
-async def delete_pool(handle: PoolDep, registry: RegistryDep, hub: HubDep) -> Response:
+@router.delete("/{pool}", status_code=status.HTTP_204_NO_CONTENT, description=(
+    "Remove the pool; 409 while it is a replica of a running live routing run (stop the run "
+    "first)."))
+async def delete_pool(request: Request, handle: PoolDep, registry: RegistryDep, hub: HubDep) -> Response:
+    request.app.state.routing_runs.check_pool_deletable(handle)
     await registry.delete(handle.name, hub)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 

@@ -258,3 +258,37 @@ def test_api_doc_rest_block_names_every_api_route(client):
                        for line in block.splitlines()):
                 missing.append(f"{method} {path}")
     assert not missing, missing
+
+
+def test_invented_http_methods_and_paths_do_not_grow_the_metrics():
+    """/metrics labels take a bounded set of values: a method outside HTTP's is `other`, a path
+    no route matches is `unmatched`, whatever a client sends (here over real HTTP): a second
+    round of 300 new methods and paths adds no line to /metrics."""
+    import httpx
+    from apputil import SMALL, LiveApp
+
+    from app.main import create_app
+    from app.settings import Settings
+
+    def invent(http, first: int) -> None:
+        for i in range(first, first + 300):
+            path = "/api/pools" if i % 2 else f"/api/no-such-{i}"
+            r = http.request(f"M{i:05d}", path)
+            assert r.status_code in (404, 405), (r.status_code, r.text)
+            assert http.get(f"/api/elsewhere/{i}").status_code == 404
+
+    with LiveApp(create_app(Settings(**SMALL))) as live, httpx.Client(base_url=live.url,
+                                                                      timeout=10) as http:
+        http.get("/metrics")  # its own series, there from the first scrape on
+        invent(http, 0)
+        once = http.get("/metrics").text
+        invent(http, 300)
+        text = http.get("/metrics").text
+    assert len(text.splitlines()) == len(once.splitlines()), (len(once), len(text))
+    series = re.findall(r'kvscope_request_duration_seconds_count\{method="([^"]*)",'
+                        r'route="([^"]*)",status="([^"]*)"\} ([0-9.e+]+)', text)
+    methods = {m for m, _, _, _ in series}
+    assert methods == {"GET", "other"}, methods
+    assert sum(float(n) for m, _, _, n in series if m == "other") == 600
+    assert {r for _, r, _, _ in series} == {"/api/pools", "unmatched", "/metrics"}, series
+    assert {s for _, _, s, _ in series} == {"200", "404", "405"}, series

@@ -363,3 +363,105 @@ def test_a_compare_run_the_server_cannot_hold_is_refused_and_leaves_nothing(clie
     r = client.post("/api/routing", json={**LIVE, "replicas": 4, "compare": ["round_robin", "session"]})
     assert r.status_code == 409, r.text
     assert names(client) == (["default"], [])
+
+
+# A live run owns the pools and the fleet it created, and only those: a name it would use that is
+# taken refuses the run and changes nothing; its release removes only the very objects it made.
+
+USER_FLEET = {"engines": [{"name": "mine", "endpoint": "tcp://127.0.0.1:1"}]}
+
+
+def next_run_id(client) -> str:
+    """The id the next run gets (ids count up): a finished sequence run's id plus one."""
+    r = client.post("/api/routing", json={"policies": ["round_robin"], "limit": 1, "replicas": 1})
+    assert r.status_code == 202, r.text
+    rid = r.json()["routing"]["id"]
+    assert wait_for(client, rid)["state"] == "finished"
+    return f"r{int(rid[1:]) + 1}"
+
+
+@pytest.mark.parametrize("taken", ["fleet", "pool"])
+def test_a_live_run_whose_name_is_taken_is_refused_and_deletes_nothing(client, taken):
+    rid = next_run_id(client)
+    if taken == "fleet":
+        r = client.post("/api/fleets", json={"name": f"route-{rid}", **USER_FLEET})
+        want = ["default"], [f"route-{rid}"]
+    else:
+        r = client.post("/api/pools", json={"name": f"route-{rid}-r1", "num_blocks": 8,
+                                              "block_bytes": 4096})
+        want = sorted(["default", f"route-{rid}-r1"]), []
+    assert r.status_code == 201, r.text
+    err = assert_error(client.post("/api/routing", json={**LIVE, "replicas": 2, "limit": 200,
+                                                         "speed": 50.0}), 409, "conflict")
+    name = f"fleet 'route-{rid}'" if taken == "fleet" else f"pool 'route-{rid}-r1'"
+    assert f"{name} exists" in err["message"], err
+    assert names(client) == want  # the user's object is there, and nothing of the run
+    if taken == "fleet":
+        engines = client.get(f"/api/fleets/route-{rid}").json()["engines"]
+        assert [e["name"] for e in engines] == ["mine"]
+    else:
+        assert client.get(f"/api/pools/route-{rid}-r1").json()["config"]["num_blocks"] == 8
+    assert_error(client.get(f"/api/routing/{rid}"), 404, "not_found")  # no run was listed
+    # the next run takes the next id, whose names are free, and its release leaves the user's
+    r = client.post("/api/routing", json={**LIVE, "replicas": 2, "limit": 5, "speed": 1e5})
+    assert r.status_code == 202, r.text
+    again = r.json()["routing"]["id"]
+    assert again != rid and wait_for(client, again)["state"] == "finished"
+    assert client.delete(f"/api/routing/{again}").status_code == 204
+    assert names(client) == want
+
+
+def test_stopping_a_run_whose_fleet_was_replaced_keeps_the_users_fleet(client):
+    r = client.post("/api/routing", json={**LIVE, "policy": "round_robin", "limit": 3000,
+                                          "speed": 20.0})
+    assert r.status_code == 202, r.text
+    rid, fleet = r.json()["routing"]["id"], r.json()["routing"]["fleet"]
+    assert client.delete(f"/api/fleets/{fleet}").status_code == 204
+    view = client.get(f"/api/routing/{rid}").json()["routing"]
+    assert view["state"] == "running" and view["fleet"] is None, view  # it lists what it holds
+    r = client.post("/api/fleets", json={"name": fleet, **USER_FLEET})
+    assert r.status_code == 201, r.text
+    assert client.get(f"/api/routing/{rid}").json()["routing"]["fleet"] is None  # not the run's
+    r = client.post("/api/routing", json={"action": "stop", "id": rid})
+    assert r.status_code == 200, r.text
+    assert r.json()["routing"]["pools"] == [] and r.json()["routing"]["fleet"] is None
+    assert names(client) == (["default"], [fleet])
+    engines = client.get(f"/api/fleets/{fleet}").json()["engines"]
+    assert [e["name"] for e in engines] == ["mine"]
+    assert client.delete(f"/api/routing/{rid}").status_code == 204
+    assert names(client) == (["default"], [fleet])
+
+
+def test_a_running_live_runs_replica_pool_cannot_be_deleted(client):
+    r = client.post("/api/routing", json={**LIVE, "policy": "round_robin", "limit": 3000,
+                                          "speed": 20.0})
+    assert r.status_code == 202, r.text
+    rid, pools = r.json()["routing"]["id"], r.json()["routing"]["pools"]
+    err = assert_error(client.delete(f"/api/pools/{pools[0]}"), 409, "conflict")
+    assert err["message"] == (f"pool {pools[0]!r} is a replica of live routing run {rid!r}; "
+                              "stop the run first"), err
+    assert client.get(f"/api/pools/{pools[0]}").status_code == 200
+    view = client.get(f"/api/routing/{rid}").json()["routing"]
+    assert view["state"] == "running" and view["pools"] == pools
+    # the run goes on routing into every replica, the one refused included
+    seen = view["replica_figures"][0]["requests"]
+    assert poll(lambda: client.get(f"/api/routing/{rid}").json()["routing"]
+                ["replica_figures"][0]["requests"] > seen)
+    assert client.post("/api/routing", json={"action": "stop", "id": rid}).status_code == 200
+    assert names(client) == (["default"], [])
+
+
+def test_a_finished_runs_pool_deleted_by_the_user_leaves_its_listing(client):
+    r = client.post("/api/routing", json={**LIVE, "limit": 20, "speed": 1e5})
+    assert r.status_code == 202, r.text
+    rid, pools = r.json()["routing"]["id"], r.json()["routing"]["pools"]
+    assert wait_for(client, rid)["state"] == "finished"
+    assert client.delete(f"/api/pools/{pools[0]}").status_code == 204  # no longer routed into
+    view = client.get(f"/api/routing/{rid}").json()["routing"]
+    assert view["pools"] == pools[1:], view
+    # a pool of the user's by that name is the user's: the run's release leaves it
+    r = client.post("/api/pools", json={"name": pools[0], "num_blocks": 8, "block_bytes": 4096})
+    assert r.status_code == 201, r.text
+    assert client.get(f"/api/routing/{rid}").json()["routing"]["pools"] == pools[1:]
+    assert client.delete(f"/api/routing/{rid}").status_code == 204
+    assert names(client) == (sorted(["default", pools[0]]), [])

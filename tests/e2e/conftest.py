@@ -72,6 +72,24 @@ def wait_healthy(base: str, proc: subprocess.Popen, log_path: Path, timeout_s: f
     raise RuntimeError(f"server not healthy after {timeout_s}s:\n{log_path.read_text()[-3000:]}")
 
 
+def serve(log_path: Path, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """A healthy `kvscope serve` on a free port: (its process, its base URL). The free port is
+    chosen before the server binds it: another process may take it in between, so a start that
+    fails on "address already in use" tries a fresh port."""
+    for attempt in range(3):
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        proc = start_server(port, log_path, env)
+        try:
+            wait_healthy(base, proc, log_path)
+            return proc, base
+        except RuntimeError as exc:
+            stop_server(proc)
+            if attempt == 2 or "address already in use" not in str(exc).lower():
+                raise
+    raise AssertionError("unreachable")
+
+
 def stop_server(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -89,20 +107,7 @@ def artifacts() -> Path:
 
 @pytest.fixture(scope="session")
 def server(artifacts: Path) -> Iterator[str]:
-    log_path = artifacts / "e2e-server.log"
-    # The free port is chosen before the server binds it: another process may take it in
-    # between, so a start that fails on "address already in use" tries a fresh port.
-    for attempt in range(3):
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        proc = start_server(port, log_path)
-        try:
-            wait_healthy(base, proc, log_path)
-            break
-        except RuntimeError as exc:
-            stop_server(proc)
-            if attempt == 2 or "address already in use" not in str(exc).lower():
-                raise
+    proc, base = serve(artifacts / "e2e-server.log")
     try:
         yield base
     finally:

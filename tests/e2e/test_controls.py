@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from .conftest import free_port, make_pool, open_pool, start_server, stop_server, wait_healthy
+from .conftest import make_pool, open_pool, serve, stop_server
 
 pytestmark = pytest.mark.e2e
 
@@ -90,13 +90,10 @@ def test_create_pool_name_follows_the_servers_pattern(page, api):
 
 
 def test_deleting_the_shown_pool_moves_to_the_first_pool_left_then_to_none(browser, artifacts):
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     log_path = artifacts / "e2e-delete-server.log"
-    proc = start_server(port, log_path)
+    proc, base = serve(log_path)
     context = browser.new_context(base_url=base, bypass_csp=True)
     try:
-        wait_healthy(base, proc, log_path)
         r = httpx.post(f"{base}/api/pools", json={"name": "other", "num_blocks": 64, "block_bytes": BLOCK})
         assert r.status_code == 201, r.text
         page = context.new_page()

@@ -16,12 +16,10 @@ from allocator.recording import Recorder
 
 from .conftest import (
     BYPASS_CSP,
-    free_port,
     make_pool,
     open_pool,
-    start_server,
+    serve,
     stop_server,
-    wait_healthy,
 )
 
 pytestmark = pytest.mark.e2e
@@ -90,12 +88,9 @@ def make_recording(path) -> dict:
 
 def test_upload_a_recording_through_the_file_input_and_see_its_map_and_charts(browser, tmp_path):
     stats = make_recording(tmp_path / "incident.kvrec")
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "server.log"
-    proc = start_server(port, log_path, env={"KVSCOPE_RECORDINGS_DIR": str(tmp_path / "recs")})
+    proc, base = serve(log_path, {"KVSCOPE_RECORDINGS_DIR": str(tmp_path / "recs")})
     try:
-        wait_healthy(base, proc, log_path)
         with httpx.Client(base_url=base, timeout=10) as api:
             context = browser.new_context(viewport={"width": 1440, "height": 1000}, base_url=base, bypass_csp=BYPASS_CSP)
             page = context.new_page()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import free_port, make_pool, open_pool
+from .conftest import make_pool, open_pool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kvevents"))
 from kve_source import RefPrefixCache  # noqa: E402
@@ -20,12 +20,11 @@ pytestmark = pytest.mark.e2e
 
 
 def test_mirror_page_shows_logical_slots_losses_and_errors(page, api, artifacts):
-    port = free_port()
-    pub = Publisher(f"tcp://127.0.0.1:{port}", bind=True, topic="kv")
+    pub = Publisher("tcp://127.0.0.1:*", bind=True, topic="kv")  # a port the OS picks, bound here
     src = RefPrefixCache(seed=4)
     try:
         make_pool(api, "e2e-mirror", strategy="mirror", num_blocks=64,
-                  mirror={"endpoint": f"tcp://127.0.0.1:{port}", "topic": "kv"})
+                  mirror={"endpoint": pub.endpoint, "topic": "kv"})
         stats = lambda: api.get("/api/pools/e2e-mirror/stats").json()["mirror"]  # noqa: E731
         end = time.monotonic() + 30
         while stats()["source"]["last_seq"] is None and time.monotonic() < end:

@@ -4,26 +4,24 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import free_port, start_server, stop_server, wait_healthy
+from .conftest import serve, start_server, stop_server, wait_healthy
 
 pytestmark = pytest.mark.e2e
 
 
 def test_page_reconnects_after_a_server_restart(browser, artifacts):
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     log_path = artifacts / "e2e-restart-server.log"
-    proc = start_server(port, log_path)
+    proc, base = serve(log_path)
     context = browser.new_context(base_url=base, bypass_csp=True)
     try:
-        wait_healthy(base, proc, log_path)
         page = context.new_page()
         page.goto("/")
         page.wait_for_function("window.kvscope && window.kvscope.connection === 'open'", timeout=30_000)
         stop_server(proc)
         page.wait_for_function("window.kvscope.connection !== 'open'", timeout=30_000)
         assert page.locator("#conn").get_attribute("data-state") in ("reconnecting", "missing")
-        proc = start_server(port, log_path)
+        # the restart takes the same port (what the page reconnects to), free since the stop
+        proc = start_server(int(base.rsplit(':', 1)[1]), log_path)
         wait_healthy(base, proc, log_path)
         page.wait_for_function("window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0", timeout=30_000)
         assert page.locator("#conn").get_attribute("data-state") == "open"

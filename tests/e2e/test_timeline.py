@@ -10,12 +10,10 @@ import pytest
 
 from .conftest import (
     BYPASS_CSP,
-    free_port,
     make_pool,
     open_pool,
-    start_server,
+    serve,
     stop_server,
-    wait_healthy,
 )
 
 pytestmark = pytest.mark.e2e
@@ -111,12 +109,9 @@ def test_scrub_a_prefix_caching_pool_shows_shared_and_cached_blocks_as_they_were
 
 
 def test_open_a_recording_from_the_pool_tab_and_scrub_it(browser, tmp_path):
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "server.log"
-    proc = start_server(port, log_path, env={"KVSCOPE_RECORDINGS_DIR": str(tmp_path / "recs")})
+    proc, base = serve(log_path, {"KVSCOPE_RECORDINGS_DIR": str(tmp_path / "recs")})
     try:
-        wait_healthy(base, proc, log_path)
         with httpx.Client(base_url=base, timeout=10) as api:
             make_pool(api, "src", strategy="paged", num_blocks=32, block_bytes=BLOCK)
             assert api.post("/api/pools/src/recording", json={"name": "demo"}).status_code == 201
@@ -160,12 +155,9 @@ def test_the_pool_tab_lists_a_bad_recording_file_with_why_and_shows_file_text_as
     db.execute("UPDATE meta SET value = ? WHERE key = 'pool'", (json.dumps('<img src=x onerror="window.__xss=1">'),))
     db.commit()
     db.close()
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "server.log"
-    proc = start_server(port, log_path, env={"KVSCOPE_RECORDINGS_DIR": str(recs)})
+    proc, base = serve(log_path, {"KVSCOPE_RECORDINGS_DIR": str(recs)})
     try:
-        wait_healthy(base, proc, log_path)
         context = browser.new_context(viewport={"width": 1440, "height": 1000}, base_url=base, bypass_csp=BYPASS_CSP)
         page = context.new_page()
         try:

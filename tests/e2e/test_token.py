@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import free_port, start_server, stop_server, wait_healthy
+from .conftest import serve, stop_server
 
 pytestmark = pytest.mark.e2e
 
@@ -12,13 +12,10 @@ TOKEN = "e2e-secret"
 
 
 def test_page_asks_for_the_token_and_then_works(browser, artifacts):
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     log_path = artifacts / "e2e-token-server.log"
-    proc = start_server(port, log_path, env={"KVSCOPE_TOKEN": TOKEN})
+    proc, base = serve(log_path, {"KVSCOPE_TOKEN": TOKEN})
     context = browser.new_context(base_url=base, bypass_csp=True)
     try:
-        wait_healthy(base, proc, log_path)
         page = context.new_page()
         page.goto("/")
         dialog = page.locator("#token-dialog")

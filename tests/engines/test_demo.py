@@ -12,8 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from app.engines.demo import engine_specs
 from app.engines.server import free_ports, group_alive
 
 pytestmark = pytest.mark.engines
@@ -22,17 +24,40 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Demo:
-    def __init__(self, tmp_path: Path, *args: str) -> None:
-        self.port = free_ports(1)[0]
-        while not all(_free(self.port + k) for k in range(101, 107)):
-            self.port = free_ports(1)[0]
+    """`kvscope demo --engines n` on a free --port P, started once its engines are started and
+    its dashboard answers. The ports (P and the engines' P+101..) are chosen before the demo
+    binds them: a start that fails on a port another process took meanwhile ("already in use",
+    named by the demo or by uvicorn) tries a fresh P."""
+
+    def __init__(self, tmp_path: Path, n: int) -> None:
         self.out = tmp_path / "demo.out"
-        with open(self.out, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "demo", "--port", str(self.port),
-                 "--log-dir", str(tmp_path / "logs"), *args],
-                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True)
+        for attempt in range(3):
+            self.port = free_ports(1)[0]
+            self.proc = launch(self.port, self.out, "--engines", str(n),
+                               "--log-dir", str(tmp_path / "logs"))
+            try:
+                started = self._started(n)
+            except BaseException:
+                self.cleanup()
+                raise
+            if started or attempt == 2 or "already in use" not in self.text().lower():
+                return
+            self.cleanup()
+
+    def _started(self, n: int, timeout: float = 90) -> bool:
+        """Whether the demo started its n engines and serves its dashboard (False: it exited)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            if len(re.findall(r"engine-\d+ started \(pid", self.text())) == n:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1).is_success:
+                        return True
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.1)
+        raise AssertionError(f"the demo did not start in {timeout} s:\n{self.text()}")
 
     def text(self) -> str:
         return self.out.read_text(errors="replace")
@@ -58,13 +83,11 @@ class Demo:
                 pass
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+def launch(port: int, out: Path, *args: str) -> subprocess.Popen:
+    with open(out, "wb") as f:
+        return subprocess.Popen([sys.executable, "-m", "app.cli", "demo", "--port", str(port), *args],
+                                cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def assert_all_gone(pgids) -> None:
@@ -75,7 +98,7 @@ def assert_all_gone(pgids) -> None:
 
 
 def test_sigterm_stops_every_engine_it_started(engine_env, tmp_path):
-    demo = Demo(tmp_path, "--engines", "2")
+    demo = Demo(tmp_path, 2)
     try:
         pids = demo.engine_pids(2)
         demo.proc.send_signal(signal.SIGTERM)
@@ -87,7 +110,7 @@ def test_sigterm_stops_every_engine_it_started(engine_env, tmp_path):
 
 
 def test_an_engine_dying_while_booting_stops_the_demo_naming_it(engine_env, tmp_path):
-    demo = Demo(tmp_path, "--engines", "2")
+    demo = Demo(tmp_path, 2)
     try:
         pids = demo.engine_pids(2)
         log = tmp_path / "logs" / "engine-1.log"
@@ -105,23 +128,33 @@ def test_an_engine_dying_while_booting_stops_the_demo_naming_it(engine_env, tmp_
 
 
 def test_a_taken_port_names_the_engine_and_starts_nothing(engine_env, tmp_path):
-    demo = None
-    with socket.socket() as blocker:
-        port = free_ports(1)[0]
-        blocker.bind(("127.0.0.1", port + 105))  # engine-1's KV-event port (P+102+3i)
-        blocker.listen()
-        demo = Demo.__new__(Demo)
-        demo.port, demo.out = port, tmp_path / "demo.out"
-        with open(demo.out, "wb") as out:
-            demo.proc = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "demo", "--engines", "2", "--port", str(port),
-                 "--log-dir", str(tmp_path / "logs")], cwd=ROOT, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            assert demo.wait() == 1
-            text = demo.text()
-            assert f"engine engine-1: events port {port + 105} already in use" in text, text
-            pids = [int(p) for p in re.findall(r"started \(pid (\d+)", text)]
-            assert_all_gone([demo.proc.pid, *pids])
-        finally:
-            demo.cleanup()
+    """The test holds (bound and listening) the exact port the demo gives engine-1's KV events
+    for its --port P; the demo probes every engine port first, names that one and starts no
+    engine. A P whose dashboard port another process took meanwhile (the demo's exit 2) is
+    tried again with a fresh one."""
+    demo = Demo.__new__(Demo)
+    demo.out = tmp_path / "demo.out"
+    for attempt in range(5):
+        with socket.socket() as blocker:
+            port = free_ports(1)[0]
+            held = engine_specs(2, port, tmp_path)[1].events_port
+            try:
+                blocker.bind(("127.0.0.1", held))
+            except OSError:
+                continue  # taken already: no use as the port this test holds
+            blocker.listen()
+            demo.port = port
+            demo.proc = launch(port, demo.out, "--engines", "2", "--log-dir", str(tmp_path / "logs"))
+            try:
+                code = demo.wait()
+                text = demo.text()
+                if code == 2 and "dashboard's port" in text and attempt < 4:
+                    continue
+                assert code == 1, text
+                assert f"engine engine-1: events port {held} already in use" in text, text
+                assert "started (pid" not in text, text  # no engine was started
+                assert_all_gone([demo.proc.pid])
+                return
+            finally:
+                demo.cleanup()
+    raise AssertionError("no port to hold for engine-1's KV events")

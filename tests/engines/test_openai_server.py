@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.engines.server import EngineProcess, EngineSpec, free_ports, rss_bytes
+from app.engines.server import EngineFailed, EngineProcess, EngineSpec, free_ports, rss_bytes
 from kvevents.engine_metrics import parse, summarize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
@@ -26,12 +26,20 @@ NUM_BLOCKS = 128
 
 @pytest.fixture(scope="module")
 def engine(engine_env, tmp_path_factory, figures):
-    http, ev, rp = free_ports(3)
-    spec = EngineSpec("server-test", http, ev, rp, num_blocks=NUM_BLOCKS, max_model_len=1024,
-                      hash_seed="7")
-    proc = EngineProcess(spec, tmp_path_factory.mktemp("engine")).start()
+    # The ports are chosen before the engine binds them: a start refused, or a boot that fails,
+    # on a port another process took meanwhile ("already in use") tries fresh ports.
+    for attempt in range(3):
+        http, ev, rp = free_ports(3)
+        spec = EngineSpec("server-test", http, ev, rp, num_blocks=NUM_BLOCKS, max_model_len=1024,
+                          hash_seed="7")
+        try:
+            proc = EngineProcess(spec, tmp_path_factory.mktemp("engine")).start()
+            boot = proc.wait_ready(timeout=420)
+            break
+        except EngineFailed as exc:
+            if attempt == 2 or "already in use" not in str(exc).lower():
+                raise
     try:
-        boot = proc.wait_ready(timeout=420)
         figures.append(f"OpenAI server: /health after {boot:.0f} s; RSS of its process group "
                        f"{rss_bytes(proc.pid) / 2**30:.2f} GiB")
         yield proc

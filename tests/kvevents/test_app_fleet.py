@@ -14,7 +14,7 @@ from apputil import ROOT, Server, assert_error, make_client
 from kve_metrics_http import metrics_server
 from kve_source import RefPrefixCache, chain_hash, signed
 from test_app_mirror import METRICS
-from test_fleet_publishers import free_port_pair, held_prefix
+from test_fleet_publishers import bind_on_free_pairs, held_prefix
 from test_real_publishers import DEADLINE, Engine, wait_for
 
 
@@ -173,8 +173,8 @@ def test_bad_fleet_input_is_refused_and_changes_nothing(tmp_path):
 
 
 def test_serve_with_a_fleet_file_follows_a_vllm_engine(tmp_path, vllm_kv):
-    port, replay = free_port_pair(), free_port_pair()
-    eng = Engine(vllm_kv, "vllm", f"tcp://*:{port}", f"tcp://*:{replay}")
+    port, replay, eng = bind_on_free_pairs(
+        lambda p, r: (p, r, Engine(vllm_kv, "vllm", f"tcp://*:{p}", f"tcp://*:{r}")))
     eng.source = RefPrefixCache(seed=4, hash_seed=404)
     path = tmp_path / "fleet.json"
     path.write_text(json.dumps({"name": "demo", "engines": [

@@ -119,16 +119,19 @@ def test_mirror_republishes_and_a_second_mirror_agrees(ipc):
     """engine -> kvscope mirror (publish) -> another mirror: the chain keeps the set."""
     from apputil import free_port
 
-    port, replay_port = free_port(), free_port()
     src_pub = Publisher(ipc("src"), replay_endpoint=ipc("src-replay"), topic="a")
     src = RefPrefixCache(seed=11)
     downstream = MirrorPool(128, name="d", device="cpu")
     with make_client() as client:
-        r = client.post("/api/pools", json={
-            "name": "engine", "strategy": "mirror", "num_blocks": 128,
-            "mirror": {"endpoint": ipc("src"), "replay_endpoint": ipc("src-replay"), "topic": "a"},
-            "publish": {"endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{replay_port}",
-                        "topic": "b"}})
+        for _ in range(3):  # the ports are chosen before the pool binds them: a 409 tries fresh ones
+            port, replay_port = free_port(), free_port()
+            r = client.post("/api/pools", json={
+                "name": "engine", "strategy": "mirror", "num_blocks": 128,
+                "mirror": {"endpoint": ipc("src"), "replay_endpoint": ipc("src-replay"), "topic": "a"},
+                "publish": {"endpoint": f"tcp://*:{port}",
+                            "replay_endpoint": f"tcp://*:{replay_port}", "topic": "b"}})
+            if not (r.status_code == 409 and "already in use" in r.text):
+                break
         assert r.status_code == 201, r.text
         # The same endpoint again is a conflict, and the failed pool is not left behind.
         err = assert_error(client.post("/api/pools", json={

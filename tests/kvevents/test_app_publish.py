@@ -31,16 +31,19 @@ def events_set(client, name) -> set[int]:
 def test_rest_prefix_pool_publishes_to_a_router_mirror():
     from apputil import free_port, make_client
 
-    port, replay = free_port(), free_port()
     rng = random.Random(2)
     stems = [[rng.randrange(1000) for _ in range(4 * k)] for k in (2, 3, 5)]
     mirror = MirrorPool(64, name="router", device="cpu")
     with make_client() as client:
-        r = client.post("/api/pools", json={
-            "name": "pc", "strategy": "paged", "num_blocks": 32, "block_bytes": 64,
-            "tokens_per_block": 4, "prefix_caching": {"policy": "lru"},
-            "publish": {"endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{replay}",
-                        "topic": "kv"}})
+        for _ in range(3):  # the ports are chosen before the pool binds them: a 409 tries fresh ones
+            port, replay = free_port(), free_port()
+            r = client.post("/api/pools", json={
+                "name": "pc", "strategy": "paged", "num_blocks": 32, "block_bytes": 64,
+                "tokens_per_block": 4, "prefix_caching": {"policy": "lru"},
+                "publish": {"endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{replay}",
+                            "topic": "kv"}})
+            if not (r.status_code == 409 and "already in use" in r.text):
+                break
         assert r.status_code == 201, r.text
         sub = follow(mirror, f"tcp://127.0.0.1:{port}", topic="kv",
                      replay_endpoint=f"tcp://127.0.0.1:{replay}", replay_timeout=30)

@@ -8,6 +8,7 @@ import time
 
 import msgspec
 import pytest
+import zmq
 from kve_source import RefPrefixCache, chain_hash, to_engine
 from test_real_publishers import DEADLINE, Engine, publish_and_wait, wait_for
 
@@ -131,18 +132,38 @@ def free_port_pair() -> int:
     raise AssertionError("no two consecutive free ports")
 
 
+def bind_on_free_pairs(make, tries: int = 5):
+    """make(pub_port, replay_port), each port p of a pair with p + 1 free when chosen. The ports
+    are chosen before make binds them, so another process may take one in between: a bind that
+    fails with EADDRINUSE tries fresh pairs (make closes what it opened before raising)."""
+    for attempt in range(tries):
+        try:
+            return make(free_port_pair(), free_port_pair())
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or attempt == tries - 1:
+                raise
+
+
 def test_dp_ranks_are_engines_grouped_under_their_server(vllm_kv):
     # vLLM's publisher of rank r binds port + r and tags its batches with rank r.
-    pub_port, replay_port = free_port_pair(), free_port_pair()
-    ranks = {}
-    for r in (0, 1):
-        eng = Engine.__new__(Engine)
-        eng.mod, eng.engine, eng.seq = vllm_kv, "vllm", -1
-        eng.pub = vllm_kv.ZmqEventPublisher(r, endpoint=f"tcp://*:{pub_port}",
-                                            replay_endpoint=f"tcp://*:{replay_port}",
-                                            buffer_steps=10_000, topic="kv")
-        eng.source = RefPrefixCache(seed=r + 1, hash_seed=7)
-        ranks[r] = eng
+    def make(pub_port: int, replay_port: int):
+        ranks = {}
+        try:
+            for r in (0, 1):
+                eng = Engine.__new__(Engine)
+                eng.mod, eng.engine, eng.seq = vllm_kv, "vllm", -1
+                eng.pub = vllm_kv.ZmqEventPublisher(r, endpoint=f"tcp://*:{pub_port}",
+                                                    replay_endpoint=f"tcp://*:{replay_port}",
+                                                    buffer_steps=10_000, topic="kv")
+                eng.source = RefPrefixCache(seed=r + 1, hash_seed=7)
+                ranks[r] = eng
+        except BaseException:
+            for eng in ranks.values():
+                eng.close()
+            raise
+        return pub_port, replay_port, ranks
+
+    pub_port, replay_port, ranks = bind_on_free_pairs(make)
     fleet = Fleet("dp")
     try:
         for r in (0, 1):

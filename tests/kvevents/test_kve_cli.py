@@ -19,7 +19,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Cli:
+    """`python -m app.cli ARGS --port P` on a free P, once it answers /healthz. P is chosen before
+    the server binds it: a start that fails on "address already in use" tries a fresh P."""
+
     def __init__(self, *args):
+        for attempt in range(3):
+            try:
+                self._start(args)
+                return
+            except RuntimeError as exc:
+                if attempt == 2 or "address already in use" not in str(exc).lower():
+                    raise
+
+    def _start(self, args) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", *args, "--port", str(self.port)],
@@ -28,7 +40,7 @@ class Cli:
         end = time.monotonic() + 60  # importing torch on a loaded machine takes a while
         while time.monotonic() < end:
             if self.proc.poll() is not None:
-                raise RuntimeError(self.proc.stdout.read().decode())
+                raise RuntimeError(self.proc.stdout.read().decode(errors="replace"))
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
                     return
@@ -109,8 +121,13 @@ def test_cli_refusals_are_one_line_exit_2(tmp_path):
 def test_serve_publish_default_pool(tmp_path):
     """`kvscope serve --publish`: the default pool is a prefix-caching pool that publishes its
     events; a publish endpoint that is not a ZeroMQ address is one line and exit 2."""
-    port = free_port()
-    cli = Cli("serve", "--publish", f"tcp://*:{port}", "--publish-topic", "kv")
+    for attempt in range(3):  # the publish port is chosen before the server binds it
+        try:
+            cli = Cli("serve", "--publish", f"tcp://*:{free_port()}", "--publish-topic", "kv")
+            break
+        except RuntimeError as exc:
+            if attempt == 2 or "already in use" not in str(exc):
+                raise
     try:
         assert cli.stats("default")["strategy"] == "paged"
     finally:
@@ -139,14 +156,21 @@ def test_prefix_publish_is_a_live_engine(tmp_path):
                                  "hash_ids": ids}))
     trace = tmp_path / "t.jsonl"
     trace.write_text("\n".join(lines) + "\n")
-    port, replay = free_port(), free_port()
-    mirror = MirrorPool(4096, name="router", device="cpu")
-    sub = follow(mirror, f"tcp://127.0.0.1:{port}", topic="kv",
-                 replay_endpoint=f"tcp://127.0.0.1:{replay}", replay_timeout=30)
-    try:
+    # The ports are chosen before `kvscope prefix` binds them (the mirror follows them first):
+    # a run refused because another process took one meanwhile tries fresh ports.
+    for attempt in range(3):
+        port, replay = free_port(), free_port()
+        mirror = MirrorPool(4096, name="router", device="cpu")
+        sub = follow(mirror, f"tcp://127.0.0.1:{port}", topic="kv",
+                     replay_endpoint=f"tcp://127.0.0.1:{replay}", replay_timeout=30)
         r = run("prefix", "--trace", str(trace), "--publish", f"tcp://*:{port}",
                 "--publish-replay-endpoint", f"tcp://*:{replay}", "--publish-topic", "kv",
                 "--speed", "1", "--capacity-tokens", "2048", "--tokens-per-block", "64")
+        if r.returncode == 2 and "already in use" in r.stderr and attempt < 2:
+            sub.stop()
+            continue
+        break
+    try:
         assert r.returncode == 0, r.stderr
         counts = json.loads(r.stdout.strip().splitlines()[-1])
         assert counts["requests"] == 14 and counts["events"] > 0

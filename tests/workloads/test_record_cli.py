@@ -20,6 +20,32 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+def open_server(path) -> tuple[subprocess.Popen, str]:
+    """`kvscope open PATH --port P` on a free P, once it answers /healthz. P is chosen before the
+    server binds it: a start that fails on "address already in use" tries a fresh P."""
+    for attempt in range(3):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = subprocess.Popen([sys.executable, "-m", "app.cli", "open", str(path), "--port",
+                                   str(port)], cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60  # importing torch on a loaded machine takes a while
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    return server, url
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        if server.poll() is None:
+            server.kill()
+        text = server.communicate(timeout=10)[0].decode(errors="replace")
+        if attempt == 2 or "address already in use" not in text.lower():
+            raise AssertionError(f"kvscope open did not start:\n{text}")
+    raise AssertionError("unreachable")
+
+
 def test_record_a_scenario_then_open_it(tmp_path):
     out = tmp_path / "frag.kvrec"
     proc = run_cli("record", "fragmentation", "-o", str(out), "--strategy", "contiguous", "--blocks", "512")
@@ -35,19 +61,8 @@ def test_record_a_scenario_then_open_it(tmp_path):
     again = run_cli("record", "fragmentation", "-o", str(out))
     assert again.returncode == 2 and "already exists" in again.stderr
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "app.cli", "open", str(out), "--port", str(port)],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server, url = open_server(out)
     try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(600):  # about 60 s: importing torch on a loaded machine takes a while
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
         names = [p["name"] for p in httpx.get(url + "/api/pools").json()["pools"]]
         assert "rec-frag" in names
         info = httpx.get(url + "/api/pools/rec-frag/history").json()
