@@ -11,10 +11,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._fleet import COUNTERS, MAX_FLEET_ENGINES, FleetCore
+from ._fleet import (
+    COUNTERS,
+    GROUP_DIVISOR,
+    MAX_FLEET_ENGINES,
+    MIN_GROUP,
+    FleetCore,
+    Layout,
+    layout_of,
+)
 from .errors import Conflict, InvalidRequest, NotFound
 
-__all__ = ["COUNTERS", "MAX_FLEET_ENGINES", "EngineInfo", "FleetIndex"]
+__all__ = ["COUNTERS", "GROUP_DIVISOR", "MAX_FLEET_ENGINES", "MIN_GROUP", "EngineInfo", "FleetIndex",
+           "Layout", "layout_of"]
 
 
 @dataclass(slots=True)
