@@ -768,6 +768,10 @@ cdef class FleetCore:
         memcpy(&sv[0], self.kslots, kc * sizeof(int32_t))
         return (keys, parents, masks, slots, n)
 
+    def snapshot_sizes(self) -> tuple:
+        """(nodes, key table slots) a snapshot copies now: to reserve its buffers beforehand."""
+        return self.node_top, self.kcap
+
     def layout(self, int divisor=GROUP_DIVISOR, int min_group=MIN_GROUP):
         """`layout_of(self.snapshot())`: every live node's root and colour group, and the
         parent-hash cycles. O(nodes)."""

@@ -418,6 +418,20 @@ class BlockMap:
     def current(self, index: FleetIndex) -> bool:
         return self.version is not None and self.version == index.version()
 
+    def reserve(self, sizes: tuple[int, int]) -> None:
+        """Allocate (and touch, so no page fault is left for the copy) buffers for a snapshot of
+        `index.snapshot_sizes()` with room to grow: in any thread, not during a computation."""
+        nodes, slots = sizes
+        snap = self._snap
+        if snap is not None and snap[0].shape[0] >= nodes and snap[3].shape[0] == slots:
+            return
+        cap = max(nodes + nodes // 8, 1)
+        keys, parents, masks = (np.zeros(cap, dtype=np.uint64) for _ in range(3))
+        table = np.full(slots, -1, dtype=np.int32)
+        for a in (keys, parents, masks):
+            a.fill(0)
+        self._snap = (keys, parents, masks, table, 0)
+
     def snapshot(self, index: FleetIndex) -> tuple:
         """What `compute` needs: call where changes run, never while a computation is under way
         (its arrays are reused)."""

@@ -127,6 +127,10 @@ async def block_map(handle: FleetHandle) -> bytes:
     way, else a new computation (whose snapshot is taken under the lock, on the loop)."""
     bm = handle.fleet.block_map
     task = bm.inflight
+    if task is None and not bm.current(handle.fleet.index):
+        # fresh buffers fault their pages in a worker, not in the copy under the lock
+        await asyncio.to_thread(bm.reserve, handle.fleet.index.snapshot_sizes())
+        task = bm.inflight
     if task is None:
         async with handle.lock:
             task = bm.inflight
