@@ -29,8 +29,8 @@ cimport cython
 from cpython.list cimport PyList_GET_ITEM
 from cpython.long cimport PyLong_AsLongLong, PyLong_CheckExact
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from libc.stdint cimport int32_t, int64_t, uint64_t
-from libc.string cimport memset
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.string cimport memcpy, memset
 
 import numpy as np
 
@@ -45,6 +45,10 @@ COUNTERS = ("batches", "stored_events", "removed_events", "cleared_events", "sto
             "recompute_tokens", "over_capacity_blocks", "block_size_changes")
 cdef enum:
     MAX_ENGINES = 64
+# The block map's colour groups (`layout_of`): a group holds at most 1/GROUP_DIVISOR of the
+# live blocks, or MIN_GROUP blocks in a small index.
+GROUP_DIVISOR = 8
+MIN_GROUP = 64
 
 cdef enum:
     C_BATCHES = 0
@@ -204,6 +208,7 @@ cdef class FleetCore:
     cdef readonly int64_t unique     # live nodes
     cdef readonly int64_t duplicated  # live nodes held by 2+ engines
     cdef readonly int64_t holdings   # (engine, node) pairs
+    cdef int64_t epoch               # changes not seen in the counters (clears, engines added/dropped)
     cdef uint64_t *scratch_h         # a store's hashes and keys, converted once (no PyLong per block)
     cdef uint64_t *scratch_k
     cdef Py_ssize_t scratch_cap
@@ -272,6 +277,7 @@ cdef class FleetCore:
         self.extra = {}
         self.multi = {}
         self._alloc(16)
+        self.epoch += 1
 
     # -- engines ------------------------------------------------------------------------------
     def add_engine(self, int e) -> None:
@@ -280,6 +286,7 @@ cdef class FleetCore:
         if self.active >> e & 1:
             raise ValueError(f"engine id {e} is taken")
         ht_init(&self.etab[e], 64)
+        self.epoch += self._changes_of(e) + 1  # its counters restart at 0: the version must not
         memset(self.counters[e], 0, sizeof(self.counters[e]))
         self.held[e] = 0
         self.bsize[e] = 0
@@ -291,6 +298,7 @@ cdef class FleetCore:
         """Forget engine e and everything it held."""
         self._check_engine(e)
         self.clear(e)
+        self.epoch += 1
         ht_free(&self.etab[e])
         self.active &= ~((<uint64_t>1) << e)
 
@@ -298,6 +306,20 @@ cdef class FleetCore:
         if not (0 <= e < MAX_ENGINES and self.active >> e & 1):
             raise KeyError(f"no engine {e}")
         return 0
+
+    cdef inline int64_t _changes_of(self, int e) noexcept:
+        cdef int64_t *c = self.counters[e]
+        return c[C_BATCHES] + c[C_STORED_EV] + c[C_REMOVED_EV]
+
+    def version(self) -> int:
+        """A change counter: it rises with every apply, store, remove and clear and with every
+        engine added or dropped (applies, stores and removes through the counters they bump, the
+        rest through `epoch`), so what was computed at one version holds while it is the same."""
+        cdef int64_t v = self.epoch
+        cdef int e
+        for e in range(MAX_ENGINES):
+            v += self._changes_of(e)
+        return v
 
     # -- the key table ------------------------------------------------------------------------
     cdef inline int64_t kfind(self, uint64_t k) noexcept:
@@ -649,6 +671,7 @@ cdef class FleetCore:
         cdef int64_t i
         cdef int32_t node
         cdef int gone = 0
+        self.epoch += 1
         for i in range(t.cap):
             node = t.vals[i]
             if node >= 0 and self.node_mask[node] & bit:
@@ -774,10 +797,13 @@ cdef class FleetCore:
 
     def chain_of(self, uint64_t key, int max_blocks=1 << 16) -> list:
         """The keys from the root down to `key` along indexed parents (root first); it starts
-        below the root when an ancestor is no longer indexed. [] when `key` is not indexed."""
+        below the root when an ancestor is no longer indexed, and at the block met again when
+        the parents loop (a parent-hash cycle). [] when `key` is not indexed."""
         cdef list out = []
+        cdef set seen = set()
         cdef int32_t node = self.node_of(key)
-        while node >= 0 and len(out) < max_blocks:
+        while node >= 0 and len(out) < max_blocks and node not in seen:
+            seen.add(node)
             out.append(self.node_key[node])
             if self.node_parent[node] == 0:
                 break
@@ -785,46 +811,36 @@ cdef class FleetCore:
         out.reverse()
         return out
 
-    def layout(self):
-        """(keys, root keys, masks) of the live nodes, as numpy uint64 arrays in `nodes()`'s
-        order: a node's root is the first block of its chain along indexed parents. O(nodes)."""
-        cdef int64_t n = self.node_top, i, sp, k, j = 0
-        cdef int32_t p, r, x
-        rootnode_a = np.full(max(n, 1), -1, dtype=np.int32)
-        stack_a = np.empty(max(n, 1), dtype=np.int32)
-        cdef int32_t[:] rootnode = rootnode_a, stack = stack_a
-        for i in range(n):
-            if self.node_mask[i] == 0 or rootnode[i] >= 0:
-                continue
-            sp = 0
-            x = <int32_t>i
-            while True:
-                if rootnode[x] >= 0:
-                    r = rootnode[x]
-                    break
-                stack[sp] = x
-                sp += 1
-                if self.node_parent[x] == 0 or sp >= n:
-                    r = x
-                    break
-                p = self.node_of(self.node_parent[x])
-                if p < 0:
-                    r = x
-                    break
-                x = p
-            for k in range(sp):
-                rootnode[stack[k]] = r
-        keys = np.empty(self.unique, dtype=np.uint64)
-        roots = np.empty(self.unique, dtype=np.uint64)
-        masks = np.empty(self.unique, dtype=np.uint64)
-        cdef uint64_t[:] kv = keys, rv = roots, mv = masks
-        for i in range(n):
-            if self.node_mask[i] != 0 and j < self.unique:
-                kv[j] = self.node_key[i]
-                rv[j] = self.node_key[rootnode[i]]
-                mv[j] = self.node_mask[i]
-                j += 1
-        return keys, roots, masks
+    def snapshot(self, out=None):
+        """Copies of what a layout reads: node keys, parents and masks (node ids 0..top) and the
+        key table, at memcpy speed, for `layout_of` to work on without the index (off the lock,
+        in another thread). `out`, an earlier snapshot, has its arrays reused when they fit."""
+        cdef int64_t n = self.node_top, kc = self.kcap
+        if out is not None and out[0].shape[0] >= n and out[3].shape[0] == kc:
+            keys, parents, masks, slots = out[0], out[1], out[2], out[3]
+        else:
+            cap = max(n, 1)
+            keys = np.empty(cap, dtype=np.uint64)
+            parents = np.empty(cap, dtype=np.uint64)
+            masks = np.empty(cap, dtype=np.uint64)
+            slots = np.empty(kc, dtype=np.int32)
+        cdef uint64_t[::1] kv = keys, pv = parents, mv = masks
+        cdef int32_t[::1] sv = slots
+        if n:
+            memcpy(&kv[0], self.node_key, n * sizeof(uint64_t))
+            memcpy(&pv[0], self.node_parent, n * sizeof(uint64_t))
+            memcpy(&mv[0], self.node_mask, n * sizeof(uint64_t))
+        memcpy(&sv[0], self.kslots, kc * sizeof(int32_t))
+        return (keys, parents, masks, slots, n)
+
+    def snapshot_sizes(self) -> tuple:
+        """(nodes, key table slots) a snapshot copies now: to reserve its buffers beforehand."""
+        return self.node_top, self.kcap
+
+    def layout(self, int divisor=GROUP_DIVISOR, int min_group=MIN_GROUP):
+        """`layout_of(self.snapshot())`: every live node's root and colour group, and the
+        parent-hash cycles. O(nodes)."""
+        return layout_of(self.snapshot(), divisor, min_group)
 
     def parent_of(self, uint64_t key):
         """The parent key of an indexed block (0: a root), or None when `key` is not indexed."""
@@ -850,3 +866,168 @@ cdef class FleetCore:
 
 
 MAX_FLEET_ENGINES = MAX_ENGINES
+
+
+# -- the block map: roots, colour groups and cycles, over a snapshot -----------------------------
+class Layout(tuple):
+    """`layout_of`'s answer. Per live node, in node-id order (as `FleetCore.nodes()`): `keys`,
+    `roots` (the first block of its chain along indexed parents), `groups` (the key of its
+    colour group's top block; 0: the shared trunk) and `masks`. `cycle_blocks[e]`: blocks in
+    parent-hash cycles that engine e holds; `cycles`: how many cycles; `max_group`: the bound
+    on a group's blocks."""
+
+    __slots__ = ()
+
+    def __new__(cls, *values):
+        return tuple.__new__(cls, values)
+
+    keys = property(lambda self: self[0])
+    roots = property(lambda self: self[1])
+    groups = property(lambda self: self[2])
+    masks = property(lambda self: self[3])
+    cycle_blocks = property(lambda self: self[4])
+    cycles = property(lambda self: self[5])
+    max_group = property(lambda self: self[6])
+
+
+cdef inline int32_t snap_node_of(const uint64_t[::1] keys, const int32_t[::1] slots,
+                                 uint64_t kmask, uint64_t k) noexcept nogil:
+    cdef uint64_t i = mix64(k) & kmask
+    cdef int32_t v
+    while True:
+        v = slots[i]
+        if v < 0:
+            return -1
+        if keys[v] == k:
+            return v
+        i = (i + 1) & kmask
+
+
+def layout_of(snap, int divisor=GROUP_DIVISOR, int min_group=MIN_GROUP):
+    """Roots, colour groups and parent-hash cycles of a `FleetCore.snapshot()`, as a `Layout`.
+    Runs without the GIL and is O(nodes) whatever the parents say: every walk up marks the
+    nodes it meets, so it ends at a node already placed, at a root, or at a node met again on
+    this walk. That is a cycle: the last block met (whose parent is that node) is cut to a root,
+    so each cycle is found and counted once.
+
+    Groups: a block's group is the topmost block above it (itself included) whose subtree holds
+    at most `max(live blocks // divisor, min_group)` blocks; blocks above every such subtree (a
+    trunk all requests share, such as one common first block) are the shared group, 0."""
+    keys_a, parents_a, masks_a, slots_a, n_obj = snap
+    if divisor <= 0 or min_group <= 0:
+        raise ValueError("divisor and min_group must be positive")
+    cdef int64_t n = n_obj, i, k, q, sp, live = 0, j = 0
+    cdef const uint64_t[::1] keys = keys_a
+    cdef const uint64_t[::1] parents = parents_a
+    cdef const uint64_t[::1] masks = masks_a
+    cdef const int32_t[::1] slots = slots_a
+    cdef uint64_t kmask = <uint64_t>(slots_a.shape[0] - 1), m
+    cap = max(n, 1)
+    pidx_a = np.empty(cap, dtype=np.int32)
+    depth_a = np.empty(cap, dtype=np.int32)
+    mark_a = np.empty(cap, dtype=np.int32)
+    stack_a = np.empty(cap + 1, dtype=np.int32)
+    size_a = np.empty(cap, dtype=np.int32)
+    incyc_a = np.zeros(cap, dtype=np.uint8)
+    cyc_a = np.zeros(MAX_ENGINES, dtype=np.int64)
+    out_keys = np.empty(cap, dtype=np.uint64)
+    out_roots = np.empty(cap, dtype=np.uint64)
+    out_groups = np.empty(cap, dtype=np.uint64)
+    out_masks = np.empty(cap, dtype=np.uint64)
+    cdef int32_t[::1] pidx = pidx_a, depth = depth_a, mark = mark_a, stack = stack_a
+    cdef int32_t[::1] size = size_a
+    cdef uint8_t[::1] incyc = incyc_a
+    cdef int64_t[::1] cyc = cyc_a
+    cdef uint64_t[::1] ok = out_keys, orr = out_roots, og = out_groups, om = out_masks
+    # after the walks, mark holds the depth order and stack the counting sort's counts
+    cdef int32_t[::1] order = mark, cnt = stack
+    cdef int32_t x, p, base, maxd = -1
+    cdef int64_t cycles = 0, bound
+    cdef int e
+    with nogil:
+        for i in range(n):
+            pidx[i] = -1
+            depth[i] = -1
+            mark[i] = -1
+            if masks[i] != 0:
+                live += 1
+                if parents[i] != 0:
+                    pidx[i] = snap_node_of(keys, slots, kmask, parents[i])
+        bound = live // divisor
+        if bound < min_group:
+            bound = min_group
+        # depths: walk up to a placed node, a root, or a node met again on this walk (a cycle)
+        for i in range(n):
+            if masks[i] == 0 or depth[i] >= 0:
+                continue
+            sp = 0
+            x = <int32_t>i
+            while True:
+                if depth[x] >= 0:
+                    base = depth[x]
+                    break
+                if mark[x] == i:
+                    k = sp - 1
+                    while stack[k] != x:
+                        k -= 1
+                    for q in range(k, sp):
+                        incyc[stack[q]] = 1
+                    cycles += 1
+                    pidx[stack[sp - 1]] = -1
+                    base = -1
+                    break
+                mark[x] = <int32_t>i
+                stack[sp] = x
+                sp += 1
+                p = pidx[x]
+                if p < 0:
+                    base = -1
+                    break
+                x = p
+            for k in range(sp - 1, -1, -1):
+                base += 1
+                depth[stack[k]] = base
+            if base > maxd:
+                maxd = base
+        # live nodes by depth (a counting sort), then subtree sizes from the deepest up
+        for k in range(maxd + 2):
+            cnt[k] = 0
+        for i in range(n):
+            if masks[i] != 0:
+                cnt[depth[i] + 1] += 1
+        for k in range(1, maxd + 2):
+            cnt[k] += cnt[k - 1]
+        for i in range(n):
+            if masks[i] != 0:
+                order[cnt[depth[i]]] = <int32_t>i
+                cnt[depth[i]] += 1
+                size[i] = 1
+        for k in range(live - 1, -1, -1):
+            x = order[k]
+            if pidx[x] >= 0:
+                size[pidx[x]] += size[x]
+        # top down: each node's root (into depth) and group (into size; -1: shared)
+        for k in range(live):
+            x = order[k]
+            p = pidx[x]
+            if p < 0:
+                depth[x] = x
+                size[x] = x if size[x] <= bound else -1
+            else:
+                depth[x] = depth[p]
+                size[x] = size[p] if size[p] >= 0 else (x if size[x] <= bound else -1)
+        for i in range(n):
+            m = masks[i]
+            if m == 0:
+                continue
+            ok[j] = keys[i]
+            orr[j] = keys[depth[i]]
+            og[j] = keys[size[i]] if size[i] >= 0 else 0
+            om[j] = m
+            j += 1
+            if incyc[i]:
+                for e in range(MAX_ENGINES):
+                    if m >> e & 1:
+                        cyc[e] += 1
+    return Layout(out_keys[:j], out_roots[:j], out_groups[:j], out_masks[:j], cyc_a, cycles,
+                  bound)

@@ -11,10 +11,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._fleet import COUNTERS, DEFAULT_ENGINE_BLOCKS, MAX_FLEET_ENGINES, FleetCore
+from ._fleet import (
+    COUNTERS,
+    DEFAULT_ENGINE_BLOCKS,
+    GROUP_DIVISOR,
+    MAX_FLEET_ENGINES,
+    MIN_GROUP,
+    FleetCore,
+    Layout,
+    layout_of,
+)
 from .errors import Conflict, InvalidRequest, NotFound
 
-__all__ = ["COUNTERS", "DEFAULT_ENGINE_BLOCKS", "MAX_FLEET_ENGINES", "EngineInfo", "FleetIndex"]
+__all__ = ["COUNTERS", "DEFAULT_ENGINE_BLOCKS", "GROUP_DIVISOR", "MAX_FLEET_ENGINES", "MIN_GROUP",
+           "EngineInfo", "FleetIndex", "Layout", "layout_of"]
 
 
 @dataclass(slots=True)

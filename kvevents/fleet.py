@@ -16,6 +16,7 @@ batch; `play(path)` feeds one back through the same routing.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import deque
@@ -26,7 +27,7 @@ import numpy as np
 import zmq
 
 from allocator.errors import Conflict, InvalidRequest
-from allocator.fleet import MAX_FLEET_ENGINES, FleetIndex
+from allocator.fleet import MAX_FLEET_ENGINES, FleetIndex, layout_of
 
 from .codec import WireError, decode_batch
 from .engine_metrics import MetricsPoller
@@ -40,6 +41,8 @@ SAMPLE_EVERY_S = 1.0
 SAMPLES = 600  # ten minutes of duplication and missed-reuse figures at one per second
 LAGS = 2048
 RECENT = 12  # recent stored chains offered to the match box
+MAX_MAP_BLOCKS = 65_536  # an engine's map lists at most this many blocks
+TOP_PREFIXES = 12
 _MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED
                    | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED)
 
@@ -182,6 +185,7 @@ class Fleet:
         self.apply_failures = 0
         self.playback: dict | None = None  # a recording being played into the fleet
         self.recent: deque = deque(maxlen=4 * RECENT)  # (ts, engine, key of a chain's last block)
+        self.block_map = BlockMap()
         self.created_at = time.time()
         self._stop = threading.Event()
         self._monitor_thread = threading.Thread(target=self._watch, daemon=True,
@@ -328,7 +332,11 @@ class Fleet:
             row["stream"] = link.health() if link is not None else {"state": "recorded"}
             poller = link.poller if link is not None and spec.name == name else None
             row["metrics"] = _engine_metrics(poller)
-            row["errors"] = [e for e in (row["block_size_error"],) if e]
+            cyc = row["parent_cycles"] = self.block_map.cycle_blocks.get(name, 0)
+            cycle_error = (f"{cyc} blocks in parent-hash cycles: the engine stored blocks under "
+                           "their own descendants (blocks without token ids are keyed by its "
+                           "hashes); the maps cut each cycle" if cyc else None)
+            row["errors"] = [e for e in (row["block_size_error"], cycle_error) if e]
             out.append(row)
         return out
 
@@ -338,7 +346,9 @@ class Fleet:
                 "recording": None if self.recorder is None else
                 {"path": self.recorder.path, "records": self.recorder.records},
                 "playback": None if self.playback is None else dict(self.playback),
-                "recent_chains": self.recent_chains()}
+                "recent_chains": self.recent_chains(),
+                "block_map": {"version": self.block_map.version, "cycles": self.block_map.cycles,
+                              "computations": self.block_map.computations}}
 
     def summary(self) -> dict:
         return {"name": self.name, "engines": len(self.index.engines), **self.index.stats()}
@@ -386,6 +396,96 @@ class Fleet:
         if self.recorder is not None:
             self.recorder.close()
         self.ctx.destroy(linger=0)
+
+
+class BlockMap:
+    """The page's block maps of one fleet (GET /api/fleets/{fleet}/blocks), kept while the index
+    is unchanged. `snapshot(index)`, where changes run, copies the index's arrays (memcpy
+    speed); `compute(job)`, in any thread, lays them out (compiled, without the GIL: bounded by
+    the nodes however the parents loop) and writes the JSON. One computation at a time: the
+    server shares `inflight` among the clients asking meanwhile. The parent-hash cycles found
+    by the last computation are each engine's `parent_cycles`."""
+
+    def __init__(self) -> None:
+        self.version: int | None = None  # the index's version the body was computed at
+        self.body = b""
+        self.cycle_blocks: dict[str, int] = {}
+        self.cycles = 0
+        self.inflight = None  # the computation under way (the server's task)
+        self.computations = 0
+        self._snap = None
+
+    def current(self, index: FleetIndex) -> bool:
+        return self.version is not None and self.version == index.version()
+
+    def reserve(self, sizes: tuple[int, int]) -> None:
+        """Allocate (and touch, so no page fault is left for the copy) buffers for a snapshot of
+        `index.snapshot_sizes()` with room to grow: in any thread, not during a computation."""
+        nodes, slots = sizes
+        snap = self._snap
+        if snap is not None and snap[0].shape[0] >= nodes and snap[3].shape[0] == slots:
+            return
+        cap = max(nodes + nodes // 8, 1)
+        keys, parents, masks = (np.zeros(cap, dtype=np.uint64) for _ in range(3))
+        table = np.full(slots, -1, dtype=np.int32)
+        for a in (keys, parents, masks):
+            a.fill(0)
+        self._snap = (keys, parents, masks, table, 0)
+
+    def snapshot(self, index: FleetIndex) -> tuple:
+        """What `compute` needs: call where changes run, never while a computation is under way
+        (its arrays are reused)."""
+        self._snap = index.snapshot(self._snap)
+        names = {info.eid: name for name, info in index.engines.items()}
+        return index.version(), self._snap, names
+
+    def compute(self, job: tuple) -> bytes:
+        version, snap, names = job
+        lay = layout_of(snap)
+        body = blocks_json(lay, names, version)
+        self.cycle_blocks = {n: int(lay.cycle_blocks[e]) for e, n in names.items() if lay.cycle_blocks[e]}
+        self.cycles = int(lay.cycles)
+        self.version, self.body = version, body
+        self.computations += 1
+        return body
+
+
+def blocks_json(lay, names: dict[int, str], version: int | None = None) -> bytes:
+    """The /blocks answer from a `layout_of` Layout and the engine names by id: per engine the
+    colour id of each block it holds (24 bits of its group's top key; 0: the shared trunk),
+    sorted so a group's blocks sit together, at most MAX_MAP_BLOCKS; the largest groups with
+    the engine sets holding them; the parent-hash cycles. Each engine's list is written on its
+    own, so a large map never holds the GIL long."""
+    groups = lay.groups
+    colors = (groups >> np.uint64(40)).astype(np.int64)
+    colors[(colors == 0) & (groups != 0)] = 1  # 0 names the shared trunk only
+    order = np.argsort(colors, kind="stable")
+    sc, sm, sg = colors[order], lay.masks[order], groups[order]
+    parts = []
+    for eid, name in names.items():
+        mine = sc[((sm >> np.uint64(eid)) & np.uint64(1)).astype(bool)]
+        parts.append(f'{json.dumps(name)}:{{"blocks":{mine.size},'
+                     f'"truncated":{"true" if mine.size > MAX_MAP_BLOCKS else "false"},'
+                     f'"colors":{json.dumps(mine[:MAX_MAP_BLOCKS].tolist())}}}')
+    starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]]) if sc.size else np.zeros(0, np.int64)
+    ends = np.r_[starts[1:], sc.size].astype(np.int64)
+    sizes = ends - starts
+    prefixes = []
+    for g in np.argsort(-sizes, kind="stable")[:TOP_PREFIXES].tolist():
+        a, b = int(starts[g]), int(ends[g])
+        sets, n = np.unique(sm[a:b], return_counts=True)
+        color = int(sc[a])
+        prefixes.append({
+            "color": color, "shared": color == 0, "blocks": b - a,
+            "key": None if color == 0 else f"{int(sg[a]):016x}",
+            "sets": sorted(({"engines": [names[e] for e in sorted(names) if int(m) >> e & 1],
+                             "blocks": int(k)} for m, k in zip(sets.tolist(), n.tolist())),
+                           key=lambda x: -x["blocks"])})
+    head = {"version": version, "max_group_blocks": int(lay.max_group),
+            "shared_blocks": int((colors == 0).sum()), "cycles": int(lay.cycles),
+            "parent_cycles": {n: int(lay.cycle_blocks[e]) for e, n in names.items()},
+            "prefixes": prefixes}
+    return (json.dumps(head)[:-1] + ',"engines":{' + ",".join(parts) + "}}").encode()
 
 
 class _TaggedRecorder:

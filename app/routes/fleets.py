@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Annotated
 
-import numpy as np
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from pydantic import Field, model_validator
 
@@ -17,8 +15,6 @@ from ..fleets import FleetHandle, Fleets
 from ..schemas import POOL_NAME_PATTERN, Endpoint, Strict, Topic
 
 router = APIRouter(prefix="/api/fleets", tags=["fleets"])
-MAX_MAP_BLOCKS = 65_536
-TOP_PREFIXES = 12
 MAX_MATCH_TOKENS = 1 << 20
 MAX_MATCH_HASHES = 1 << 16
 
@@ -115,17 +111,37 @@ async def get_fleet_state(handle: FleetDep, samples: Annotated[int, Query(ge=0, 
 @router.get("/{fleet}/blocks", response_class=Response,
             responses={200: {"content": {"application/json": {}}}})
 async def fleet_blocks(handle: FleetDep) -> Response:
-    """For the page's maps: per engine the prefix (root block) of each block it holds, as a
-    colour id (24 bits of the root's key: one prefix, one colour on every engine), sorted so a
-    prefix's blocks sit together; and the largest prefix trees with what each engine holds of
-    them. At most MAX_MAP_BLOCKS per engine."""
-    async with handle.lock:  # a compiled pass (milliseconds); engines' batches wait only for it
-        index = handle.fleet.index
-        layout = index.layout()
-        names = {info.eid: name for name, info in index.engines.items()}
-    # the rest (sorting, JSON) runs off the loop, without the lock
-    body = await asyncio.to_thread(lambda: json.dumps(blocks_of(layout, names)).encode())
-    return Response(body, media_type="application/json")
+    """For the page's maps: per engine the colour group of each block it holds (docs/FLEET.md:
+    the topmost block above it whose subtree holds at most 1/8 of the blocks; 0: the shared
+    trunk above those), sorted so a group's blocks sit together, at most 65,536 per engine;
+    the largest groups with the engine sets holding them; parent-hash cycles per engine.
+
+    Under the fleet's lock only the index's arrays are copied; the layout and the JSON run in a
+    worker thread, one computation per fleet at a time, shared by every client asking
+    meanwhile, and kept while the index does not change."""
+    return Response(await block_map(handle), media_type="application/json")
+
+
+async def block_map(handle: FleetHandle) -> bytes:
+    """The fleet's /blocks body: the kept one while the index is unchanged, else the one under
+    way, else a new computation (whose snapshot is taken under the lock, on the loop)."""
+    bm = handle.fleet.block_map
+    task = bm.inflight
+    if task is None and not bm.current(handle.fleet.index):
+        # fresh buffers fault their pages in a worker, not in the copy under the lock
+        await asyncio.to_thread(bm.reserve, handle.fleet.index.snapshot_sizes())
+        task = bm.inflight
+    if task is None:
+        async with handle.lock:
+            task = bm.inflight
+            if task is None:
+                if bm.current(handle.fleet.index):
+                    return bm.body
+                job = bm.snapshot(handle.fleet.index)
+                task = bm.inflight = asyncio.get_running_loop().create_task(
+                    asyncio.to_thread(bm.compute, job), name=f"fleet-{handle.name}-blocks")
+                task.add_done_callback(lambda _t: setattr(bm, "inflight", None))
+    return await asyncio.shield(task)
 
 
 @router.delete("/{fleet}", status_code=status.HTTP_204_NO_CONTENT)
@@ -170,23 +186,3 @@ async def match(body: MatchIn, handle: FleetDep) -> dict:
             engines = index.match_engine_hashes(body.engine, [h & ((1 << 64) - 1) for h in body.block_hashes])
         return {"engines": engines,
                 "block_sizes": {n: index.block_size(n) for n in index.engines}}
-
-
-def blocks_of(layout, names: dict[int, str]) -> dict:
-    """The /blocks answer from `FleetIndex.layout()` and the engine names by id."""
-    _keys, roots, masks = layout
-    colors = (roots >> np.uint64(40)).astype(np.int64)
-    engines = {}
-    for eid, name in names.items():
-        sel = (masks >> np.uint64(eid)) & np.uint64(1) == 1
-        mine = np.sort(colors[sel], kind="stable")
-        engines[name] = {"blocks": int(mine.size), "truncated": mine.size > MAX_MAP_BLOCKS,
-                         "colors": mine[:MAX_MAP_BLOCKS].tolist()}
-    ids, counts = np.unique(colors, return_counts=True)
-    prefixes = []
-    for c in ids[np.argsort(-counts, kind="stable")][:TOP_PREFIXES].tolist():
-        sets, n = np.unique(masks[colors == c], return_counts=True)
-        prefixes.append({"color": c, "blocks": int(n.sum()), "sets": sorted(
-            ({"engines": [names[e] for e in sorted(names) if int(m) >> e & 1], "blocks": int(k)}
-             for m, k in zip(sets.tolist(), n.tolist())), key=lambda x: -x["blocks"])})
-    return {"engines": engines, "prefixes": prefixes}

@@ -1,10 +1,11 @@
-// The Fleet view: one small block map per engine (one colour per prefix, the same on every
-// engine), the largest prefix trees split by which engines hold them, duplication and missed
+// The Fleet view: one small block map per engine (one colour per colour group, a subtree that
+// tells requests apart, the same on every engine; the shared trunk grey), the largest groups
+// split by which engines hold them, duplication and missed
 // reuse over time, per-engine health and lag, and a match box. Polls while shown.
 
 import { fleets } from "./api.js";
 import { escapeHtml, paintSwatches } from "./dom.js";
-import { CELL, COLUMNS, GAP, colorOf, engineHeadHtml, figuresHtml, groupByServer, mapLayout, matchHtml, parseTokens, prefixesHtml, recentOptionsHtml, seriesOf } from "./fleet.js";
+import { CELL, COLUMNS, GAP, colorOf, engineHeadHtml, figuresHtml, groupByServer, legendHtml, mapLayout, matchHtml, parseTokens, prefixesHtml, recentOptionsHtml, seriesOf } from "./fleet.js";
 
 /** The fleet's state is read this often while the view is shown; its block maps half as often. */
 export const FLEET_REFRESH_MS = 1000;
@@ -19,7 +20,7 @@ export function createFleetView() {
   let shown = false;
   let timer = 0;
   let lastBlocksAt = 0;
-  let state = { fleet: null, blocks: null, painted: {}, error: null, match: null };
+  let state = { fleet: null, blocks: null, painted: {}, colors: {}, error: null, match: null };
 
   async function refreshList() {
     const list = await fleets.list();
@@ -60,8 +61,12 @@ export function createFleetView() {
     const blocks = (state.blocks && state.blocks.engines) || {};
     const groups = groupByServer(f.engines);
     const wrap = $("#fleet-engines", root);
-    wrap.innerHTML = Array.from(groups.entries()).map(([server, rows]) => `<section class="fleet-server">${rows.length > 1 ? `<h3>${escapeHtml(server)} <small>${rows.length} DP ranks</small></h3>` : ""}${rows.map((e) => `<div class="fleet-engine" data-engine="${escapeHtml(e.name)}">${engineHeadHtml(e)}<canvas class="fleet-map" aria-label="blocks of ${escapeHtml(e.name)}"></canvas><small class="fleet-map-note"></small></div>`).join("")}</section>`).join("");
+    wrap.innerHTML = Array.from(groups.entries()).map(([server, rows]) => `<section class="fleet-server">${rows.length > 1 ? `<h3>${escapeHtml(server)} <small>${rows.length} DP ranks</small></h3>` : ""}${rows.map((e) => `<div class="fleet-engine" data-engine="${escapeHtml(e.name)}">${engineHeadHtml(e, f.engines.length)}<canvas class="fleet-map" aria-label="blocks of ${escapeHtml(e.name)}"></canvas><small class="fleet-map-note"></small></div>`).join("")}</section>`).join("");
     state.painted = {};
+    state.colors = {};
+    const legend = $("#fleet-legend", root);
+    legend.innerHTML = legendHtml(state.blocks);
+    paintSwatches(legend);
     wrap.querySelectorAll(".fleet-engine").forEach((el) => {
       const eng = /** @type {HTMLElement} */ (el).dataset.engine || "";
       const b = blocks[eng] || { colors: [], blocks: 0, truncated: false };
@@ -77,6 +82,7 @@ export function createFleetView() {
         }
       }
       state.painted[eng] = cells.length;
+      state.colors[eng] = new Set(cells).size;
       const cut = hidden + (b.blocks - b.colors.length);
       /** @type {HTMLElement} */ (el.querySelector(".fleet-map-note")).textContent = cut > 0 ? `${cut.toLocaleString()} more blocks not drawn` : "";
     });
@@ -175,6 +181,6 @@ export function createFleetView() {
       timer = 0;
     },
     /** For the browser tests: what is shown. */
-    summary: () => ({ fleet: name, engines: state.fleet ? state.fleet.engines.map((e) => e.name) : [], painted: { ...state.painted }, stats: state.fleet ? state.fleet.stats : null, match: state.match, error: state.error }),
+    summary: () => ({ fleet: name, engines: state.fleet ? state.fleet.engines.map((e) => e.name) : [], painted: { ...state.painted }, colors: { ...state.colors }, stats: state.fleet ? state.fleet.stats : null, match: state.match, error: state.error }),
   };
 }

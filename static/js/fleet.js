@@ -10,12 +10,18 @@ export const COLUMNS = 60;
 /** Taller maps are cut (the count says how many blocks are not drawn). */
 export const MAX_ROWS = 120;
 
+/** Colour id 0: the shared trunk, blocks above every colour group (drawn grey). */
+export const SHARED = 0;
+export const SHARED_COLOR = "hsl(0, 0%, 62%)";
+
 /**
- * The colour of a prefix: its colour id (24 bits of its root block's key) spread over the hue
- * circle by the golden angle, so neighbouring ids differ. The same prefix gets the same colour
- * on every engine's map. @param {number} id
+ * The colour of a colour group (docs/FLEET.md: a block's group is the topmost block above it
+ * whose subtree holds at most 1/8 of the fleet's blocks): its id (24 bits of the group's top
+ * block key) spread over the hue circle by the golden angle, so neighbouring ids differ; the
+ * shared trunk is grey. The same group gets the same colour on every engine's map. @param {number} id
  */
 export function colorOf(id) {
+  if (id === SHARED) return SHARED_COLOR;
   const hue = Math.round((id * 137.508) % 360);
   const light = 45 + (id % 3) * 8;
   return `hsl(${hue}, 65%, ${light}%)`;
@@ -54,8 +60,20 @@ export function healthOf(e) {
   return { state, bad };
 }
 
-/** One engine's header line. @param {any} e */
-export function engineHeadHtml(e) {
+/**
+ * What is true of an engine whose blocks carry no token ids (keyed by its own hashes), said only
+ * when it has such blocks and the fleet has another engine to compare with.
+ * @param {any} e @param {number} engines in the fleet
+ */
+export function keyedNote(e, engines) {
+  const own = e.fallback_blocks || 0;
+  if (!own || engines < 2) return "";
+  const which = e.keyed_by === "tokens" ? `${num(own)} of its blocks came without token ids and are` : "its events carry no token ids: blocks";
+  return `${which} keyed by its own hashes, so they match another engine's only where both hash alike`;
+}
+
+/** One engine's header line. @param {any} e @param {number} [engines] in the fleet */
+export function engineHeadHtml(e, engines = 1) {
   const s = e.stream || {};
   const { state, bad } = healthOf(e);
   const lag = s.lag_s == null ? "no batch yet" : `${s.lag_s < 1 ? Math.round(s.lag_s * 1000) + " ms" : s.lag_s.toFixed(1) + " s"} since last batch`;
@@ -65,7 +83,8 @@ export function engineHeadHtml(e) {
   const own = m && m.prefix_cache_queries != null
     ? ` · engine: ${num(m.prefix_cache_hits)} / ${num(m.prefix_cache_queries)} prefix hits, KV ${m.kv_usage == null ? "—" : Math.round(m.kv_usage * 100) + "%"}`
     : "";
-  const keyed = e.keyed_by === "tokens" ? "" : ` · <span class="warn">keyed by engine hashes (no token ids): duplicates across engines cannot be seen</span>`;
+  const note = keyedNote(e, engines);
+  const keyed = note ? ` · <span class="note">${escapeHtml(note)}</span>` : "";
   const errs = (e.errors || []).map((x) => ` · <span class="warn">${escapeHtml(x)}</span>`).join("");
   const bad_in = (s.error_count || 0) + (e.malformed_events || 0);
   return `<div class="fleet-engine-head${bad ? " bad" : ""}"><b>${escapeHtml(e.name)}</b>${e.dp_rank ? ` <small>dp ${e.dp_rank}</small>` : ""}
@@ -83,13 +102,26 @@ export function mapLayout(colors) {
   return { cells, rows: Math.max(1, Math.ceil(cells.length / COLUMNS)), hidden: colors.length - cells.length };
 }
 
-/** The forest summary: the largest prefix trees, each split by the set of engines holding its blocks. @param {any[]} prefixes */
+/** The forest summary: the largest colour groups (and the shared trunk), each split by the set of engines holding its blocks. @param {any[]} prefixes */
 export function prefixesHtml(prefixes) {
   if (!prefixes.length) return `<p class="hint">no blocks yet</p>`;
   return prefixes.map((p) => {
     const parts = p.sets.map((s) => `<span class="fleet-set${s.engines.length > 1 ? " shared" : ""}" title="${s.blocks} blocks held by ${escapeHtml(s.engines.join(", "))}">${escapeHtml(s.engines.join(" + "))}: ${num(s.blocks)}</span>`).join("");
-    return `<li><i class="swatch" data-color="${colorOf(p.color)}"></i><b>${num(p.blocks)}</b> blocks ${parts}</li>`;
+    const what = p.color === SHARED ? " <small>shared trunk</small>" : "";
+    return `<li><i class="swatch" data-color="${colorOf(p.color)}"></i><b>${num(p.blocks)}</b> blocks${what} ${parts}</li>`;
   }).join("");
+}
+
+/** What the maps' colours mean, from the /blocks answer. @param {any} blocks */
+export function legendHtml(blocks) {
+  if (!blocks || blocks.max_group_blocks == null) return "";
+  const groups = new Set();
+  for (const e of Object.values(blocks.engines || {})) for (const c of /** @type {any} */ (e).colors) if (c !== SHARED) groups.add(c);
+  const trunk = blocks.shared_blocks
+    ? ` <i class="swatch" data-color="${SHARED_COLOR}"></i> grey: the shared trunk, ${num(blocks.shared_blocks)} blocks above every group (a prefix most requests share).`
+    : "";
+  const cycles = blocks.cycles ? ` <span class="warn">${num(blocks.cycles)} parent-hash cycles cut (see the engines)</span>` : "";
+  return `A colour is one subtree of the prefix tree: the topmost block above a block whose subtree holds at most ${num(blocks.max_group_blocks)} blocks (1/8 of the fleet's), the same colour on every engine; ${num(groups.size)} shown.${trunk}${cycles}`;
 }
 
 /**

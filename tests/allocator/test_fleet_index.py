@@ -99,12 +99,111 @@ def test_layout_names_each_block_s_chain_root():
     f.add("b")
     f.apply(0, [Stored([1, 2, 3], None, TOKENS[:12], 4)])
     f.apply(1, [Stored([5, 6], None, [9] * 8, 4), Stored([7], 6, [8] * 4, 4)])
-    keys, roots, masks = f.layout()
-    root_of = dict(zip(keys.tolist(), roots.tolist()))
+    lay = f.layout()
+    root_of = dict(zip(lay.keys.tolist(), lay.roots.tolist()))
     a = f.keys_of(TOKENS[:12], 4)
     b = f.keys_of([9] * 8 + [8] * 4, 4)
     assert all(root_of[k] == a[0] for k in a) and all(root_of[k] == b[0] for k in b)
+    # small trees: one colour group per root
+    group_of = dict(zip(lay.keys.tolist(), lay.groups.tolist()))
+    assert group_of == root_of and lay.cycles == 0 and not lay.cycle_blocks.any()
     f.apply(1, [Removed([5])])  # b's root goes: its chain now starts at its second block
-    keys, roots, _ = f.layout()
-    root_of = dict(zip(keys.tolist(), roots.tolist()))
+    lay = f.layout()
+    root_of = dict(zip(lay.keys.tolist(), lay.roots.tolist()))
     assert root_of[b[1]] == b[1] and root_of[b[2]] == b[1]
+
+
+def cycle_events(pairs: int, base: int = 1000) -> list:
+    """Per pair, without token ids: store A; store B under A; remove A; store A under B. Such
+    blocks are keyed by the engine's own hashes, so A's new node names B as its parent while
+    B's names A: a 2-block parent cycle."""
+    out = []
+    for i in range(pairs):
+        a, b = base + 2 * i, base + 2 * i + 1
+        out += [Stored([a], None, None, None), Stored([b], a, None, None), Removed([a]),
+                Stored([a], b, None, None)]
+    return out
+
+
+def test_parent_cycles_are_cut_counted_once_and_bound_every_walk():
+    f = FleetIndex()
+    f.add("a")
+    f.add("b")
+    f.apply(0, cycle_events(3))
+    f.apply(1, [Stored([1, 2], None, TOKENS[:8], 4)])
+    assert f.check() == []
+    a = f.key_of(0, 1000)
+    b = f.key_of(0, 1001)
+    assert f.parent_of(a) == b and f.parent_of(b) == a  # the cycle is in the index
+    assert f.chain_of(a) == [b, a] and f.chain_of(b) == [a, b]  # stops at the block met again
+    assert f.match_chain(a) == {"a": 0, "b": 0}  # a loop never reaches the root
+    lay = f.layout()
+    assert lay.cycles == 3
+    assert lay.cycle_blocks[0] == 6 and lay.cycle_blocks[1] == 0
+    root_of = dict(zip(lay.keys.tolist(), lay.roots.tolist()))
+    assert root_of[a] in (a, b) and root_of[b] == root_of[a]  # each cycle is one tree once cut
+    assert len(lay.keys) == f.unique
+    f.apply(0, [Removed([1000])])
+    assert f.layout().cycles == 2  # counted from what is indexed now
+
+
+def test_a_long_cycle_costs_one_pass():
+    f = FleetIndex()
+    f.add("a")
+    n = 50_000  # a ring of n blocks: store them in a chain, then re-store the first under the last
+    f.apply(0, [Stored(list(range(1, n + 1)), None, None, None), Removed([1]),
+                Stored([1], n, None, None)])
+    assert len(f.chain_of(f.key_of(0, 1))) == n
+    lay = f.layout()
+    assert lay.cycles == 1 and lay.cycle_blocks[0] == n
+
+
+def test_a_shared_trunk_is_split_into_the_subtrees_below_it():
+    f = FleetIndex()
+    f.add("a")
+    f.add("b")
+    trunk = [7] * 8  # every prompt starts with the same two blocks
+    prompts = [trunk + [100 + i] * 12 for i in range(10)]
+    for i, p in enumerate(prompts):
+        f.store(i % 2, [1000 * i + j for j in range(5)], None, p, 4)
+    lay = f.layout(divisor=8, min_group=1)  # 42 blocks: groups of at most 5
+    group_of = dict(zip(lay.keys.tolist(), lay.groups.tolist()))
+    root_of = dict(zip(lay.keys.tolist(), lay.roots.tolist()))
+    t = f.keys_of(trunk, 4)
+    assert len(set(root_of.values())) == 1  # one root for everything
+    assert group_of[t[0]] == group_of[t[1]] == 0  # the trunk: shared
+    for p in prompts:
+        ks = f.keys_of(p, 4)[2:]
+        assert {group_of[k] for k in ks} == {ks[0]}  # each request's own subtree, one colour
+    assert len({g for g in group_of.values() if g}) == 10
+    # with the default bound (64 blocks here) a small index keeps one colour per root
+    assert set(f.layout().groups.tolist()) == {t[0]}
+
+
+def test_the_version_rises_with_every_change():
+    f = FleetIndex()
+    f.add("a")
+    seen = [f.version()]
+
+    def changed():
+        v = f.version()
+        assert v > seen[-1]
+        seen.append(v)
+
+    f.apply(0, [Stored([1], None, TOKENS[:4], 4)])
+    changed()
+    f.store(0, [2], 1, TOKENS[4:8], 4)
+    changed()
+    f.remove(0, [2])
+    changed()
+    f.clear(0)
+    changed()
+    f.add("b")
+    changed()
+    f.discard("a")
+    changed()
+    f.add("a")  # takes bit 0 again: its counters restart, the version does not go back
+    changed()
+    same = f.version()
+    f.layout(), f.chain_of(1), f.nodes()
+    assert f.version() == same

@@ -4,6 +4,7 @@ answering as the REST match does, an unreachable engine shown as such; and under
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from .conftest import ROOT
 from .test_csp import wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kvevents"))
@@ -157,3 +159,57 @@ def test_fleet_view_opens_the_fleet_named_in_the_address(page, api, tmp_path):
     finally:
         for n in names:
             api.delete(f"/api/fleets/{n}")
+
+
+def test_a_live_routing_run_s_fleet_shows_its_requests_apart(page, api, artifacts):
+    """On the bundled Mooncake trace every request starts with the same block: the maps colour
+    the subtrees below that shared trunk, so each engine's map shows many colours."""
+    r = api.post("/api/routing", json={"mode": "live", "replicas": 2, "capacity_tokens": 400_000,
+                                       "policy": "round_robin", "limit": 400, "speed": 1e5})
+    assert r.status_code == 202, r.text
+    rid, fleet = r.json()["routing"]["id"], r.json()["routing"]["fleet"]
+    try:
+        end = time.monotonic() + 120
+        while api.get(f"/api/routing/{rid}").json()["routing"]["state"] != "finished":
+            assert time.monotonic() < end, api.get(f"/api/routing/{rid}").json()["routing"]["state"]
+            time.sleep(0.2)
+        want = {p: api.get(f"/api/pools/route-{rid}-{p}/stats").json()["prefix"]["cached_hashes"]
+                for p in ("r0", "r1")}
+
+        def held() -> dict:
+            return {e["name"]: e["cached_blocks"] for e in api.get(f"/api/fleets/{fleet}").json()["engines"]}
+
+        while held() != want:  # the fleet has mirrored every block of both pools
+            assert time.monotonic() < end, (held(), want)
+            time.sleep(0.2)
+        blocks = api.get(f"/api/fleets/{fleet}/blocks").json()
+        roots = {p["key"] for p in blocks["prefixes"]}
+        assert blocks["shared_blocks"] >= 1  # the trunk every request shares
+        for name in ("r0", "r1"):
+            colors = set(blocks["engines"][name]["colors"])
+            assert len(colors - {0}) > 1, (name, colors)
+        assert blocks["prefixes"] and all(len(p["sets"]) >= 1 for p in blocks["prefixes"])
+        assert len(roots) == len(blocks["prefixes"])
+
+        page.goto(f"/?fleet={fleet}#fleet")
+        page.wait_for_function(
+            f"(() => {{ const f = {FLEET}; return f && f.painted.r0 > 0 && f.painted.r1 > 0; }})()",
+            timeout=30_000)
+        shown = page.evaluate(FLEET)
+        assert shown["colors"]["r0"] > 1 and shown["colors"]["r1"] > 1, shown["colors"]
+        for name in ("r0", "r1"):  # distinct colours of the painted cells on the canvas itself
+            painted = page.evaluate(
+                """(n) => { const c = document.querySelector(`.fleet-engine[data-engine="${n}"] canvas`);
+                     const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+                     const s = new Set(); for (let i = 0; i < d.length; i += 4) if (d[i + 3]) s.add(d[i] << 16 | d[i + 1] << 8 | d[i + 2]);
+                     return s.size; }""", name)
+            assert painted > 2, (name, painted)
+        legend = page.locator("#fleet-legend").inner_text()
+        assert "subtree" in legend and "shared trunk" in legend, legend
+        assert "cannot be seen" not in page.locator("#fleet-engines").inner_text()
+        page.screenshot(path=str(artifacts / "fleet-routing-live.png"))
+        if os.environ.get("KVSCOPE_UPDATE_SCREENSHOTS"):  # the README's picture of this view
+            page.screenshot(path=str(ROOT / "docs" / "screenshots" / "fleet-routing-live.png"))
+        assert page.console_log.errors == []
+    finally:
+        api.post("/api/routing", json={"action": "stop", "id": rid})
