@@ -74,6 +74,12 @@ class FleetIndex(FleetCore):
         self._by_id[eid] = info
         return info
 
+    def release(self) -> None:
+        """Forget every engine and free the index's memory now."""
+        super().release()
+        self.engines.clear()
+        self._by_id.clear()
+
     def discard(self, name: str) -> None:
         """Forget an engine and what it held. Raises NotFound."""
         info = self.engine(name)

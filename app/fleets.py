@@ -13,10 +13,11 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 
 from allocator.errors import Conflict, InvalidRequest, NotFound
 from allocator.fleet import MAX_FLEET_ENGINES
-from kvevents.fleet import SAMPLE_EVERY_S, EngineSpec, Fleet
+from kvevents.fleet import CLOSE_DEADLINE_S, SAMPLE_EVERY_S, EngineSpec, Fleet
 
 from .mirrors import LoopApplier
 
@@ -52,14 +53,35 @@ class FleetHandle:
                 self.fleet.sample()
             await asyncio.sleep(SAMPLE_EVERY_S)
 
-    async def aclose(self) -> None:
+    async def release(self) -> None:
+        """The prompt half of closing: under the fleet's lock no change applies any more and
+        the index's memory is freed; the player, sampler, links and monitor are told to stop."""
         self._stop.set()
-        if self._player is not None:
-            await asyncio.to_thread(self._player.join, 5)
         self.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.task
-        await asyncio.to_thread(self.fleet.close)
+        async with self.lock:
+            self.fleet.release()
+
+    def finish(self, rounds: int = 12) -> bool:
+        """The blocking half (run in a worker): wait for every thread, CLOSE_DEADLINE_S at a
+        time (a thread stuck past one is waited for again, so it is counted until gone)."""
+        for _ in range(rounds):
+            deadline = time.monotonic() + CLOSE_DEADLINE_S
+            if self._player is not None:
+                self._player.join(max(0.0, deadline - time.monotonic()))
+            if self.fleet.finish_close(deadline):
+                return True
+            log.warning("fleet %s: threads still running after %s s", self.name, CLOSE_DEADLINE_S)
+        return False
+
+    def engine_count(self) -> int:
+        """Engines whose threads still run: specs followed, or closing and not gone yet."""
+        return len(self.fleet.links) + sum(link.alive() for link in self.fleet.closing_links())
+
+    async def aclose(self) -> None:
+        await self.release()
+        await asyncio.to_thread(self.finish)
 
 
 class Fleets:
@@ -70,6 +92,10 @@ class Fleets:
         self.max_total_engines = max_total_engines
         self._fleets: dict[str, FleetHandle] = {}
         self._creating: set[str] = set()
+        # What is closing in the background (deleted fleets, removed engines), counted against
+        # the engine limit until its threads are gone.
+        self._closing: set = set()
+        self._tasks: set[asyncio.Task] = set()
 
     def __iter__(self):
         return iter(list(self._fleets.values()))
@@ -132,11 +158,39 @@ class Fleets:
         finally:
             self._creating.discard(name)
 
+    def engines_running(self) -> int:
+        """Engines the server runs threads for: those followed and those still closing."""
+        total = sum(h.engine_count() for h in self._fleets.values())
+        return total + sum(c.engine_count() for c in list(self._closing))
+
     def _room_for(self, n: int) -> None:
-        total = sum(len(h.fleet.links) for h in self._fleets.values())
+        total = self.engines_running()
         if total + n > self.max_total_engines:
-            raise Conflict(f"the server follows {total} engines; {n} more would pass its limit "
-                           f"of {self.max_total_engines}: delete a fleet or remove engines first")
+            closing = sum(c.engine_count() for c in list(self._closing))
+            also = f" ({closing} of them still closing)" if closing else ""
+            raise Conflict(f"the server follows {total} engines{also}; {n} more would pass its "
+                           f"limit of {self.max_total_engines}: delete a fleet or remove engines first")
+
+    def _in_background(self, closing, finish) -> None:
+        """Run `finish` (blocking) in a worker; `closing` counts against the limit until then."""
+        self._closing.add(closing)
+
+        async def run() -> None:
+            try:
+                await asyncio.to_thread(finish)
+            except Exception:
+                log.exception("closing %s failed", closing)
+            finally:
+                self._closing.discard(closing)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def settle(self) -> None:
+        """Wait for everything closing in the background (tests; server shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def delete(self, name: str, *, handle: FleetHandle | None = None) -> bool:
         """Remove and close the fleet `name`. Raises NotFound. Given `handle`, only that very
@@ -145,7 +199,8 @@ class Fleets:
             return False
         handle = self.get(name)
         del self._fleets[name]
-        await handle.aclose()
+        await handle.release()  # memory back and no change applied from here; threads told to stop
+        self._in_background(handle, handle.finish)
         return True
 
     async def add_engine(self, name: str, engine: dict) -> None:
@@ -159,7 +214,9 @@ class Fleets:
         handle = self.get(name)
         async with handle.lock:
             link = handle.fleet.remove(engine)
-        await asyncio.to_thread(link.close)
+        if link is not None:
+            link.stop_soon()
+            self._in_background(_Closing(link), lambda: link.join(time.monotonic() + CLOSE_DEADLINE_S))
 
     async def close_all(self) -> None:
         for name in list(self._fleets):
@@ -167,3 +224,17 @@ class Fleets:
                 await self.delete(name)
             except Exception:
                 log.exception("closing fleet %s failed", name)
+        await self.settle()
+
+
+class _Closing:
+    """A removed engine's link while its threads stop."""
+
+    def __init__(self, link) -> None:
+        self.link = link
+
+    def engine_count(self) -> int:
+        return int(self.link.alive())
+
+    def __repr__(self) -> str:
+        return f"engine {self.link.spec.name}"

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 
 from allocator.errors import Conflict, InvalidRequest
@@ -18,38 +19,62 @@ PUBLISH_EVERY_S = 0.02
 
 class LoopApplier:
     """Hands changes from the subscriber's thread to the event loop, applied in order under the
-    pool's asyncio lock. Changes queue in a deque; one drain task per burst applies them all."""
+    pool's asyncio lock. Changes queue in a deque; one drain task per burst applies them, in
+    slices of at most SLICE_S: between slices it lets go of the lock and the loop, so a burst
+    of batches never holds up other requests (or readers of the pool) for longer than a slice.
+    `close()` drops what is queued and refuses what comes after (a deleted fleet's batches)."""
+
+    SLICE_S = 0.01
 
     def __init__(self, loop: asyncio.AbstractEventLoop, lock: asyncio.Lock) -> None:
         self.loop, self.lock = loop, lock
         self._q: deque = deque()
         self._mutex = threading.Lock()
         self._scheduled = False
+        self._closed = False
         self.failures = 0
 
     def __call__(self, change) -> None:
         with self._mutex:
+            if self._closed:
+                return
             self._q.append(change)
             if self._scheduled:
                 return
             self._scheduled = True
-        self.loop.call_soon_threadsafe(self._kick)
+        try:
+            self.loop.call_soon_threadsafe(self._kick)
+        except RuntimeError:  # the loop is closed: the server is stopping
+            with self._mutex:
+                self._q.clear()
+                self._scheduled = False
+
+    def close(self) -> None:
+        with self._mutex:
+            self._closed = True
+            self._q.clear()
 
     def _kick(self) -> None:
         self.loop.create_task(self._drain())
 
     async def _drain(self) -> None:
-        async with self.lock:
-            with self._mutex:
-                items = list(self._q)
-                self._q.clear()
-                self._scheduled = False
-            for change in items:
-                try:
-                    change()
-                except Exception:  # a bad change must not stop the ones after it
-                    self.failures += 1
-                    log.exception("mirror change failed")
+        while True:
+            async with self.lock:
+                end = time.monotonic() + self.SLICE_S
+                while True:
+                    with self._mutex:
+                        if not self._q:
+                            self._scheduled = False
+                            return
+                        change = self._q.popleft()
+                    try:
+                        change()
+                    except Exception:  # a bad change must not stop the ones after it
+                        self.failures += 1
+                        log.exception("mirror change failed")
+                    if time.monotonic() >= end:
+                        break
+            await asyncio.sleep(0)  # the slice is spent: let the loop (and the lock's waiters) in
 
 
 class PublishLink:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
 import re
+import socket
 import threading
 import time
-import urllib.request
+import urllib.parse
 
 LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)')
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -33,17 +35,62 @@ def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
     return rows
 
 
-def fetch(url: str, timeout: float = 3.0) -> str:
-    if not url.startswith(("http://", "https://")):
+def fetch(url: str, timeout: float = 3.0, on_connection=None) -> str:
+    """GET `url`, all of it within `timeout` seconds however slowly the server answers (a
+    server trickling bytes is cut at the deadline). `on_connection(conn)`, when given, is called
+    with the HTTP connection once it exists, so another thread can cut it short (`shutdown`)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise MetricsError(f"metrics_url must be http:// or https://, got {url[:80]!r}")
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    deadline = time.monotonic() + timeout
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (scheme checked)
-            body = r.read(MAX_BODY + 1)
-    except Exception as exc:
+        conn = cls(parts.hostname, parts.port, timeout=timeout)
+    except (ValueError, http.client.HTTPException) as exc:
         raise MetricsError(f"could not read {url}: {exc}") from None
+    timer = threading.Timer(timeout, shutdown, (conn,))
+    timer.daemon = True
+    try:
+        if on_connection is not None:
+            on_connection(conn)
+        timer.start()
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        conn.request("GET", path, headers={"Accept": "text/plain"})
+        r = conn.getresponse()
+        if r.status != 200:
+            raise MetricsError(f"{url} answered HTTP {r.status}")
+        chunks, size = [], 0
+        while size <= MAX_BODY:
+            if time.monotonic() > deadline:
+                raise MetricsError(f"{url} did not answer within {timeout} s")
+            chunk = r.read1(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        body = b"".join(chunks)
+    except MetricsError:
+        raise
+    except Exception as exc:
+        if time.monotonic() >= deadline:
+            raise MetricsError(f"{url} did not answer within {timeout} s") from None
+        raise MetricsError(f"could not read {url}: {exc}") from None
+    finally:
+        timer.cancel()
+        conn.close()
     if len(body) > MAX_BODY:
         raise MetricsError(f"{url} answered more than {MAX_BODY} bytes")
     return body.decode("utf-8", "replace")
+
+
+def shutdown(conn) -> None:
+    """Cut an HTTP connection in flight (its blocked read returns at once)."""
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def summarize(rows) -> dict:
@@ -92,6 +139,7 @@ class MetricsPoller:
         self.failing = False  # the latest poll failed
         self.last_error: str | None = None
         self._stop = threading.Event()
+        self._conn = None  # the connection of the poll in flight (cut by stop_soon)
         self._thread = threading.Thread(target=self._run, daemon=True, name="kvevents-metrics")
 
     def start(self) -> MetricsPoller:
@@ -100,7 +148,7 @@ class MetricsPoller:
 
     def poll_once(self) -> None:
         try:
-            s = summarize(parse(fetch(self.url)))
+            s = summarize(parse(fetch(self.url, on_connection=self._set_conn)))
         except MetricsError as exc:
             self.errors += 1
             self.failing = True
@@ -122,13 +170,33 @@ class MetricsPoller:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.poll_once()
+            self._conn = None
             self._stop.wait(self.every_s)
 
     def status(self) -> dict:
         return {"url": self.url, "latest": self.latest, "errors": self.errors,
                 "failing": self.failing, "last_error": self.last_error}
 
-    def stop(self) -> None:
+    def _set_conn(self, conn) -> None:
+        self._conn = conn
+        if self._stop.is_set():
+            shutdown(conn)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stop_soon()
+        self.join(timeout)
+
+    def stop_soon(self) -> None:
+        """Stop polling; a poll in flight is cut now."""
         self._stop.set()
+        conn = self._conn
+        if conn is not None:
+            shutdown(conn)
+
+    def join(self, timeout: float | None = None) -> bool:
         if self._thread.is_alive():
-            self._thread.join(timeout=5)
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()

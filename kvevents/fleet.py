@@ -16,6 +16,7 @@ batch; `play(path)` feeds one back through the same routing.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import threading
 import time
@@ -41,6 +42,8 @@ SAMPLE_EVERY_S = 1.0
 SAMPLES = 600  # ten minutes of duplication and missed-reuse figures at one per second
 LAGS = 2048
 RECENT = 12  # recent stored chains offered to the match box
+APPLY_PART_BLOCKS = 8192  # a batch is applied in parts of about this many blocks
+CLOSE_DEADLINE_S = 5.0  # how long a close waits for an engine's threads
 MAX_MAP_BLOCKS = 65_536  # an engine's map lists at most this many blocks
 TOP_PREFIXES = 12
 _MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED
@@ -85,18 +88,19 @@ def _context() -> zmq.Context:
 
 
 class _MonitoredSubscriber(Subscriber):
-    """A Subscriber whose SUB socket reports connects and retries to `link.on_monitor`."""
+    """A Subscriber whose SUB socket reports connects and retries to `link.on_monitor`: the
+    monitor is attached before the socket connects, so it sees the first connect too (a quiet
+    publisher shows `connected`, not `connecting`, until its first batch)."""
 
-    link: EngineLink
+    link: EngineLink | None
 
-    def _run(self) -> None:
+    def _before_connect(self, sock) -> None:
         try:
-            mon = self._sub.get_monitor_socket(_MONITOR_EVENTS)
+            mon = sock.get_monitor_socket(_MONITOR_EVENTS)
         except zmq.ZMQError:
             mon = None
-        if mon is not None:
+        if mon is not None and self.link is not None:
             self.link.monitor = mon
-        super()._run()
 
 
 class EngineLink:
@@ -112,7 +116,8 @@ class EngineLink:
         self.refused_batches = 0
         # Seconds from each batch's engine timestamp to its applying here (the last LAGS).
         self.lags: deque = deque(maxlen=LAGS)
-        self.ranks: dict[int, str] = {spec.dp_rank: spec.name}  # rank -> engine name
+        # rank -> engine name (None: a rank the user removed, its batches refused from then on)
+        self.ranks: dict[int, str | None] = {spec.dp_rank: spec.name}
         self.monitor = None
         self.poller = MetricsPoller(spec.metrics_url).start() if spec.metrics_url else None
         self.subscriber = _MonitoredSubscriber(
@@ -128,11 +133,18 @@ class EngineLink:
             raise InvalidRequest(f"cannot connect to {spec.endpoint}: {exc}") from None
 
     def _on_batch(self, seq: int, batch) -> None:
-        self.fleet.route(self, batch)
+        fleet = self.fleet
+        if fleet is not None:
+            fleet.route(self, batch)
 
     def _on_restart(self) -> None:
-        self.fleet.submit(lambda: [self.fleet.index.clear(self.fleet.index.engine(n).eid)
-                                   for n in list(self.ranks.values()) if n in self.fleet.index.engines])
+        fleet = self.fleet
+        if fleet is not None:
+            fleet.submit(lambda: [fleet.index.clear(fleet.index.engine(n).eid)
+                                  for n in list(self.ranks.values()) if n in fleet.index.engines])
+
+    def engine_names(self) -> list[str]:
+        return [n for n in self.ranks.values() if n is not None]
 
     def on_monitor(self, event: int, value: int) -> None:
         if event == zmq.EVENT_CONNECTED:
@@ -146,8 +158,11 @@ class EngineLink:
     def health(self) -> dict:
         sub = self.subscriber.status()
         if self.connection == "connecting" and sub["state"] == "live":
-            self.connection = "connected"  # the monitor came up after the connect
-        state = sub["state"] if self.connection == "connected" else self.connection
+            self.connection = "connected"  # a batch came before the monitor's connect event
+        if self.connection == "connected":
+            state = "live" if sub["state"] == "live" else "connected"
+        else:
+            state = self.connection
         out = {"state": state, "connection": self.connection, "retries": self.retries,
                "retry_in_ms": self.retry_in_ms, "refused_batches": self.refused_batches, **sub}
         out["state"] = state
@@ -157,9 +172,29 @@ class EngineLink:
         return out
 
     def close(self) -> None:
-        self.subscriber.stop()
+        """Stop and wait (blocking)."""
+        self.stop_soon()
+        self.join(time.monotonic() + CLOSE_DEADLINE_S)
+
+    def stop_soon(self) -> None:
+        """Ask the subscriber and the poller to stop; both notice within about 0.1 s (a poll
+        in flight is cut, a replay wait broken off)."""
+        self.subscriber.stop_soon()
         if self.poller is not None:
-            self.poller.stop()
+            self.poller.stop_soon()
+
+    def join(self, deadline: float) -> bool:
+        """Wait for the link's threads until `deadline` (monotonic); True when they are gone.
+        Then drops its references to the fleet, so nothing of a deleted fleet outlives it."""
+        gone = self.subscriber.join(max(0.0, deadline - time.monotonic()))
+        if self.poller is not None:
+            gone = self.poller.join(max(0.0, deadline - time.monotonic())) and gone
+        self.fleet = None
+        self.subscriber.link = None
+        return gone
+
+    def alive(self) -> bool:
+        return self.subscriber.alive() or (self.poller is not None and self.poller.alive())
 
 
 class Fleet:
@@ -187,6 +222,7 @@ class Fleet:
         self.recent: deque = deque(maxlen=4 * RECENT)  # (ts, engine, key of a chain's last block)
         self.block_map = BlockMap()
         self.created_at = time.time()
+        self.closed = False
         self._stop = threading.Event()
         self._monitor_thread = threading.Thread(target=self._watch, daemon=True,
                                                 name=f"fleet-{name}-monitor")
@@ -199,7 +235,7 @@ class Fleet:
         if spec.name in self.index.engines or spec.name in self.links:
             raise Conflict(f"engine {spec.name!r} is already in fleet {self.name!r}")
         self.index.add(spec.name, server=spec.server or spec.name, dp_rank=spec.dp_rank,
-                       block_size=spec.block_size)
+                       block_size=spec.block_size, max_blocks=spec.num_blocks)
         try:
             self.links[spec.name] = EngineLink(self, spec)
         except Exception:
@@ -207,14 +243,24 @@ class Fleet:
             raise
         self.specs[spec.name] = spec
 
-    def remove(self, name: str) -> EngineLink:
+    def remove(self, name: str) -> EngineLink | None:
         """Forget an engine spec (and its other DP ranks) in the index; returns its link, whose
-        `close()` (blocking) the caller runs off the loop. Raises NotFound."""
+        `close()` (blocking) the caller runs off the loop. An engine that is another DP rank of
+        a spec's server (`server:dpN`, added as its batches came) is forgotten alone, and that
+        rank's batches are refused from then on (counted in `refused_batches`); returns None.
+        Raises NotFound."""
         link = self.links.get(name)
         if link is None:
             self.index.engine(name)  # raises NotFound naming the engines
-            raise InvalidRequest(f"engine {name!r} is a DP rank of another engine; remove its server")
-        for n in link.ranks.values():
+            for other in self.links.values():
+                for rank, n in other.ranks.items():
+                    if n == name:
+                        other.ranks[rank] = None
+                        self.index.discard(name)
+                        return None
+            self.index.discard(name)  # a recorded engine (from a playback)
+            return None
+        for n in link.engine_names():
             if n in self.index.engines:
                 self.index.discard(n)
         del self.links[name], self.specs[name]
@@ -227,28 +273,41 @@ class Fleet:
 
     # -- applying ---------------------------------------------------------------------------------
     def route(self, link: EngineLink, batch) -> None:
-        """Hand one decoded batch of `link` to the index, on its rank's engine."""
+        """Hand one decoded batch of `link` to the index, on its rank's engine, in parts of at
+        most APPLY_PART_BLOCKS blocks (each part one change: the loop runs other work between
+        them). A rank is 0..1023 (the decoder refuses others)."""
         rank = link.spec.dp_rank if batch.dp_rank is None else batch.dp_rank
         spec = link.spec
+        parts = _parts(batch.events)
 
-        def change() -> None:
-            name = link.ranks.get(rank)
-            if name is None:
+        def change(events, first: bool, last: bool) -> None:
+            if self.closed:
+                return
+            if rank in link.ranks:
+                name = link.ranks[rank]
+                if name is None:  # a rank the user removed
+                    if first:
+                        link.refused_batches += 1
+                    return
+            else:
                 name = f"{spec.name}:dp{rank}"
                 if name in self.index.engines or len(self.index.engines) >= self.index.max_engines:
-                    link.refused_batches += 1
+                    if first:
+                        link.refused_batches += 1
                     return
                 self.index.add(name, server=spec.server or spec.name, dp_rank=rank,
-                               block_size=spec.block_size)
+                               block_size=spec.block_size, max_blocks=spec.num_blocks)
                 link.ranks[rank] = name
             if name not in self.index.engines:
                 return  # removed meanwhile
             eid = self.index.engine(name).eid
-            self.index.apply(eid, batch.events)
-            link.lags.append(time.time() - batch.ts)
-            self._note_recent(name, eid, batch.events)
+            self.index.apply(eid, events, first)
+            if last:
+                link.lags.append(time.time() - batch.ts)
+            self._note_recent(name, eid, events)
 
-        self.submit(change)
+        for i, events in enumerate(parts):
+            self.submit(lambda events=events, i=i: change(events, i == 0, i == len(parts) - 1))
 
     def play(self, path: str, speed: float | None = None, stop: threading.Event | None = None) -> dict:
         """Feed a fleet recording back, batch by batch to the engine each one names (an engine
@@ -313,7 +372,15 @@ class Fleet:
     # -- reading ----------------------------------------------------------------------------------
     def sample(self) -> None:
         """Append the figures now to `samples` (the page's duplication and missed reuse over
-        time). Call where changes run."""
+        time), and bound each engine by the KV block count its /metrics report (when its spec
+        gives no `num_blocks`). Call where changes run."""
+        for link in self.links.values():
+            poller = link.poller
+            n = (poller.latest or {}).get("num_gpu_blocks") if poller is not None else None
+            if n and link.spec.num_blocks is None:
+                for name in link.engine_names():
+                    if name in self.index.engines:
+                        self.index.set_max_blocks(self.index.engine(name).eid, n)
         s = self.index.stats()
         s["at"] = time.time()
         self.samples.append(s)
@@ -336,7 +403,8 @@ class Fleet:
             cycle_error = (f"{cyc} blocks in parent-hash cycles: the engine stored blocks under "
                            "their own descendants (blocks without token ids are keyed by its "
                            "hashes); the maps cut each cycle" if cyc else None)
-            row["errors"] = [e for e in (row["block_size_error"], cycle_error) if e]
+            row["errors"] = [e for e in (row["block_size_error"], row["capacity_error"],
+                                         cycle_error) if e]
             out.append(row)
         return out
 
@@ -387,15 +455,75 @@ class Fleet:
             mon.close(0)
 
     def close(self) -> None:
-        """Stop every link and the monitor (blocking: call off the event loop)."""
+        """Stop every link and the monitor (blocking: call off the event loop). The index is
+        kept, as it was, for reading."""
+        self.release(free_index=False)
+        self.finish_close(time.monotonic() + CLOSE_DEADLINE_S)
+
+    def release(self, free_index: bool = True) -> list[EngineLink]:
+        """The non-blocking half of closing (call where changes run): no change applies from
+        now on, every link and the monitor are told to stop and, with `free_index`, the index's
+        memory goes back at once (it is left empty). Returns the links, for `finish_close`."""
+        self.closed = True
+        if hasattr(self.submit, "close"):
+            self.submit.close()  # queued batches are dropped
         links, self.links = list(self.links.values()), {}
+        self._closing = links
         for link in links:
-            link.close()
+            link.stop_soon()
         self._stop.set()
-        self._monitor_thread.join(timeout=3)
+        if free_index:
+            self.index.release()
+            self.recent.clear()
+            self.block_map = BlockMap()
+            _trim_heap()
+        return links
+
+    def finish_close(self, deadline: float) -> bool:
+        """Wait (blocking, until `deadline`, monotonic) for the threads told to stop by
+        `release`, then close the sockets. True when every thread is gone."""
+        gone = True
+        for link in getattr(self, "_closing", []):
+            gone = link.join(deadline) and gone
+        self._monitor_thread.join(max(0.0, deadline - time.monotonic()))
+        gone = gone and not self._monitor_thread.is_alive()
         if self.recorder is not None:
             self.recorder.close()
-        self.ctx.destroy(linger=0)
+        if gone:
+            self.ctx.destroy(linger=0)
+            self._closing = []
+        return gone
+
+    def closing_links(self) -> list[EngineLink]:
+        return list(getattr(self, "_closing", []))
+
+    def threads_alive(self) -> int:
+        """Threads of this fleet still running (its links' and the monitor's)."""
+        n = sum(link.alive() for link in getattr(self, "_closing", []))
+        n += sum(link.alive() for link in self.links.values())
+        return n + self._monitor_thread.is_alive()
+
+
+def _parts(events: list) -> list[list]:
+    """A batch's events in parts of at most APPLY_PART_BLOCKS blocks (an event is never split)."""
+    parts, cur, blocks = [], [], 0
+    for ev in events:
+        n = 1 if ev.kind == "cleared" else len(ev.block_hashes) + 1
+        if cur and blocks + n > APPLY_PART_BLOCKS:
+            parts.append(cur)
+            cur, blocks = [], 0
+        cur.append(ev)
+        blocks += n
+    parts.append(cur)
+    return parts
+
+
+def _trim_heap() -> None:
+    """Give freed heap pages back to the system now (glibc keeps them otherwise)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class BlockMap:

@@ -118,6 +118,9 @@ class Subscriber:
         self._stop.set()
         self.state = "stopped"
 
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the thread (after `stop_soon`); True when it is gone."""
         if self._thread is not None:
