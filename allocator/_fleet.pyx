@@ -484,15 +484,17 @@ cdef class FleetCore:
                 self.clear(e)
                 continue
             medium = ev.medium
+            cont = getattr(ev, "cont", False)  # a later part of an event applied in parts
             if medium is not None and medium != "GPU":
-                c[C_OTHER_MEDIUM] += 1
+                if not cont:
+                    c[C_OTHER_MEDIUM] += 1
                 continue
             try:
                 if kind == "stored":
                     self._store(e, ev.block_hashes, ev.parent, ev.token_ids, ev.block_size,
-                                ev.lora_id)
+                                ev.lora_id, not cont)
                 elif kind == "removed":
-                    self.remove(e, ev.block_hashes)
+                    self.remove(e, ev.block_hashes, not cont)
             except (TypeError, ValueError, OverflowError):
                 c[C_MALFORMED] += 1
                 bad += 1
@@ -504,7 +506,7 @@ cdef class FleetCore:
         `tokens` (all the blocks' token ids, or None). Returns the keys. Raises ValueError /
         TypeError / OverflowError on unreadable input, before changing anything."""
         self._check_engine(e)
-        self._store(e, hashes, parent, tokens, block_size, lora_id)
+        self._store(e, hashes, parent, tokens, block_size, lora_id, True)
         return [self.scratch_k[i] for i in range(len(hashes))]
 
     cdef int _grow_scratch(self, Py_ssize_t n) except -1:
@@ -522,7 +524,8 @@ cdef class FleetCore:
         self.scratch_cap = cap
         return 0
 
-    cdef int _store(self, int e, list hashes, parent, tokens, block_size, lora_id) except -1:
+    cdef int _store(self, int e, list hashes, parent, tokens, block_size, lora_id,
+                    bint new_event) except -1:
         cdef Py_ssize_t n = len(hashes), i
         cdef int64_t *c = self.counters[e]
         cdef HTable *t = &self.etab[e]
@@ -568,16 +571,18 @@ cdef class FleetCore:
         if bs and self.bsize[e] and bs != self.bsize[e]:
             # the engine's blocks changed size mid-stream: these tokens would never match
             # the blocks it stored before, nor these the prompts it serves; counted, not indexed
-            c[C_STORED_EV] += 1
+            if new_event:
+                c[C_STORED_EV] += 1
             c[C_BS_CHANGED] += n
             self.bs_other[e] = bs
             return 0
         # Pass 2: apply.
         if bs and self.bsize[e] == 0:
             self.bsize[e] = bs
-        c[C_STORED_EV] += 1
-        if orphan:
-            c[C_ORPHAN] += 1
+        if new_event:
+            c[C_STORED_EV] += 1
+            if orphan:
+                c[C_ORPHAN] += 1
         if not by_tokens:
             c[C_FALLBACK] += n
         pk = pk0
@@ -618,7 +623,7 @@ cdef class FleetCore:
             pk = k
         return 0
 
-    cpdef int remove(self, int e, list hashes) except -1:
+    cpdef int remove(self, int e, list hashes, bint new_event=True) except -1:
         """Engine e dropped one copy of each of `hashes`. A hash it does not hold is counted in
         `unknown_removes`. Returns the blocks it no longer holds."""
         self._check_engine(e)
@@ -630,7 +635,8 @@ cdef class FleetCore:
         cdef int gone = 0
         for x in hashes:  # validate first: a bad hash changes nothing
             h = x
-        c[C_REMOVED_EV] += 1
+        if new_event:
+            c[C_REMOVED_EV] += 1
         for x in hashes:
             h = x
             slot = ht_find(t, h)

@@ -90,6 +90,7 @@ class Stored:
     medium: str | None = None
     lora_id: int | None = None
     kind: str = "stored"
+    cont: bool = False  # a later part of one event split to be applied in parts
 
 
 @dataclass(slots=True)
@@ -97,6 +98,7 @@ class Removed:
     block_hashes: list[int]
     medium: str | None = None
     kind: str = "removed"
+    cont: bool = False
 
 
 @dataclass(slots=True)

@@ -30,7 +30,7 @@ import zmq
 from allocator.errors import Conflict, InvalidRequest
 from allocator.fleet import MAX_FLEET_ENGINES, FleetIndex, layout_of
 
-from .codec import WireError, decode_batch
+from .codec import Removed, Stored, WireError, decode_batch
 from .engine_metrics import MetricsPoller
 from .follow import threaded_apply
 from .recording import Recorder, read_records
@@ -42,7 +42,7 @@ SAMPLE_EVERY_S = 1.0
 SAMPLES = 600  # ten minutes of duplication and missed-reuse figures at one per second
 LAGS = 2048
 RECENT = 12  # recent stored chains offered to the match box
-APPLY_PART_BLOCKS = 8192  # a batch is applied in parts of about this many blocks
+APPLY_PART_BLOCKS = 4096  # a batch is applied in parts of at most this many blocks
 CLOSE_DEADLINE_S = 5.0  # how long a close waits for an engine's threads
 MAX_MAP_BLOCKS = 65_536  # an engine's map lists at most this many blocks
 TOP_PREFIXES = 12
@@ -111,6 +111,7 @@ class EngineLink:
         self.fleet = fleet
         self.connection = "connecting"
         self.retries = 0
+        self.disconnects = 0
         self.retry_in_ms: int | None = None
         self.connected_at: float | None = None
         self.refused_batches = 0
@@ -153,7 +154,11 @@ class EngineLink:
             self.connection, self.retry_in_ms = "unreachable", value
             self.retries += 1
         elif event == zmq.EVENT_DISCONNECTED:
+            # the publisher went away, or sent a message past the cap (ZeroMQ drops the
+            # connection for it, then connects again)
             self.connection = "disconnected"
+            self.disconnects += 1
+            self.subscriber.reconnect_soon()
 
     def health(self) -> dict:
         sub = self.subscriber.status()
@@ -164,7 +169,8 @@ class EngineLink:
         else:
             state = self.connection
         out = {"state": state, "connection": self.connection, "retries": self.retries,
-               "retry_in_ms": self.retry_in_ms, "refused_batches": self.refused_batches, **sub}
+               "retry_in_ms": self.retry_in_ms, "disconnects": self.disconnects,
+               "refused_batches": self.refused_batches, **sub}
         out["state"] = state
         last = sub.get("last_batch_at")
         out["lag_s"] = None if last is None else round(max(0.0, time.time() - last), 3)
@@ -505,17 +511,34 @@ class Fleet:
 
 
 def _parts(events: list) -> list[list]:
-    """A batch's events in parts of at most APPLY_PART_BLOCKS blocks (an event is never split)."""
+    """A batch's events in parts of at most APPLY_PART_BLOCKS blocks. A longer event is split
+    into pieces the index applies as the one event (a stored chain's later pieces hang under
+    the last block of the piece before; `cont` marks them, so counters count the event once)."""
     parts, cur, blocks = [], [], 0
     for ev in events:
-        n = 1 if ev.kind == "cleared" else len(ev.block_hashes) + 1
-        if cur and blocks + n > APPLY_PART_BLOCKS:
-            parts.append(cur)
-            cur, blocks = [], 0
-        cur.append(ev)
-        blocks += n
+        for piece in _pieces(ev):
+            n = 1 if piece.kind == "cleared" else len(piece.block_hashes) + 1
+            if cur and blocks + n > APPLY_PART_BLOCKS:
+                parts.append(cur)
+                cur, blocks = [], 0
+            cur.append(piece)
+            blocks += n
     parts.append(cur)
     return parts
+
+
+def _pieces(ev) -> list:
+    if ev.kind == "cleared" or len(ev.block_hashes) <= APPLY_PART_BLOCKS:
+        return [ev]
+    hashes, step = ev.block_hashes, APPLY_PART_BLOCKS
+    if ev.kind == "removed":
+        return [Removed(hashes[i:i + step], ev.medium, cont=i > 0) for i in range(0, len(hashes), step)]
+    tokens, bs = ev.token_ids, ev.block_size
+    if tokens and not (bs and bs > 0 and len(tokens) == len(hashes) * bs):
+        return [ev]  # malformed: the index refuses it whole
+    return [Stored(hashes[i:i + step], ev.parent if i == 0 else hashes[i - 1],
+                   tokens[i * bs:(i + step) * bs] if tokens else tokens, bs, ev.medium, ev.lora_id,
+                   cont=i > 0) for i in range(0, len(hashes), step)]
 
 
 def _trim_heap() -> None:

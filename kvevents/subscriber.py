@@ -3,6 +3,7 @@ restarts and bad input."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -68,6 +69,7 @@ class Subscriber:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._dealer = None
+        self._reconnect = False
         self.state = "new"
         self.last_seq: int | None = None  # last seq applied
         self.last_live: int | None = None  # last seq seen on the SUB socket
@@ -118,6 +120,11 @@ class Subscriber:
         self._stop.set()
         self.state = "stopped"
 
+    def reconnect_soon(self) -> None:
+        """Connect again (from the thread that owns the socket, within 0.1 s): ZeroMQ does not
+        after it dropped a connection for a message past ZMQ_MAXMSGSIZE."""
+        self._reconnect = True
+
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -133,6 +140,11 @@ class Subscriber:
         try:
             while not self._stop.is_set():
                 try:
+                    if self._reconnect:
+                        self._reconnect = False
+                        with contextlib.suppress(zmq.ZMQError):
+                            sub.disconnect(self.endpoint)
+                        sub.connect(self.endpoint)
                     if not sub.poll(100):
                         continue
                     frames = sub.recv_multipart()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from allocator.errors import Conflict, NotFound
 from allocator.fleet import MAX_FLEET_ENGINES, FleetIndex
@@ -207,3 +209,36 @@ def test_the_version_rises_with_every_change():
     same = f.version()
     f.layout(), f.chain_of(1), f.nodes()
     assert f.version() == same
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["stored", "removed", "tokens"]),
+                          st.integers(1, 3 * 4096 + 7), st.integers(0, 3)), min_size=1, max_size=5))
+def test_a_batch_applied_in_parts_is_the_batch_applied_whole(spec):
+    """The fleet applies a batch in parts of at most APPLY_PART_BLOCKS blocks, splitting a longer
+    event into pieces (a stored chain's later pieces under the piece before): the index, its
+    counters and its matches are those of the batch applied whole, event by event."""
+    from kvevents.fleet import APPLY_PART_BLOCKS, _parts
+
+    events, base = [], 1
+    for kind, n, parent_of in spec:
+        if kind == "removed":
+            events.append(Removed(list(range(1, 1 + n))))
+            continue
+        parent = None if parent_of == 0 or base == 1 else base - 1
+        tokens = list(range(base * 2, base * 2 + n * 2)) if kind == "tokens" else None
+        events.append(Stored(list(range(base, base + n)), parent, tokens, 2))
+        base += n
+    whole, parted = FleetIndex(), FleetIndex()
+    for ix in (whole, parted):
+        ix.add("e", max_blocks=1 << 20)
+    whole.apply(whole.engine("e").eid, events, True)
+    parts = _parts(events)
+    assert all(sum(len(getattr(ev, "block_hashes", ())) for ev in p) <= APPLY_PART_BLOCKS
+               for p in parts)
+    for i, part in enumerate(parts):
+        parted.apply(parted.engine("e").eid, part, i == 0)
+    assert parted.engine_stats("e") == whole.engine_stats("e")
+    assert parted.stats() == whole.stats()
+    probe = list(range(2, 2 + min(base, 9000) * 2))
+    assert parted.match(probe) == whole.match(probe)
