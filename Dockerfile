@@ -6,6 +6,15 @@
 # (the default PyPI torch wheel for Linux x86_64 is the CUDA build; the CPU index keeps the
 # image about 1.5 GB smaller when no GPU is wanted).
 ARG PYTHON_IMAGE=python:3.11-slim
+# The wheel is built where a C compiler is (the slim image has none), for the same Python.
+ARG BUILD_IMAGE=python:3.11
+
+FROM ${BUILD_IMAGE} AS wheel
+# kvscope built as a user builds it: `pip wheel` compiles the core and copies the page
+# (templates/ and static/) into the package, so the image serves what `pip install` ships.
+COPY . /src
+RUN pip wheel --no-cache-dir --no-deps -w /wheels /src
+
 FROM ${PYTHON_IMAGE}
 
 ARG TORCH_SPEC="torch==2.13.0"
@@ -23,13 +32,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # torch first, in its own layer: it is by far the largest dependency and changes least often.
 RUN pip install "${TORCH_SPEC}" --index-url "${TORCH_INDEX_URL}"
 
-WORKDIR /srv/kvscope
-COPY . .
-# NOTE: an editable install, as `make install` does: templates/ and static/ sit beside the
-# packages rather than inside them, and this keeps the image's layout the one the app is developed
-# and tested in. torch is already satisfied, so this only adds the light dependencies.
-RUN pip install -e . \
+# torch is already satisfied: the wheel adds the light dependencies only.
+COPY --from=wheel /wheels /wheels
+RUN pip install /wheels/kvscope-*.whl \
+ && rm -rf /wheels \
  && useradd --system --uid 10001 --no-create-home --home-dir /tmp kvscope
+WORKDIR /tmp
 
 # A fixed numeric UID so that orchestrators can check runAsNonRoot without resolving names.
 USER 10001

@@ -80,9 +80,10 @@ lint: install
 	$(VENV)/bin/ruff check allocator app workloads kvevents tests bench
 
 # The engine environment: vLLM's CPU build beside kvscope, in a venv of its own (.venv-engine),
-# and a tiny model directory. A second run only checks its stamps.
-engines-env:
-	ENGINE_VENV=$(ENGINE_VENV) bash scripts/engines-env.sh
+# and a tiny model directory (`kvscope engines-env`; see app/engines/build_env.py). A second run
+# only checks its stamps.
+engines-env: install
+	$(VENV)/bin/kvscope engines-env --venv $(ENGINE_VENV) --editable . --torch "$(TORCH)"
 
 # Tests that run real vLLM engines (marker `engines`); they need `make engines-env` first, and
 # fail (never skip) without it.

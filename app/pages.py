@@ -23,9 +23,19 @@ from .stream import META, PROTOCOL_VERSION
 # The policies the Routing view ticks at first: a baseline and the three engines' routers.
 ROUTING_DEFAULTS = ("round_robin", "sglang_cache_aware", "dynamo_kv", "llmd_precise")
 
-ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES_DIR = ROOT / "templates"
-STATIC_DIR = ROOT / "static"
+
+
+def web_root() -> Path:
+    """Where templates/ and static/ are: inside the installed package (a wheel carries them as
+    app/web/, see setup.py), else at the root of the checkout this package runs from."""
+    packaged = Path(__file__).resolve().parent / "web"
+    if (packaged / "templates" / "index.html").is_file():
+        return packaged
+    return Path(__file__).resolve().parent.parent
+
+
+TEMPLATES_DIR = web_root() / "templates"
+STATIC_DIR = web_root() / "static"
 
 SWAGGER_UI = "/static/vendor/swagger-ui"
 # An empty icon: the browser asks for nothing, here or elsewhere.

@@ -82,9 +82,12 @@ class PortTaken(RuntimeError):
 class Server:
     """A real `python -m app.cli serve` on a free loopback port."""
 
-    def __init__(self, env: dict | None = None, args: tuple[str, ...] = ()) -> None:
+    def __init__(self, env: dict | None = None, args: tuple[str, ...] = (), *,
+                 command: tuple[str, ...] = (sys.executable, "-m", "app.cli"),
+                 cwd: Path = ROOT) -> None:
         # The free port is chosen before the server binds it: another process may take it in
         # between, so a start that fails on "address already in use" tries a fresh port.
+        self.command, self.cwd = command, cwd
         for attempt in range(3):
             try:
                 self._start(env, args)
@@ -99,8 +102,8 @@ class Server:
         self.ws_url = f"ws://127.0.0.1:{self.port}"
         full_env = {**os.environ, "KVSCOPE_DEFAULT_BLOCKS": "4096", **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), *args],
-            cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [*self.command, "serve", "--port", str(self.port), *args],
+            cwd=self.cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 60  # importing torch on a loaded machine takes a while
         while time.monotonic() < deadline:

@@ -156,6 +156,10 @@ def test_image_runs_unprivileged_serves_on_8000_and_probes_healthz() -> None:
     assert "/healthz" in values["HEALTHCHECK"][-1]
     assert json.loads(values["CMD"][-1]) == ["kvscope", "serve", "--host", "0.0.0.0",
                                              "--port", "8000"]
+    # the image runs kvscope as `pip install` ships it (the page inside the package, see
+    # test_packaging.py), not an editable checkout that would hide a wheel without its page
+    runs = " ".join(values["RUN"])
+    assert "pip wheel" in runs and "kvscope-*.whl" in runs and "install -e" not in runs
     ignored = set((REPO / ".dockerignore").read_text().split())
     assert {".git", ".venv", "test-artifacts", "**/__pycache__"} <= ignored
 

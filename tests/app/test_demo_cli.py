@@ -21,7 +21,7 @@ def test_demo_without_engine_environment_says_how_to_build_it(tmp_path):
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "`make engines-env` builds it" in lines[0], r.stderr
+    assert len(lines) == 1 and "`kvscope engines-env` builds it" in lines[0], r.stderr
     assert r.stdout == ""
 
 
