@@ -287,6 +287,7 @@ class Subscriber:
         if self._dealer is None:
             self._dealer = self._ctx.socket(zmq.DEALER)
             self._dealer.setsockopt(zmq.LINGER, 0)
+            self._dealer.setsockopt(zmq.MAXMSGSIZE, MAX_BATCH_BYTES + 64)  # as the SUB socket
             self._dealer.connect(self.replay_endpoint)
         dealer = self._dealer
         try:
