@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -90,19 +91,48 @@ def port_taken(port: int) -> bool:
     return False
 
 
-def free_ports(n: int) -> list[int]:
-    """n distinct loopback ports free now (another process may still take one before use)."""
-    socks, ports = [], []
+# Ports handed to engines are drawn below the kernel's ephemeral range: a port picked there could
+# be taken, before the engine binds it, as the source port of any outgoing connection (a
+# subscriber retrying its connect to the engine not yet up is one). Below it only a process
+# binding that very number can.
+PORT_FLOOR = 20_000
+
+
+def _ephemeral_low() -> int:
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+def free_ports(n: int, span: int = 0) -> list[int]:
+    """n distinct ports free now on every interface, below the ephemeral range (see above), each
+    with the `span` ports above it free too (a demo's engines take P+101.. P+103+3i). Another
+    process binding that very number may still take one before use."""
+    top = _ephemeral_low() - span - 1
+    if top - PORT_FLOOR < 1000:
+        raise RuntimeError(f"no room for ports below the ephemeral range (it starts at {top + span + 1})")
+    rng = random.SystemRandom()
+    ports: list[int] = []
+    for _ in range(10_000):
+        if len(ports) == n:
+            return ports
+        p = rng.randrange(PORT_FLOOR, top)
+        if p in ports or any(port_taken_anywhere(q) for q in range(p, p + span + 1)):
+            continue
+        ports.append(p)
+    raise RuntimeError(f"no {n} free ports found")
+
+
+def port_taken_anywhere(port: int) -> bool:
+    """Whether `port` cannot be bound on all interfaces now (as `tcp://*:port` binds)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
 
 
 def command(spec: EngineSpec) -> list[str]:

@@ -32,7 +32,7 @@ class Demo:
     def __init__(self, tmp_path: Path, n: int) -> None:
         self.out = tmp_path / "demo.out"
         for attempt in range(3):
-            self.port = free_ports(1)[0]
+            self.port = free_ports(1, span=103 + 3 * (n - 1))[0]
             self.proc = launch(self.port, self.out, "--engines", str(n),
                                "--log-dir", str(tmp_path / "logs"))
             try:
@@ -136,7 +136,7 @@ def test_a_taken_port_names_the_engine_and_starts_nothing(engine_env, tmp_path):
     demo.out = tmp_path / "demo.out"
     for attempt in range(5):
         with socket.socket() as blocker:
-            port = free_ports(1)[0]
+            port = free_ports(1, span=106)[0]
             held = engine_specs(2, port, tmp_path)[1].events_port
             try:
                 blocker.bind(("127.0.0.1", held))
