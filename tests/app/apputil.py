@@ -162,3 +162,37 @@ class LiveApp:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+_PROBE = """
+import sys, time, threading, httpx
+worst, count, stop = 0.0, 0, threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+with httpx.Client(base_url=sys.argv[1], timeout=60) as h:
+    print("ready", flush=True)
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        assert h.get("/healthz").status_code == 200
+        worst, count = max(worst, time.perf_counter() - t0), count + 1
+        time.sleep(0.02)
+print(worst, count, flush=True)
+"""
+
+
+class HealthProbe:
+    """GET /healthz every 20 ms from a process of its own until the `with` block ends; `worst`
+    is the slowest answer (seconds), `count` how many there were."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.worst, self.count = url, 0.0, 0
+
+    def __enter__(self) -> HealthProbe:
+        self.proc = subprocess.Popen([sys.executable, "-c", _PROBE, self.url], text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.proc.stdout.readline().strip() == "ready"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        out, _ = self.proc.communicate("", timeout=60)
+        worst, count = out.split()
+        self.worst, self.count = float(worst), int(count)

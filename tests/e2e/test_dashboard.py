@@ -220,6 +220,17 @@ def test_hovering_free_and_just_freed_blocks_logs_no_errors(page, api, artifacts
     assert page.console_log.errors == []
 
 
+def settled(page, want: str) -> None:
+    """Wait for the control status line to say `want` (ok / err); fail with what it says if it
+    says the other, or nothing, within 30 s."""
+    status = page.locator("#control-status")
+    try:
+        page.wait_for_function(
+            f"document.querySelector('#control-status').dataset.kind === {want!r}", timeout=30_000)
+    except Exception:
+        raise AssertionError(f"status {status.get_attribute('data-kind')!r}: {status.inner_text()!r}") from None
+
+
 def test_evict_button_evicts_the_entry_with_reason_manual(page, api, artifacts):
     make_pool(api, "e2e-evict", strategy="paged", num_blocks=256, block_bytes=BLOCK,
               cache={"capacity_bytes": 64 * BLOCK, "policy": "lru"})
@@ -229,7 +240,7 @@ def test_evict_button_evicts_the_entry_with_reason_manual(page, api, artifacts):
     page.click(".controls-panel [data-tab=cache]")
     page.fill("#f-put [name=key]", "victim")
     page.click("#b-evict")
-    page.wait_for_selector("#control-status[data-kind=ok]", timeout=30_000)
+    settled(page, "ok")
     row = page.locator("#log tr.ev-evict").first
     row.wait_for(timeout=30_000)
     assert "victim" in row.inner_text() and "manual" in row.inner_text()
@@ -237,7 +248,7 @@ def test_evict_button_evicts_the_entry_with_reason_manual(page, api, artifacts):
     # a pinned entry refuses, and the status line says why
     page.fill("#f-put [name=key]", "stays")
     page.click("#b-evict")
-    page.wait_for_selector("#control-status[data-kind=err]", timeout=30_000)
+    settled(page, "err")
     assert "pinned" in page.locator("#control-status").inner_text()
     # the refusal is an expected 409: the only console error allowed is its network line
     assert all("409" in e for e in page.console_log.errors), page.console_log.errors

