@@ -565,6 +565,7 @@ def build_app(engine: SimEngine):
         Route("/health", ok), Route("/health_generate", ok), Route("/ping", ok),
         Route("/v1/models", models), Route("/get_server_info", server_info),
         Route("/server_info", server_info), Route("/get_model_info", model_info),
+        Route("/model_info", model_info),
         Route("/metrics", metrics), Route("/stats", stats),
         Route("/tokenize", tokenize_route, methods=["POST"]),
         Route("/detokenize", detokenize_route, methods=["POST"]),
@@ -662,7 +663,8 @@ class SimEngines:
                                       t0=t0) for c in self.configs]
             tasks = []
             for engine, sock in zip(self.engines, self._sockets):
-                config = uvicorn.Config(build_app(engine), log_level="warning", lifespan="off",
+                # "error": a router's HTTP/2 probe (SGLang's) is a warning per probe otherwise
+                config = uvicorn.Config(build_app(engine), log_level="error", lifespan="off",
                                         access_log=False, timeout_keep_alive=30, http="h11")
                 server = uvicorn.Server(config)
                 server.install_signal_handlers = lambda: None
