@@ -1,4 +1,4 @@
-"""`kvscope serve | replay | scenario | prefix | mirror | recording | demo | engines-env`."""
+"""`kvscope serve | replay | scenario | prefix | mirror | recording | demo | engines-env | sim-engines`."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def serve(argv: list[str], opening: bool = False) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,route,mirror,fleet,recording,demo,engines-env} [options]\n"
+    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,route,mirror,fleet,recording,demo,engines-env,sim-engines} [options]\n"
              "  serve      run the server: dashboard, REST API, stream, metrics (kvscope serve -h)\n"
              "  open       serve pool history recordings (.kvrec) read-only, scrubbable in the dashboard (kvscope open -h)\n"
              "  record     run a scenario or trace headless on one pool, recording it to a .kvrec (kvscope record -h)\n"
@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
              "  fleet      the dashboard on many engines at once: one prefix index, duplication, matches (kvscope fleet -h)\n"
              "  recording  summarise or play back a mirror's KV-event recording, .kvevents (kvscope recording -h)\n"
              "  demo       real vLLM CPU engines under a Mooncake trace, on the dashboard (kvscope demo -h)\n"
-             "  engines-env  build the engine environment the demo runs vLLM from (kvscope engines-env -h)")
+             "  engines-env  build the engine environment the demo runs vLLM from (kvscope engines-env -h)\n"
+             "  sim-engines  simulated OpenAI engines, no GPU: prefix caches, /metrics, KV events (kvscope sim-engines -h)")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2
@@ -150,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         from .engines.demo import demo_main
 
         return int(demo_main(rest))
+    if command == "sim-engines":
+        from .engines.sim import main as sim_main
+
+        return int(sim_main(rest))
     if command == "engines-env":
         from .engines.build_env import main as engines_env_main
 

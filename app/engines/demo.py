@@ -31,6 +31,11 @@ PROG = "kvscope demo"
 ENGINE_BLOCKS = 1024  # per engine: 32,768 tokens; the trace fills it in about a minute, then evicts
 MAX_MODEL_LEN = 2048
 MAX_ENGINES = 4
+MAX_SIM_ENGINES = 16
+# A simulated engine plays the CPU engines' shape: 32-token blocks (one 512-token trace block,
+# scaled by 1/16 as the load generator scales prompts), so each of its tokens is 16 model tokens
+# for the costs.
+SIM_TOKEN_SCALE = 16
 FLEET = "demo"  # the fleet of all the demo's engines, the page the demo sends the user to
 
 
@@ -57,15 +62,20 @@ def register(app, specs: list[EngineSpec]) -> None:
     """How the engines appear on the dashboard (the one place that decides it): one mirror pool
     per engine, named after it, following its KV events and polling its /metrics; and the fleet
     `FLEET` of all of them, which the link the demo prints (`fleet_link`) opens."""
+    register_rows(app, [{"name": s.name, "endpoint": s.events_endpoint,
+                         "replay_endpoint": s.replay_endpoint, "metrics_url": s.metrics_url,
+                         "num_blocks": s.num_blocks, "block_size": BLOCK_SIZE} for s in specs])
+
+
+def register_rows(app, rows: list[dict]) -> None:
+    """`register` for engines given as fleet-file rows (name, endpoint, replay_endpoint,
+    metrics_url, num_blocks, block_size): the simulated engines' are only known once bound."""
     app.state.startup_pools = [
-        ({"name": s.name, "strategy": "mirror", "num_blocks": s.num_blocks,
-          "mirror": {"endpoint": s.events_endpoint, "replay_endpoint": s.replay_endpoint,
-                     "metrics_url": s.metrics_url}}, {})
-        for s in specs]
-    app.state.startup_fleets = [(FLEET, [
-        {"name": s.name, "endpoint": s.events_endpoint, "replay_endpoint": s.replay_endpoint,
-         "metrics_url": s.metrics_url, "num_blocks": s.num_blocks, "block_size": BLOCK_SIZE}
-        for s in specs], {})]
+        ({"name": r["name"], "strategy": "mirror", "num_blocks": r["num_blocks"],
+          "mirror": {"endpoint": r["endpoint"], "replay_endpoint": r["replay_endpoint"],
+                     "metrics_url": r["metrics_url"]}}, {})
+        for r in rows]
+    app.state.startup_fleets = [(FLEET, [dict(r) for r in rows], {})]
 
 
 def fleet_link(host: str, port: int, names: list[str]) -> str:
@@ -135,6 +145,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "Start N real vLLM CPU engines (tiny model, random weights), replay the Mooncake "
         "conversation trace against them, and serve the dashboard on their prefix caches."))
     p.add_argument("--engines", type=int, default=2, help=f"engines to start, 1..{MAX_ENGINES} (default 2)")
+    p.add_argument("--sim", type=int, default=None, metavar="N", help=(
+        f"N simulated engines instead (1..{MAX_SIM_ENGINES}; no vLLM, no GPU, up in seconds: "
+        "each a real prefix-caching pool under the serving simulator's costs, see kvscope "
+        "sim-engines)"))
     p.add_argument("--port", type=int, default=None, help="the dashboard's port (default: KVSCOPE_PORT, 8000); "
                    "engine i takes P+101+3i .. P+103+3i")
     p.add_argument("--host", default="127.0.0.1", help="the dashboard's address (default 127.0.0.1)")
@@ -143,6 +157,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--log-dir", default=None, help="where the engines' logs go (default: a new temp folder)")
     p.add_argument("--log-level", default="warning")
     args = p.parse_args(argv)
+    if args.sim is not None and not 1 <= args.sim <= MAX_SIM_ENGINES:
+        p.error(f"--sim must be 1..{MAX_SIM_ENGINES}")
     if not 1 <= args.engines <= MAX_ENGINES:
         p.error(f"--engines must be 1..{MAX_ENGINES} (each engine takes about 2 GB of memory)")
     if args.port is not None and not 1 <= args.port <= 65535:
@@ -154,7 +170,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def demo_main(argv: list[str]) -> int:
     args = parse(argv)
-    why = env.missing()
+    why = None if args.sim else env.missing()
     if why:
         print(f"{PROG}: {why}", file=sys.stderr)
         return 2
@@ -174,9 +190,11 @@ def demo_main(argv: list[str]) -> int:
         print(f"{PROG}: the dashboard's port {port} is already in use (choose another with --port)",
               file=sys.stderr)
         return 2
+    settings = dataclasses.replace(settings, host=args.host, port=port)
+    if args.sim:
+        return run_sim(args, settings, trace)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="kvscope-demo-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    settings = dataclasses.replace(settings, host=args.host, port=port)
     specs = engine_specs(args.engines, port, log_dir)
     taken = taken_ports(specs)
     if taken:
@@ -187,6 +205,52 @@ def demo_main(argv: list[str]) -> int:
         return 1
     engines = [EngineProcess(s, log_dir) for s in specs]
     return run(args, settings, trace, engines, log_dir)
+
+
+def run_sim(args, settings, trace) -> int:
+    """The demo on `args.sim` simulated engines in this process (app/engines/sim.py)."""
+    import uvicorn
+
+    from ..main import create_app
+    from .load import LoadGenerator
+    from .sim import SimEngines, fleet_file
+
+    def interrupted(signum, _frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    engines = load = None
+    try:
+        configs = SimEngines.uniform(args.sim, prefix="engine", num_blocks=ENGINE_BLOCKS,
+                                     block_size=BLOCK_SIZE, token_scale=SIM_TOKEN_SCALE,
+                                     max_model_len=MAX_MODEL_LEN)
+        engines = SimEngines(configs).start()
+        rows = fleet_file(engines, FLEET)["engines"]
+        for row, url in zip(rows, engines.urls):
+            print(f"{PROG}: {row['name']} (simulated) at {url}, KV events {row['endpoint']}",
+                  flush=True)
+        app = create_app(settings)
+        register_rows(app, rows)
+        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
+                                               log_level=args.log_level,
+                                               ws_per_message_deflate=False))
+        load = LoadGenerator(trace, lambda: engines.urls, speed=args.speed, engines=args.sim,
+                             per_engine=16).start()
+        print(f"{PROG}: {fleet_link(settings.host, settings.port, [c.name for c in configs])}; "
+              "Ctrl-C stops everything", flush=True)
+        server.run()
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if load is not None:
+            load.stop()
+            print(f"{PROG}: load: {load.status()}", flush=True)
+        if engines is not None:
+            engines.stop()
+            print(f"{PROG}: stopped {args.sim} simulated engine(s)", flush=True)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run(args, settings, trace, engines: list[EngineProcess], log_dir: Path) -> int:

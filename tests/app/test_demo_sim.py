@@ -1,0 +1,77 @@
+"""`kvscope demo --sim N`: simulated engines in seconds, no vLLM environment: the fleet `demo`
+fills with their blocks read from their own KV events, their /metrics count hits, and SIGTERM
+stops everything."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+from apputil import ROOT, free_port
+
+DEADLINE = 60.0
+
+
+def start_demo(tmp_path, n: int):
+    """The demo on a free port; a port another process took meanwhile is tried again."""
+    for _ in range(3):
+        port = free_port()
+        out = open(tmp_path / f"demo-{port}.out", "w+")  # noqa: SIM115 (read after it exits)
+        env = {**os.environ, "KVSCOPE_ENGINE_VENV": str(tmp_path / "no-engine-env")}
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "demo", "--sim", str(n),
+                                 "--port", str(port), "--speed", "10"], cwd=ROOT, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        end = time.monotonic() + DEADLINE
+        while time.monotonic() < end:
+            if proc.poll() is not None:
+                break
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    return proc, port, out
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        out.seek(0)
+        text = out.read()
+        kill(proc)
+        assert "already in use" in text.lower(), text
+    raise AssertionError("no free port for the demo")
+
+
+def kill(proc) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+
+def test_demo_sim_fills_the_fleet_from_simulated_engines_without_an_engine_env(tmp_path):
+    t0 = time.monotonic()
+    proc, port, out = start_demo(tmp_path, 2)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        end = time.monotonic() + DEADLINE
+        while True:
+            rows = httpx.get(f"{base}/api/fleets/demo", timeout=10).json()["engines"]
+            ready = [r for r in rows if r["cached_blocks"] > 0 and r["stream"]["state"] == "live"
+                     and ((r.get("metrics") or {}).get("prefix_cache_queries") or 0) > 0]
+            if len(ready) == 2:
+                break
+            assert time.monotonic() < end, rows
+            time.sleep(0.5)
+        up_s = time.monotonic() - t0
+        assert sorted(r["name"] for r in rows) == ["engine-0", "engine-1"]
+        assert all(r["block_size"] == 32 and r["errors"] == [] for r in rows), rows
+        pools = {p["name"] for p in httpx.get(f"{base}/api/pools", timeout=10).json()["pools"]}
+        assert {"engine-0", "engine-1"} <= pools
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        out.seek(0)
+        text = out.read()
+        assert "stopped 2 simulated engine(s)" in text, text
+        assert "(simulated) at http://127.0.0.1:" in text
+        assert up_s < DEADLINE
+    finally:
+        kill(proc)
