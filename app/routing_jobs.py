@@ -64,6 +64,12 @@ class Explained:
         with self._lock:
             return list(self._decisions)
 
+    def __getattr__(self, name: str):
+        """The policy's own attributes (`rule`, `kind`, its scores), for the decision log."""
+        if name == "policy":
+            raise AttributeError(name)
+        return getattr(self.policy, name)
+
     def prefilled(self, index: int, replica: int) -> None:
         self.policy.prefilled(index, replica)
 
@@ -95,6 +101,7 @@ class RoutingRun:
         self.current: str | None = None
         self.results: list[dict] = []
         self.explained: Explained | None = None
+        self.logs: list = []  # a DecisionLog per policy, in order, as each starts
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"routing:{run_id}", daemon=True)
 
@@ -103,6 +110,7 @@ class RoutingRun:
 
     def _run(self) -> None:
         from workloads.routing import make_policy
+        from workloads.routing.decisions import DecisionLog
         from workloads.routing.sequence import run_sequence
         from workloads.routing.serving import run_serving
 
@@ -122,9 +130,11 @@ class RoutingRun:
 
                 policy = self.explained = Explained(make_policy(name, spec["replicas"], spec["seed"]),
                                                     name)
+                log = DecisionLog(name, spec["replicas"], spec["capacity_tokens"])
+                self.logs.append(log)
                 run = run_sequence if spec["mode"] == "sequence" else run_serving
                 figures = run(trace, spec["replicas"], spec["capacity_tokens"], policy,
-                              progress=progress)
+                              progress=progress, decisions=log)
                 self.results.append({"policy": name, "replicas": spec["replicas"],
                                      "capacity_tokens": spec["capacity_tokens"],
                                      "mode": spec["mode"], **figures})
@@ -141,6 +151,10 @@ class RoutingRun:
     def holds(self) -> bool:
         """Whether the run holds server resources (pools, a fleet) until released."""
         return False
+
+    def decision_logs(self) -> dict:
+        """The run's decision logs by the name `GET .../decisions?policy=` takes."""
+        return {log.policy: log for log in list(self.logs)}
 
     async def release(self, app) -> None:
         self.stop()
@@ -164,7 +178,10 @@ class LiveSide:
         self.name = name
         self.label = label
         self.policy = policy
+        from workloads.routing.decisions import DecisionLog
+
         self.explained = Explained(make_policy(policy, spec["replicas"], spec["seed"]), policy)
+        self.log = DecisionLog(policy, spec["replicas"], spec["capacity_tokens"])
         self.cluster = None
         self.handles: list = []  # the PoolHandles this side created, replica i at i
         self.fleet_handle = None  # the FleetHandle it created
@@ -367,11 +384,13 @@ class LiveRun:
         chosen = []
         for side in self.sides:
             side.cluster.offer(req, hashes)
-            chosen.append(side.explained.route(req, side.cluster))
+            r = side.explained.route(req, side.cluster)
+            side.log.add(req, r, side.cluster, side.explained.policy, policy_name=side.policy)
+            chosen.append(r)
         self.routed = req.index + 1
         for side, r in zip(self.sides, chosen):
             async with side.handles[r].lock:
-                side.cluster.serve(req, r)
+                side.log.captured(req.index, side.cluster.serve(req, r))
 
     async def release(self, app) -> None:
         """Stop the feed, then remove the pools (and with them their publishers) and the fleets."""
@@ -397,6 +416,16 @@ class LiveRun:
                                                     reason="routing run released", handle=handle)
                 except Exception:
                     log.exception("removing pool %s of routing run %s failed", handle.name, self.id)
+
+    def decision_logs(self) -> dict:
+        """The decision log of each side, by its policy's name (a compare run's two by their
+        labels "a" and "b" too)."""
+        out = {}
+        for side in self.sides:
+            out[side.log.policy] = side.log
+            if side.label:
+                out[side.label] = side.log
+        return out
 
     def holds_pool(self, handle) -> bool:
         return any(handle is h for side in self.sides for h in side.handles)

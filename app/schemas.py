@@ -712,6 +712,49 @@ class RoutingPolicyIn(Strict):
     policy: RoutingPolicy
 
 
+class DecisionCandidate(BaseModel):
+    replica: int
+    matched_blocks: int
+    load: int
+    score: float | None
+
+
+class Decision(BaseModel):
+    request: int = Field(description="the request's 0-based line in the trace")
+    policy: str
+    replicas: int
+    capacity_tokens: int
+    replica: int = Field(description="the 0-based replica that served it")
+    rule: str = Field(description="what decided, in one word (docs/ROUTING.md#decisions)")
+    why: str = Field(description="the policy's own sentence for it")
+    candidates: list[DecisionCandidate]
+    best_matched_blocks: int
+    captured_tokens: int | None = Field(description="tokens it found cached where it was served")
+    available_tokens: int | None = Field(description="tokens the best replica held for it")
+
+
+class DecisionsOut(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "run": "r1", "policy": "sglang_cache_aware", "total": 2000, "offset": 0, "limit": 1,
+        "decisions": [{"request": 0, "policy": "sglang_cache_aware", "replicas": 2,
+                       "capacity_tokens": 1000000, "replica": 0, "rule": "low_match",
+                       "why": "match 0% <= 0.3: least loaded", "candidates": [
+                           {"replica": 0, "matched_blocks": 0, "load": 0, "score": None},
+                           {"replica": 1, "matched_blocks": 0, "load": 0, "score": None}],
+                       "best_matched_blocks": 0, "captured_tokens": 0, "available_tokens": 0}],
+        "logs": [{"policy": "sglang_cache_aware", "decisions": 2000, "dropped": 0,
+                  "by_rule": {"low_match": 800, "match": 1200}, "by_replica": [1010, 990],
+                  "captured_tokens": 3100000, "available_tokens": 3300000}]}]})
+
+    run: str
+    policy: str | None
+    total: int
+    offset: int
+    limit: int
+    decisions: list[Decision]
+    logs: list[dict]
+
+
 class RoutingOut(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"routing": {"id": "r1", "state": "running", "mode": "sequence", "replicas": 4,

@@ -8,6 +8,13 @@ local process pool, with the CPU seconds per policy measured in this process too
 serving point (dynamo_kv, N=4, 1M tokens per replica). Prints each time as a ratio to the
 baseline and against its aim.
 
+Then Dynamo's own offline replay of the same trace, DynoSim (`dynamo._core.run_mocker_trace_replay`
+from ai-dynamo-runtime: Dynamo's mocker engines behind its round-robin or KV router, no NATS,
+etcd or GPU), at the same N and capacity, beside the lab's serving mode for round robin and
+`dynamo_kv` in the same run: requests simulated per second, hit ratio (DynoSim's
+`prefix_cache_reused_ratio`) and TTFT p50. DynoSim's per-request choices are not seeded (ties are
+random), so only its aggregates are compared.
+
     .venv/bin/python -m bench routing          (python -m bench --quick routing: a smoke test)
 """
 
@@ -15,10 +22,12 @@ from __future__ import annotations
 
 import os
 import resource
+import tempfile
 import time
+from pathlib import Path
 
 from bench.quick import sized
-from workloads.mooncake import load_mooncake
+from workloads.mooncake import DEFAULT_MOONCAKE, load_mooncake
 from workloads.routing import make_policy, run_sequence
 from workloads.routing.cli import DEFAULT_POLICIES
 from workloads.routing.grid import Settings, grid, run_grid, run_point
@@ -69,7 +78,56 @@ def run() -> dict:
     print(f"serving point (dynamo_kv, N=4, 1M tokens): {serving_s:.1f} s = "
           f"{serving_s / base:.0f}x baseline; {verdict} the {SERVING_AIM_S:.0f} s aim "
           f"(hit {serving['hit_ratio']:.3f}, TTFT p50 {serving['ttft_p50_s']:.2f} s)")
-    return {"baseline_s": base, "grid_s": grid_s, "serving_s": serving_s, "points": len(rows)}
+    dynosim = dynosim_side_by_side(len(trace), 4, 1_000_000)
+    return {"baseline_s": base, "grid_s": grid_s, "serving_s": serving_s, "points": len(rows),
+            "dynosim": dynosim}
+
+
+def dynosim(trace_file: str, n: int, capacity_tokens: int, router_mode: str) -> dict:
+    """DynoSim's replay of `trace_file` over n mocker workers of `capacity_tokens` each."""
+    os.environ.setdefault("DYN_LOG", "warn")  # else it logs every decision
+    import dynamo._core as dyn
+
+    t0 = time.perf_counter()
+    out = dyn.run_mocker_trace_replay(
+        [trace_file], extra_engine_args={"engine": {"block_size": 512,
+                                                    "num_gpu_blocks": capacity_tokens // 512}},
+        num_workers=n, trace_block_size=512, router_mode=router_mode,
+        router_config=dyn.KvRouterConfig() if router_mode == "kv_router" else None)
+    wall = time.perf_counter() - t0
+    s = out.summary
+    return {"hit_ratio": s["prefix_cache_reused_ratio"], "ttft_p50_s": s["median_ttft_ms"] / 1000,
+            "requests": s["num_requests"], "wall_s": wall}
+
+
+def dynosim_side_by_side(requests: int, n: int, capacity_tokens: int) -> list[dict]:
+    """DynoSim and the lab's serving mode on the first `requests` of the bundled trace."""
+    trace = load_mooncake(limit=requests)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.jsonl"
+        with open(DEFAULT_MOONCAKE) as src, open(path, "w") as dst:
+            for i, line in enumerate(src):
+                if i >= requests:
+                    break
+                dst.write(line)
+        print(f"DynoSim beside the lab's serving mode: first {requests:,} requests, N={n}, "
+              f"{capacity_tokens:,} tokens per replica")
+        for lab_policy, mode in (("round_robin", "round_robin"), ("dynamo_kv", "kv_router")):
+            d = dynosim(str(path), n, capacity_tokens, mode)
+            t0 = time.perf_counter()
+            lab = run_serving(trace, n, capacity_tokens, make_policy(lab_policy, n))
+            lab_s = time.perf_counter() - t0
+            d_rps, lab_rps = d["requests"] / d["wall_s"], len(trace) / lab_s
+            print(f"  {mode:<12} DynoSim: {d_rps:,.0f} requests/s simulated, hit {d['hit_ratio']:.3f}, "
+                  f"TTFT p50 {d['ttft_p50_s']:.2f} s | lab {lab_policy}: {lab_rps:,.0f} requests/s "
+                  f"({lab_rps / d_rps:.1f}x DynoSim), hit {lab['hit_ratio']:.3f} "
+                  f"({(lab['hit_ratio'] - d['hit_ratio']) * 100:+.1f} points), "
+                  f"TTFT p50 {lab['ttft_p50_s']:.2f} s ({lab['ttft_p50_s'] / d['ttft_p50_s']:.1f}x)")
+            rows.append({"router": mode, "policy": lab_policy, "dynosim": d,
+                         "lab": {"hit_ratio": lab["hit_ratio"], "ttft_p50_s": lab["ttft_p50_s"],
+                                 "wall_s": lab_s}})
+    return rows
 
 
 if __name__ == "__main__":

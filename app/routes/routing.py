@@ -3,14 +3,21 @@ its progress and figures, stop it (app/routing_jobs.py; the model: workloads/rou
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Request, Response, status
+from fastapi import APIRouter, Path, Query, Request, Response, status
 
-from allocator.errors import Conflict
+from allocator.errors import Conflict, InvalidRequest
+from workloads.routing.decisions import RULES
 
 from ..routing_jobs import LiveRun, RoutingRuns
-from ..schemas import ROUTING_RUN_ID_PATTERN, RoutingIn, RoutingOut, RoutingPolicyIn
+from ..schemas import (
+    ROUTING_RUN_ID_PATTERN,
+    DecisionsOut,
+    RoutingIn,
+    RoutingOut,
+    RoutingPolicyIn,
+)
 
 router = APIRouter(prefix="/api/routing", tags=["routing"])
 RunId = Annotated[str, Path(pattern=ROUTING_RUN_ID_PATTERN, description="run id", examples=["r1"])]
@@ -49,6 +56,43 @@ async def start_or_stop(body: RoutingIn, request: Request, response: Response) -
     "policies, and one result row per finished policy (the rows of `kvscope route`)."))
 async def progress(run_id: RunId, request: Request) -> dict:
     return {"routing": _runs(request).get(run_id).view()}
+
+
+MAX_PAGE = 1000
+
+
+@router.get("/{run_id}/decisions", response_model=DecisionsOut, description=(
+    "Every decision of a run, one record per routed request: the replica chosen, the `rule` "
+    "that decided, each replica's cached leading blocks, load and score then, and the tokens "
+    "captured and available (docs/ROUTING.md#decisions). `policy` picks the policy's log (default "
+    "the first; a compare run's sides also by `a` / `b`); `rule`, `replica` and `request` filter; "
+    f"`offset` / `limit` page (at most {MAX_PAGE}). `logs` summarises each log: decisions by rule "
+    "and by replica, captured and available tokens."))
+async def decisions(run_id: RunId, request: Request,
+                    policy: Annotated[str | None, Query(max_length=64)] = None,
+                    rule: Literal[RULES] | None = None,  # type: ignore[valid-type]
+                    replica: Annotated[int | None, Query(ge=0, le=1 << 20)] = None,
+                    request_index: Annotated[int | None, Query(alias="request", ge=0)] = None,
+                    offset: Annotated[int, Query(ge=0)] = 0,
+                    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> dict:
+    run = _runs(request).get(run_id)
+    logs = run.decision_logs()
+    if not logs:
+        return {"run": run_id, "policy": policy, "total": 0, "offset": offset, "limit": limit,
+                "decisions": [], "logs": []}
+    key = policy if policy is not None else next(iter(logs))
+    if key not in logs:
+        raise InvalidRequest(f"policy {policy!r} is not one of run {run_id!r}'s: choose from "
+                             f"{', '.join(logs)}")
+    log = logs[key]
+    items, total = log.page(offset, limit, rule=rule, replica=replica, request=request_index)
+    seen, summaries = set(), []
+    for one in logs.values():
+        if id(one) not in seen:
+            seen.add(id(one))
+            summaries.append(one.summary())
+    return {"run": run_id, "policy": log.policy, "total": total, "offset": offset, "limit": limit,
+            "decisions": items, "logs": summaries}
 
 
 @router.post("/{run_id}/policy", response_model=RoutingOut, description=(

@@ -465,3 +465,66 @@ def test_a_finished_runs_pool_deleted_by_the_user_leaves_its_listing(client):
     assert client.get(f"/api/routing/{rid}").json()["routing"]["pools"] == pools[1:]
     assert client.delete(f"/api/routing/{rid}").status_code == 204
     assert names(client) == (sorted(["default", pools[0]]), [])
+
+
+def test_every_decision_of_a_run_pages_and_filters_and_adds_up_to_its_figures(client):
+    body = {"policies": ["round_robin", "sglang_cache_aware"], "replicas": 3,
+            "capacity_tokens": 300_000, "limit": 250}
+    rid = client.post("/api/routing", json=body).json()["routing"]["id"]
+    view = wait_for(client, rid)
+    assert view["state"] == "finished", view
+    url = f"/api/routing/{rid}/decisions"
+    first = client.get(url, params={"limit": 1000}).json()
+    assert first["policy"] == "round_robin" and first["total"] == 250
+    assert [d["request"] for d in first["decisions"]] == list(range(250))
+    assert all(d["rule"] == "round_robin" and d["replica"] == d["request"] % 3
+               for d in first["decisions"])
+    logs = {s["policy"]: s for s in first["logs"]}
+    assert set(logs) == set(body["policies"])
+    for row in view["results"]:  # each log's captured tokens are its policy's hit tokens
+        assert logs[row["policy"]]["captured_tokens"] == row["hit_tokens"]
+        assert logs[row["policy"]]["by_replica"] == row["replica_requests"]
+    sgl = logs["sglang_cache_aware"]
+    assert sum(sgl["by_rule"].values()) == 250 and set(sgl["by_rule"]) <= {"match", "low_match", "imbalance"}
+    rule = max(sgl["by_rule"], key=sgl["by_rule"].get)
+    page = client.get(url, params={"policy": "sglang_cache_aware", "rule": rule, "offset": 5,
+                                   "limit": 7}).json()
+    assert page["total"] == sgl["by_rule"][rule] and len(page["decisions"]) == min(7, page["total"] - 5)
+    assert all(d["rule"] == rule for d in page["decisions"])
+    one = client.get(url, params={"policy": "sglang_cache_aware", "request": 42}).json()
+    assert [d["request"] for d in one["decisions"]] == [42]
+    assert len(one["decisions"][0]["candidates"]) == 3
+    on1 = client.get(url, params={"replica": 1, "limit": 1000}).json()
+    assert on1["total"] == logs["round_robin"]["by_replica"][1]
+
+
+@pytest.mark.parametrize("params, status, words", [
+    ({"policy": "dynamo_kv"}, 422, "not one of run"),
+    ({"rule": "nope"}, 422, "rule"),
+    ({"limit": 0}, 422, "limit"),
+    ({"limit": 1001}, 422, "limit"),
+    ({"offset": -1}, 422, "offset"),
+    ({"replica": -1}, 422, "replica"),
+])
+def test_bad_decision_queries_are_refused(client, params, status, words):
+    rid = client.post("/api/routing", json={"policies": ["round_robin"], "limit": 20,
+                                            "replicas": 2}).json()["routing"]["id"]
+    wait_for(client, rid)
+    r = client.get(f"/api/routing/{rid}/decisions", params=params)
+    assert r.status_code == status and words in r.text, r.text
+    assert client.get("/api/routing/r999/decisions").status_code == 404
+
+
+def test_a_live_runs_decisions_say_what_each_request_found_on_its_pool(client):
+    r = client.post("/api/routing", json={**LIVE, "policy": "longest_prefix", "limit": 120,
+                                          "speed": 1e5})
+    rid = r.json()["routing"]["id"]
+    view = wait_for(client, rid)
+    assert view["state"] == "finished", view
+    got = client.get(f"/api/routing/{rid}/decisions", params={"limit": 1000}).json()
+    assert got["total"] == 120
+    hits = sum(f["hit_tokens"] for f in view["replica_figures"])
+    assert sum(d["captured_tokens"] for d in got["decisions"]) == hits > 0
+    for d in got["decisions"]:  # the longest cached prefix, taken: what was there is captured
+        assert d["candidates"][d["replica"]]["matched_blocks"] == d["best_matched_blocks"]
+    client.delete(f"/api/routing/{rid}")

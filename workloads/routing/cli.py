@@ -40,6 +40,10 @@ def route_parser() -> argparse.ArgumentParser:
                    help="local (a process pool, the default), ray (a local Ray instance) or "
                         "ray:ADDRESS (a running Ray cluster)")
     p.add_argument("--limit", type=int, help="route only the first N requests")
+    p.add_argument("--decisions", metavar="FILE.jsonl", help=(
+        "write every decision, one JSON object per routed request and policy: the replica "
+        "chosen, the rule that decided, each replica's cached blocks, load and score, the tokens "
+        "captured and available (docs/ROUTING.md#decisions)"))
     p.add_argument("--seed", type=int, default=0, help="seed of the random policies (>= 0)")
     p.add_argument("--dynamo-temperature", type=float, default=0.0,
                    help="softmax temperature of dynamo_kv* (default 0: the lowest cost)")
@@ -95,6 +99,21 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     costs=costs)
 
 
+def write_decisions(rows: list[dict], f) -> int:
+    """Every row's decisions as JSON lines, in grid order (the rows lose their `decision_rows`)."""
+    from .decisions import DecisionLog
+
+    n = 0
+    for row in rows:
+        raw = row.pop("decision_rows", None)
+        if raw is not None:
+            log = DecisionLog.from_rows(row["policy"], row["replicas"], row["capacity_tokens"],
+                                        raw["rows"], raw["dropped"])
+            n += log.write_jsonl(f)
+            row["decisions"] = log.summary()
+    return n
+
+
 def route_main(argv: list[str] | None = None, stream=None) -> int:
     from .policies import policy_names
 
@@ -116,9 +135,22 @@ def route_main(argv: list[str] | None = None, stream=None) -> int:
         if args.workers is not None and args.workers < 1:
             raise InvalidRequest(f"--workers must be at least 1, got {args.workers}")
         trace = load_mooncake(args.trace, limit=args.limit)
+        if args.decisions:
+            settings.decisions = True
+            try:
+                decisions_file = open(args.decisions, "w")  # noqa: SIM115 (closed below)
+            except OSError as exc:
+                raise InvalidRequest(f"--decisions {args.decisions}: cannot write it: "
+                                     f"{exc.strerror or exc}") from None
         t0 = time.perf_counter()
         bar = None if args.quiet else ProgressBar(f"route {args.mode}", stream)
-        rows = run_grid(trace, points, settings, args.executor, args.workers, bar)
+        try:
+            rows = run_grid(trace, points, settings, args.executor, args.workers, bar)
+            if args.decisions:
+                written = write_decisions(rows, decisions_file)
+        finally:
+            if args.decisions:
+                decisions_file.close()
         wall = time.perf_counter() - t0
         paths = write_route_report(rows, trace.summary(), out, png=not args.no_png)
     except InvalidRequest as exc:
@@ -132,5 +164,7 @@ def route_main(argv: list[str] | None = None, stream=None) -> int:
         return 130
     print(markdown(rows, trace.summary(), png=not args.no_png))
     print(f"{len(points)} points routed in {wall:.1f} s ({args.executor})")
+    if args.decisions:
+        print(f"wrote {written:,} decisions to {args.decisions}")
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0

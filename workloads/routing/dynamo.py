@@ -88,6 +88,7 @@ class DynamoKv(Policy):
         overlaps = self.overlaps(req, cluster)
         logits = self.last_logits = self.logits(req, overlaps)
         pick = softmax_pick(logits, self.temperature, self.rng)
+        self.kind = "score"
         self.rule = (f"lowest cost {logits[pick]:.1f} = {self.overlap_score_weight:g} x prefill "
                      f"blocks + decode blocks ({overlaps[pick]} cached)")
         new_tokens = req.tokens - req.prefix_tokens(overlaps[pick])

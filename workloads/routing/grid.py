@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from allocator import InvalidRequest
 
 from ..mooncake import MooncakeTrace
+from .decisions import DecisionLog
 from .policies import make_policy
 from .sequence import check_grid, run_sequence
 from .serving import MAX_SERVING_TOKENS, ServingCosts, run_serving
@@ -44,6 +45,7 @@ class Settings:
     seed: int = 0
     dynamo_temperature: float = 0.0
     costs: ServingCosts = field(default_factory=ServingCosts)
+    decisions: bool = False  # each row then carries its decisions (`decision_rows`)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "costs": self.costs.to_dict()}
@@ -66,12 +68,17 @@ def run_point(trace: MooncakeTrace, point: GridPoint, settings: Settings) -> dic
     """One point's result row."""
     policy = make_policy(point.policy, point.replicas, settings.seed,
                          temperature=settings.dynamo_temperature)
+    log = DecisionLog(point.policy, point.replicas, point.capacity_tokens) if settings.decisions else None
     if point.mode == "sequence":
-        figures = run_sequence(trace, point.replicas, point.capacity_tokens, policy)
+        figures = run_sequence(trace, point.replicas, point.capacity_tokens, policy, decisions=log)
     else:
-        figures = run_serving(trace, point.replicas, point.capacity_tokens, policy, settings.costs)
-    return {"policy": point.policy, "replicas": point.replicas,
-            "capacity_tokens": point.capacity_tokens, "mode": point.mode, **figures}
+        figures = run_serving(trace, point.replicas, point.capacity_tokens, policy, settings.costs,
+                              decisions=log)
+    row = {"policy": point.policy, "replicas": point.replicas,
+           "capacity_tokens": point.capacity_tokens, "mode": point.mode, **figures}
+    if log is not None:
+        row["decision_rows"] = {"rows": log.rows(), "dropped": log.dropped}
+    return row
 
 
 # -- local process pool --------------------------------------------------------------------------

@@ -78,6 +78,7 @@ class LlmdPrecise(Policy):
         best = max(totals)
         tied = [r for r in range(self.n) if totals[r] == best]
         pick = tied[0] if len(tied) == 1 else self.rng.choice(tied)
+        self.kind = "score"
         self.rule = (f"highest score {best:.2f} = 2 x prefix + kv free + queue "
                      f"({matches[pick]} blocks cached)")
         return pick

@@ -72,7 +72,8 @@ class Policy:
     request it routed got its first token / completed (serving mode only)."""
 
     name = "base"
-    rule = ""
+    rule = ""  # the last decision's rule, in a sentence
+    kind = ""  # ... and in one word (workloads.routing.decisions.RULES)
 
     def __init__(self, n: int, seed: int = 0) -> None:
         self.n = n
@@ -101,6 +102,7 @@ class RoundRobin(Policy):
     """Request i goes to replica i mod N (the order of arrival)."""
 
     name = "round_robin"
+    kind = "round_robin"
 
     def route(self, req: RouteRequest, cluster: Cluster) -> int:
         self.rule = "next in turn"
@@ -111,6 +113,7 @@ class Random(Policy):
     """A uniformly random replica from a generator seeded with `seed` (reproducible)."""
 
     name = "random"
+    kind = "random"
 
     def __init__(self, n: int, seed: int = 0) -> None:
         super().__init__(n, seed)
@@ -125,6 +128,7 @@ class LeastLoaded(Policy):
     """The replica with the fewest outstanding tokens (prompt + output); lowest index on ties."""
 
     name = "least_loaded"
+    kind = "least_loaded"
 
     def route(self, req: RouteRequest, cluster: Cluster) -> int:
         self.rule = "fewest outstanding tokens"
@@ -144,10 +148,10 @@ class PowerOfTwo(Policy):
 
     def route(self, req: RouteRequest, cluster: Cluster) -> int:
         if self.n == 1:
-            self.rule = "only replica"
+            self.rule, self.kind = "only replica", "only"
             return 0
         a, b = self.rng.sample(range(self.n), 2)
-        self.rule = "lighter of two random replicas"
+        self.rule, self.kind = "lighter of two random replicas", "power_of_two"
         return a if cluster.requests[a] <= cluster.requests[b] else b
 
 
@@ -168,6 +172,7 @@ class Session(Policy):
     score wins, so going from N to N+1 replicas moves only the keys the new replica wins."""
 
     name = "session"
+    kind = "session"
 
     def route(self, req: RouteRequest, cluster: Cluster) -> int:
         key = req.blocks[0] << 8
@@ -181,6 +186,7 @@ class LongestPrefix(Policy):
     the replica with the fewest requests routed so far, then the lowest index."""
 
     name = "longest_prefix"
+    kind = "match"
 
     def route(self, req: RouteRequest, cluster: Cluster) -> int:
         matches = cluster.matches(req)

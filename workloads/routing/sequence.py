@@ -113,8 +113,9 @@ def no_gc():
 
 
 def run_sequence(trace: MooncakeTrace, n: int, capacity_tokens: int, policy: Policy,
-                 progress=None) -> dict:
-    """Route every request of `trace` with `policy` over n LRU caches; returns the figures."""
+                 progress=None, decisions=None) -> dict:
+    """Route every request of `trace` with `policy` over n LRU caches; returns the figures.
+    `decisions` (a `DecisionLog`) gets every decision."""
     cluster = LruCluster(n, capacity_tokens)
     hit_total = query_total = 0
     total = len(trace)
@@ -122,7 +123,12 @@ def run_sequence(trace: MooncakeTrace, n: int, capacity_tokens: int, policy: Pol
         for req in requests(trace):
             cluster.now = req.arrival_s
             r = policy.route(req, cluster)
-            hit_total += cluster.serve(req, r)
+            if decisions is not None:
+                decisions.add(req, r, cluster, policy)  # before serving: the caches as routed
+            hit = cluster.serve(req, r)
+            if decisions is not None:
+                decisions.captured(req.index, hit)
+            hit_total += hit
             query_total += req.tokens
             if progress is not None and req.index % 256 == 0:
                 progress(req.index, total)

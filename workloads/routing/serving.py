@@ -198,8 +198,10 @@ def _pct(values, q: float) -> float:
 
 
 def run_serving(trace: MooncakeTrace, n: int, capacity_tokens: int, policy: Policy,
-                costs: ServingCosts | None = None, progress=None) -> dict:
-    """Route `trace` at its timestamps over n simulated replicas; returns the figures."""
+                costs: ServingCosts | None = None, progress=None, decisions=None) -> dict:
+    """Route `trace` at its timestamps over n simulated replicas; returns the figures.
+    `decisions` (a `DecisionLog`) gets every decision; what each request found cached is set
+    once it was admitted."""
     costs = costs or ServingCosts()
     cluster = ServingCluster(trace, n, capacity_tokens, costs, policy)
     available: dict[int, int] = {}
@@ -214,12 +216,17 @@ def run_serving(trace: MooncakeTrace, n: int, capacity_tokens: int, policy: Poli
             r = policy.route(req, cluster)
             best = max(cluster.matches(req))
             available[req.index] = min(req.prefix_tokens(best), req.tokens - 1)
+            if decisions is not None:
+                decisions.add(req, r, cluster, policy, available=available[req.index])
             cluster.send(req, r)
             if progress is not None and req.index % 256 == 0:
                 progress(req.index, total)
         cluster.drain()
     served = [(cluster.replicas[r], cluster.replicas[r].requests[rid])
               for rid, r in cluster.owner.items()]
+    if decisions is not None:
+        for _, q in served:
+            decisions.captured(q.rid, q.first_cached)
     prompts = sum(q.prompt for _, q in served)
     hits = sum(q.first_cached or 0 for _, q in served)
     ttft = [sim.first_token[q.rid] - q.arrival for sim, q in served if q.rid in sim.first_token]

@@ -232,6 +232,7 @@ class CacheAware(Policy):
         if self.imbalanced(loads):
             pick = argmin_first(loads)
             self.rule = f"imbalanced (max {max(loads)}, min {min(loads)}): shortest queue"
+            self.kind = "imbalance"
         else:
             matched, tenant = self.tree.prefix_match(req)
             rate = matched / req.tokens
@@ -239,8 +240,10 @@ class CacheAware(Policy):
             if rate > self.cache_threshold and tenant >= 0:
                 pick = tenant
                 self.rule = f"match {rate:.0%} > {self.cache_threshold:g}: best match"
+                self.kind = "match"
             else:
                 pick = self.tree.smallest()
                 self.rule = f"match {rate:.0%} <= {self.cache_threshold:g}: smallest tree"
+                self.kind = "low_match"
         self.tree.insert(req, pick)
         return pick
