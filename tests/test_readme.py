@@ -164,7 +164,7 @@ def test_documented_kvscope_commands_and_flags_exist():
     """Every `kvscope SUB --flag ...` in the README and docs names a real subcommand and flags its
     help lists (`kvscope prefix --publish` has its own help)."""
     usage = help_text([])
-    commands = set(re.search(r"\{([a-z,]+)\}", usage).group(1).split(","))
+    commands = set(re.search(r"\{([a-z,-]+)\}", usage).group(1).split(","))
     helps: dict[tuple[str, ...], str] = {}
     wrong = []
     shown = documented_commands("kvscope")
