@@ -2,11 +2,13 @@
 
 A point is independent of the others and deterministic (each policy starts from seed `seed`),
 so where it runs never changes its figures: the Ray executor's rows equal the local pool's.
-`run_grid` returns the rows in grid order (policy, then N, then capacity).
+`run_grid` returns the rows in grid order (policy, then N, then capacity), each with the bounds
+of its (mode, N, C) (bounds.py): one task per distinct bound, run in the same executor as the
+points and shared by every policy.
 
 `--executor ray` starts a local Ray instance for the sweep and shuts it down afterwards;
 `ray:ADDRESS` joins a running cluster (`ray start --head` prints the address) and leaves it up.
-The trace travels once (`ray.put`), each point is one Ray task.
+The trace travels once (`ray.put`), each point (and each bound) is one Ray task.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from allocator import InvalidRequest
 
 from ..mooncake import MooncakeTrace
+from .bounds import BoundKey, bound_key, compute_bounds, with_bounds
 from .policies import make_policy
 from .sequence import check_grid, run_sequence
 from .serving import MAX_SERVING_TOKENS, ServingCosts, run_serving
@@ -74,6 +77,24 @@ def run_point(trace: MooncakeTrace, point: GridPoint, settings: Settings) -> dic
             "capacity_tokens": point.capacity_tokens, "mode": point.mode, **figures}
 
 
+def bound_keys(points: list[GridPoint]) -> list[BoundKey]:
+    """The distinct bounds the points need, in first-use order."""
+    return list(dict.fromkeys(bound_key(p.mode, p.replicas, p.capacity_tokens) for p in points))
+
+
+def run_task(trace: MooncakeTrace, task: GridPoint | BoundKey, settings: Settings) -> dict:
+    """A point's row, or the bounds of a key: the two kinds of task a sweep runs."""
+    if isinstance(task, BoundKey):
+        return compute_bounds(trace, task)
+    return run_point(trace, task, settings)
+
+
+def _with_bounds(points, rows, keys, bounds) -> list[dict]:
+    by_key = dict(zip(keys, bounds))
+    return [with_bounds(row, by_key[bound_key(p.mode, p.replicas, p.capacity_tokens)])
+            for p, row in zip(points, rows)]
+
+
 # -- local process pool --------------------------------------------------------------------------
 _WORKER: dict = {}
 
@@ -82,27 +103,37 @@ def _init_worker(trace: MooncakeTrace, settings: Settings) -> None:
     _WORKER["trace"], _WORKER["settings"] = trace, settings
 
 
-def _run_in_worker(point: GridPoint) -> dict:
-    return run_point(_WORKER["trace"], point, _WORKER["settings"])
+def _run_in_worker(task: GridPoint | BoundKey) -> dict:
+    return run_task(_WORKER["trace"], task, _WORKER["settings"])
 
 
 def _run_local(trace, points, settings, workers, progress) -> list[dict]:
-    workers = max(1, min(workers or os.cpu_count() or 1, len(points)))
+    """The bounds first (each is a few points' worth of work), then the points; progress counts
+    the points."""
+    keys = bound_keys(points)
+    tasks = [*keys, *points]
+    workers = max(1, min(workers or os.cpu_count() or 1, len(tasks)))
     if workers == 1:
-        rows = []
-        for k, p in enumerate(points):
-            rows.append(run_point(trace, p, settings))
-            if progress is not None:
-                progress(k + 1, len(points))
-        return rows
-    out: dict[int, dict] = {}
-    with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(trace, settings)) as pool:
-        futures = {pool.submit(_run_in_worker, p): k for k, p in enumerate(points)}
-        for done, fut in enumerate(as_completed(futures), 1):
-            out[futures[fut]] = fut.result()
-            if progress is not None:
-                progress(done, len(points))
-    return [out[k] for k in range(len(points))]
+        out = []
+        for task in tasks:
+            out.append(run_task(trace, task, settings))
+            if progress is not None and len(out) > len(keys):
+                progress(len(out) - len(keys), len(points))
+    else:
+        results: dict[int, dict] = {}
+        done = 0
+        with ProcessPoolExecutor(workers, initializer=_init_worker,
+                                 initargs=(trace, settings)) as pool:
+            futures = {pool.submit(_run_in_worker, t): k for k, t in enumerate(tasks)}
+            for fut in as_completed(futures):
+                k = futures[fut]
+                results[k] = fut.result()
+                if k >= len(keys):
+                    done += 1
+                    if progress is not None:
+                        progress(done, len(points))
+        out = [results[k] for k in range(len(tasks))]
+    return _with_bounds(points, out[len(keys):], keys, out[:len(keys)])
 
 
 # -- Ray -------------------------------------------------------------------------------------------
@@ -142,8 +173,8 @@ def _probe_cluster(address: str, timeout_s: float = 90.0) -> None:
         raise InvalidRequest(f"cannot join the Ray cluster at {address!r}: {why}")
 
 
-def _ray_point(trace: MooncakeTrace, point: GridPoint, settings: Settings) -> dict:
-    return run_point(trace, point, settings)
+def _ray_task(trace: MooncakeTrace, task: GridPoint | BoundKey, settings: Settings) -> dict:
+    return run_task(trace, task, settings)
 
 
 def _run_ray(trace, points, settings, address, progress) -> list[dict]:
@@ -166,19 +197,25 @@ def _run_ray(trace, points, settings, address, progress) -> list[dict]:
             raise InvalidRequest(f"cannot join the Ray cluster at {address!r}: "
                                  f"{str(exc).splitlines()[0] if str(exc) else exc}") from None
     try:
-        task = ray.remote(_ray_point)
+        keys = bound_keys(points)
+        tasks = [*keys, *points]
+        remote = ray.remote(_ray_task)
         trace_ref = ray.put(trace)
-        refs = [task.remote(trace_ref, p, settings) for p in points]
+        refs = [remote.remote(trace_ref, t, settings) for t in tasks]
         index = {ref: k for k, ref in enumerate(refs)}
         out: dict[int, dict] = {}
         pending = list(refs)
+        done = 0
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for ref in ready:
                 out[index[ref]] = ray.get(ref)
-            if progress is not None:
-                progress(len(out), len(points))
-        return [out[k] for k in range(len(points))]
+                if index[ref] >= len(keys):
+                    done += 1
+                    if progress is not None:
+                        progress(done, len(points))
+        results = [out[k] for k in range(len(tasks))]
+        return _with_bounds(points, results[len(keys):], keys, results[:len(keys)])
     finally:
         if started:
             ray.shutdown()
@@ -197,8 +234,8 @@ def parse_executor(text: str) -> tuple[str, str | None]:
 
 def run_grid(trace: MooncakeTrace, points: list[GridPoint], settings: Settings,
              executor: str = "local", workers: int | None = None, progress=None) -> list[dict]:
-    """Every point's row, in grid order. Raises InvalidRequest (bad executor, Ray missing or
-    unreachable)."""
+    """Every point's row with its bounds (`bounds.with_bounds`), in grid order. Raises
+    InvalidRequest (bad executor, Ray missing or unreachable)."""
     kind, address = parse_executor(executor)
     if kind == "local":
         return _run_local(trace, points, settings, workers, progress)
