@@ -8,7 +8,9 @@ points and shared by every policy.
 
 `--executor ray` starts a local Ray instance for the sweep and shuts it down afterwards;
 `ray:ADDRESS` joins a running cluster (`ray start --head` prints the address) and leaves it up.
-The trace travels once (`ray.put`), each point (and each bound) is one Ray task.
+The trace travels once (`ray.put`), each point (and each bound) is one Ray task; the cluster's
+nodes must import the same kvscope. A cluster with token authentication that the driver has no
+token for is said so in one line (`_probe_cluster`), not after ray.init's 20 s of retries.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 
@@ -156,20 +160,50 @@ PROBE = ("import sys, ray; ray.init(address=sys.argv[1], include_dashboard=False
          "log_to_driver=False, configure_logging=False); ray.shutdown()")
 
 
+# What a cluster with token authentication answers a client that sends no token (Ray >= 2.5x).
+AUTH_FAILURE = ("InvalidAuthToken", "AuthenticationError", "Unauthenticated")
+AUTH_HINT = ("it wants a token (Ray token authentication): set RAY_AUTH_MODE=token and give "
+             "the cluster's token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token, as "
+             "for `ray start --address`")
+
+
 def _probe_cluster(address: str, timeout_s: float = 90.0) -> None:
     """Join the cluster once from a child process: an address that accepts connections but is
     no Ray cluster (a proxy, another service) makes ray.init retry for tens of seconds and log
-    each retry; the child keeps that noise and leaves one line to say."""
+    each retry; the child keeps that noise and leaves one line to say. A cluster that refuses
+    the client for want of a token is recognised at its first refusal (ray.init would retry for
+    20 s, then report only a failed connection)."""
+    proc = subprocess.Popen([sys.executable, "-c", PROBE, address], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, RAY_BACKEND_LOG_LEVEL="error"))
+    lines: list[str] = []
+    refused = threading.Event()
+
+    def read() -> None:
+        for line in proc.stderr:
+            lines.append(line)
+            if any(mark in line for mark in AUTH_FAILURE):
+                refused.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout_s
     try:
-        proc = subprocess.run([sys.executable, "-c", PROBE, address], capture_output=True,
-                              text=True, timeout=timeout_s,
-                              env=dict(os.environ, RAY_BACKEND_LOG_LEVEL="error"))
-    except subprocess.TimeoutExpired:
-        raise InvalidRequest(f"cannot join the Ray cluster at {address!r}: no answer within "
-                             f"{timeout_s:.0f} s") from None
+        while proc.poll() is None and not refused.is_set():
+            if time.monotonic() > deadline:
+                raise InvalidRequest(f"cannot join the Ray cluster at {address!r}: no answer "
+                                     f"within {timeout_s:.0f} s")
+            refused.wait(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        reader.join(5)
+    if refused.is_set():
+        raise InvalidRequest(f"cannot join the Ray cluster at {address!r}: {AUTH_HINT}")
     if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        why = lines[-1].split(": ", 1)[-1] if lines else f"exit status {proc.returncode}"
+        text = [ln for ln in "".join(lines).strip().splitlines() if ln.strip()]
+        why = text[-1].split(": ", 1)[-1] if text else f"exit status {proc.returncode}"
         raise InvalidRequest(f"cannot join the Ray cluster at {address!r}: {why}")
 
 
