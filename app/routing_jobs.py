@@ -3,8 +3,10 @@ each in a worker thread (the event loop only reads progress), stoppable.
 
 A run routes the first `limit` requests of the bundled trace through `replicas` replicas of
 `capacity_tokens` each, in sequence or serving mode (workloads/routing/), for every policy in
-turn; its view carries progress (requests routed over all policies), one result row per finished
-policy (the rows `kvscope route` writes) and the latest decisions explained. One run at a time; the last KEEP runs stay
+turn; its view carries progress (requests routed over all policies), the bounds of its (mode, N,
+C) (`bounds`: pooled Bélády and infinite cache, workloads/routing/bounds.py, computed once before
+the first policy), one result row per finished policy (the rows `kvscope route` writes, bounds
+included) and the latest decisions explained. One run at a time; the last KEEP runs stay
 readable.
 
 A live run (`LiveRun`) instead feeds the trace, at `speed` times its timestamps, through one
@@ -100,6 +102,7 @@ class RoutingRun:
         self.total = spec["limit"] * len(spec["policies"])
         self.current: str | None = None
         self.results: list[dict] = []
+        self.bounds: dict | None = None
         self.explained: Explained | None = None
         self.logs: list = []  # a DecisionLog per policy, in order, as each starts
         self._stop = threading.Event()
@@ -110,6 +113,7 @@ class RoutingRun:
 
     def _run(self) -> None:
         from workloads.routing import make_policy
+        from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
         from workloads.routing.decisions import DecisionLog
         from workloads.routing.sequence import run_sequence
         from workloads.routing.serving import run_serving
@@ -119,6 +123,8 @@ class RoutingRun:
             full = _bundled_trace()
             trace = full.head(min(spec["limit"], len(full)))
             self.total = len(trace) * len(spec["policies"])
+            self.bounds = compute_bounds(trace, bound_key(spec["mode"], spec["replicas"],
+                                                          spec["capacity_tokens"]))
             for k, name in enumerate(spec["policies"]):
                 self.current = name
                 base = k * len(trace)
@@ -135,9 +141,10 @@ class RoutingRun:
                 run = run_sequence if spec["mode"] == "sequence" else run_serving
                 figures = run(trace, spec["replicas"], spec["capacity_tokens"], policy,
                               progress=progress, decisions=log)
-                self.results.append({"policy": name, "replicas": spec["replicas"],
-                                     "capacity_tokens": spec["capacity_tokens"],
-                                     "mode": spec["mode"], **figures})
+                self.results.append(with_bounds(
+                    {"policy": name, "replicas": spec["replicas"],
+                     "capacity_tokens": spec["capacity_tokens"], "mode": spec["mode"], **figures},
+                    self.bounds))
                 self.done = base + len(trace)
             self.state = "finished"
         except _Stopped:
@@ -164,7 +171,7 @@ class RoutingRun:
                 "replicas": self.spec["replicas"], "capacity_tokens": self.spec["capacity_tokens"],
                 "limit": self.spec["limit"], "policies": list(self.spec["policies"]),
                 "current": self.current, "done": self.done, "total": self.total,
-                "results": list(self.results), "error": self.error,
+                "bounds": self.bounds, "results": list(self.results), "error": self.error,
                 "decisions": self.explained.decisions() if self.explained else []}
 
 
@@ -436,7 +443,7 @@ class LiveRun:
                "replicas": self.spec["replicas"], "capacity_tokens": self.spec["capacity_tokens"],
                "limit": self.spec["limit"], "speed": self.spec["speed"],
                "policies": [s["policy"] for s in sides], "done": self.done, "total": self.total,
-               "results": [], "error": self.error, "pools": self.pools,
+               "bounds": None, "results": [], "error": self.error, "pools": self.pools,
                "switches": list(self.switches), "sides": sides}
         if self.compare:  # the figures are the sides'
             return {**out, "policy": None, "current": None, "hit_ratio": None,

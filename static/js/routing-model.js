@@ -7,6 +7,7 @@
  * @property {number} hit_ratio
  * @property {number} imbalance
  * @property {number} duplicated_blocks
+ * @property {number|null} [of_pooled_bound]  hit_ratio over the pooled bound (null: the bound is 0)
  * @property {number} [available_hit_ratio]  serving mode
  * @property {number} [ttft_p50_s]
  * @property {number} [ttft_p99_s]
@@ -26,10 +27,20 @@
  * @property {number} total
  * @property {string|null} current
  * @property {RoutingRow[]} results
+ * @property {RoutingBounds|null} [bounds]  sequence / serving: the limits of its (mode, N, C)
+ * @property {number} [replicas]
+ * @property {number} [capacity_tokens]
  * @property {string|null} error
  * @property {Decision[]} decisions
  * @property {boolean} [compare]  live: two policies side by side, their figures in `sides`
  * @property {LiveSide[]} [sides]  live: one per policy routing (two when comparing)
+ */
+
+/**
+ * @typedef {Object} RoutingBounds  what no routing of the same requests over N replicas of C can beat
+ * @property {number} pooled_bound_hit_ratio  Bélády's MIN over one cache of all N replicas' blocks
+ * @property {number} pooled_bound_blocks
+ * @property {number} infinite_bound_hit_ratio  a cache that never evicts
  */
 
 /** @typedef {{request: number, replica: number, policy?: string, rule: string, matches: number[], loads: number[]}} Decision */
@@ -56,11 +67,13 @@
  */
 
 const pct = (x) => `${(100 * x).toFixed(1)}%`;
+const count = (x) => x.toLocaleString("en-US");
 
 /** Table columns: [header, cell of a row]; serving runs add the TTFT columns. */
 export const SEQUENCE_COLUMNS = [
   ["Policy", (r) => r.policy],
   ["Hit ratio", (r) => pct(r.hit_ratio)],
+  ["Of pooled bound", (r) => (r.of_pooled_bound == null ? "—" : `${(100 * r.of_pooled_bound).toFixed(0)}%`)],
   ["Imbalance", (r) => r.imbalance.toFixed(2)],
   ["Duplicated blocks", (r) => r.duplicated_blocks.toLocaleString("en-US")],
 ];
@@ -118,6 +131,20 @@ export function resultTable(run) {
   }
   const cols = columnsFor(run);
   return { headers: cols.map((c) => c[0]), rows: run.results.map((r) => cols.map((c) => c[1](r))) };
+}
+
+/**
+ * The line above the result table: the run's two bounds, or "" (a live run, or none yet).
+ * @param {RoutingRun} run
+ */
+export function boundsLine(run) {
+  const b = run.mode === "live" ? null : run.bounds;
+  if (!b) return "";
+  return (
+    `No routing of these requests over ${run.replicas} replicas of ${count(run.capacity_tokens)} tokens can hit more than ` +
+    `${pct(b.pooled_bound_hit_ratio)} (pooled bound: Bélády's MIN on one cache of all ${count(b.pooled_bound_blocks)} blocks) ` +
+    `or ${pct(b.infinite_bound_hit_ratio)} (infinite cache).`
+  );
 }
 
 /** The progress line: {frac, text, state}. @param {RoutingRun} run */

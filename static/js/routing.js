@@ -4,7 +4,7 @@
 
 import { api } from "./api.js";
 import { escapeHtml } from "./dom.js";
-import { decisionLines, describeRun, fleetHref, resultTable, routingBody, sideColumns } from "./routing-model.js";
+import { boundsLine, decisionLines, describeRun, fleetHref, resultTable, routingBody, sideColumns } from "./routing-model.js";
 
 // Polling period while a run goes: the server updates progress every 256 requests.
 const POLL_MS = 400;
@@ -47,7 +47,10 @@ export function createRoutingView($) {
   function render() {
     const box = $("#routing-progress");
     const table = $("#routing-results");
+    const bounds = $("#routing-bounds");
     renderSides();
+    bounds.textContent = run ? boundsLine(run) : "";
+    bounds.hidden = !bounds.textContent;
     if (!run) {
       box.hidden = true;
       table.innerHTML = "";
@@ -150,6 +153,7 @@ export function createRoutingView($) {
             total: run.total,
             fleet: fleetHref(run),
             table: resultTable(run),
+            bounds: boundsLine(run),
             decisions: decisionLines(run),
             sides: sideColumns(run),
             error,

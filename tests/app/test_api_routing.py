@@ -11,6 +11,7 @@ from apputil import assert_error
 
 from workloads.mooncake import load_mooncake
 from workloads.routing import make_policy, run_sequence
+from workloads.routing.bounds import bound_key, compute_bounds
 
 
 def poll(fn, timeout_s: float = 60):
@@ -46,6 +47,14 @@ def test_a_run_routes_every_policy_and_reports_the_cli_rows(client):
     assert [row["policy"] for row in rows] == ["round_robin", "llmd_precise"]
     want = run_sequence(load_mooncake(limit=300), 2, 200_000, make_policy("round_robin", 2))
     assert rows[0]["hit_ratio"] == want["hit_ratio"] and rows[0]["imbalance"] == want["imbalance"]
+    # both bounds of (sequence, N=2, 200,000 tokens), on the run and on every row
+    bounds = compute_bounds(load_mooncake(limit=300), bound_key("sequence", 2, 200_000))
+    assert view["bounds"] == bounds
+    for row in rows:
+        assert {k: row[k] for k in bounds} == bounds
+        assert row["hit_ratio"] <= bounds["pooled_bound_hit_ratio"]
+        assert row["of_pooled_bound"] == row["hit_ratio"] / bounds["pooled_bound_hit_ratio"]
+    assert bounds["pooled_bound_hit_ratio"] <= bounds["infinite_bound_hit_ratio"]
     # the latest decisions of the last policy, each explained
     decisions = view["decisions"]
     assert 0 < len(decisions) <= 12 and decisions[-1]["request"] == 299

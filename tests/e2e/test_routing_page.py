@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 
-def test_routing_view_runs_policies_and_shows_the_rest_figures(page, api):
+def test_routing_view_runs_policies_and_shows_the_rest_figures(page, api, artifacts):
     page.goto("/#routing")
     page.wait_for_function("window.kvscope && window.kvscope.routing", timeout=30_000)
     assert page.is_visible("#f-routing") and not page.is_visible("#view-dashboard")
@@ -27,11 +27,19 @@ def test_routing_view_runs_policies_and_shows_the_rest_figures(page, api):
     shown = page.evaluate("window.kvscope.routing()")
     run = api.get(f"/api/routing/{shown['id']}").json()["routing"]
     assert run["replicas"] == 2 and run["capacity_tokens"] == 200_000 and run["limit"] == 300
-    assert shown["table"]["headers"][:3] == ["Policy", "Hit ratio", "Imbalance"]
-    cells = [row[:3] for row in shown["table"]["rows"]]
-    assert cells == [[r["policy"], f"{100 * r['hit_ratio']:.1f}%", f"{r['imbalance']:.2f}"]
-                     for r in run["results"]]
+    assert shown["table"]["headers"][:4] == ["Policy", "Hit ratio", "Of pooled bound", "Imbalance"]
+    cells = [row[:4] for row in shown["table"]["rows"]]
+    assert cells == [[r["policy"], f"{100 * r['hit_ratio']:.1f}%", f"{100 * r['of_pooled_bound']:.0f}%",
+                      f"{r['imbalance']:.2f}"] for r in run["results"]]
     assert [c[0] for c in cells] == ["round_robin", "dynamo_kv"]
+    # the bounds line above the table: both limits of the run's N and C, as REST gives them
+    b = run["bounds"]
+    line = page.locator("#routing-bounds").inner_text()
+    assert line == shown["bounds"] and page.is_visible("#routing-bounds")
+    assert line.startswith("No routing of these requests over 2 replicas of 200,000 tokens can hit more than "
+                           f"{100 * b['pooled_bound_hit_ratio']:.1f}% (pooled bound")
+    assert f"or {100 * b['infinite_bound_hit_ratio']:.1f}% (infinite cache)" in line
+    page.screenshot(path=str(artifacts / "e2e-routing-bounds.png"), full_page=True)
     assert page.locator("#routing-results tbody tr").count() == 2
     assert "finished" in page.locator("#routing-progress span").inner_text()
     latest = page.locator("#routing-decisions li").first.inner_text()

@@ -30,8 +30,19 @@ def test_route_writes_json_markdown_and_png_for_every_point(trace_file, tmp_path
     for r in rows:
         assert r["mode"] == "sequence"
         assert 0 <= r["hit_ratio"] <= 1 and r["imbalance"] >= 1 and r["duplicated_blocks"] >= 0
+        # the bounds of its (N, C), and its hit ratio as a share of the pooled one
+        assert r["hit_ratio"] <= r["pooled_bound_hit_ratio"] <= r["infinite_bound_hit_ratio"] <= 1
+        assert r["of_pooled_bound"] == r["hit_ratio"] / r["pooled_bound_hit_ratio"]
+        assert r["pooled_bound_blocks"] == r["replicas"] * (r["capacity_tokens"] // 512)
+    same = {(r["replicas"], r["capacity_tokens"]): r["pooled_bound_tokens"] for r in rows[:4]}
+    assert all(same[r["replicas"], r["capacity_tokens"]] == r["pooled_bound_tokens"] for r in rows)
     assert (out / "route_report.png").stat().st_size > 1000
-    assert "| longest_prefix | 3 | 10,000 |" in (out / "route_report.md").read_text()
+    md = (out / "route_report.md").read_text()
+    assert "| Hit ratio | Imbalance | Duplicated blocks | Pooled bound | Of pooled bound | Infinite bound |" in md
+    last = rows[-1]
+    assert (f"| longest_prefix | 3 | 10,000 | {last['hit_ratio']:.1%} | {last['imbalance']:.2f} | "
+            f"{last['duplicated_blocks']:,} | {last['pooled_bound_hit_ratio']:.1%} | "
+            f"{last['of_pooled_bound']:.0%} | {last['infinite_bound_hit_ratio']:.1%} |") in md
     captured = capsys.readouterr()
     assert "route sequence" in captured.err  # the progress bar
 

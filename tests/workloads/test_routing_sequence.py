@@ -110,3 +110,12 @@ def test_eviction_takes_the_deepest_block_of_the_least_recent_request_first():
 def test_bad_grid_values_are_refused(n, capacity):
     with pytest.raises(InvalidRequest):
         run_sequence(trace_of([(0, 10, 1, [1])]), n, capacity, make_policy("round_robin", 1))
+
+
+def test_blocks_are_prefix_nodes_so_an_id_under_another_prefix_is_another_block():
+    # id 2 first alone, then after id 1: the second is another block (its prefix differs), so
+    # [1, 2] finds only its first block cached, as serving mode and the pools count it
+    rows = [(0, 512, 1, [1]), (1, 512, 1, [2]), (2, 1024, 1, [1, 2])]
+    got = run_sequence(trace_of(rows), 1, 10 * 512, make_policy("round_robin", 1))
+    assert got["hit_tokens"] == 512
+    assert got["duplicated_blocks"] == 0

@@ -29,7 +29,8 @@ BLOCK_TOKENS = 512  # the Mooncake trace's block size: one hash_id per 512 promp
 
 @dataclass(slots=True)
 class RouteRequest:
-    """One trace request as a router sees it. `blocks` are its hash_ids, first block first;
+    """One trace request as a router sees it. `blocks` are its blocks' prefix-tree nodes (the
+    trace's hash_ids, numbered by prefix: `MooncakeTrace.nodes`), first block first;
     `tokens` its prompt length (the last block holds `tokens - 512 * (len(blocks) - 1)`)."""
 
     index: int

@@ -16,6 +16,9 @@ COLUMNS = [
     ("hit_ratio", "Hit ratio", "{:.1%}"),
     ("imbalance", "Imbalance", "{:.2f}"),
     ("duplicated_blocks", "Duplicated blocks", "{:,}"),
+    ("pooled_bound_hit_ratio", "Pooled bound", "{:.1%}"),
+    ("of_pooled_bound", "Of pooled bound", "{:.0%}"),
+    ("infinite_bound_hit_ratio", "Infinite bound", "{:.1%}"),
 ]
 SERVING_COLUMNS = [
     ("available_hit_ratio", "Available hit", "{:.1%}"),
@@ -25,11 +28,18 @@ SERVING_COLUMNS = [
 ]
 # Drawing limits: the CDF panel stays readable with this many curves.
 MAX_CDF_CURVES = 12
+MAX_BOUND_LINES = 4  # the hit-ratio panel draws each (N, C)'s pooled bound up to this many
 
 
 def public_rows(rows: list[dict]) -> list[dict]:
     """The rows as written to JSON (the TTFT CDF points stay: they are what the chart draws)."""
     return [dict(r) for r in rows]
+
+
+def _cell(row: dict, key: str, fmt: str) -> str:
+    if key not in row:
+        return ""
+    return "—" if row[key] is None else fmt.format(row[key])
 
 
 def markdown(rows: list[dict], trace: dict, png: bool = True) -> str:
@@ -38,7 +48,7 @@ def markdown(rows: list[dict], trace: dict, png: bool = True) -> str:
     rule = "|---|" + "---:|" * (len(cols) - 1)
     lines = [head, rule]
     for r in rows:
-        lines.append("| " + " | ".join(f.format(r[k]) if k in r else "" for k, _, f in cols) + " |")
+        lines.append("| " + " | ".join(_cell(r, k, f) for k, _, f in cols) + " |")
     mode = rows[0]["mode"] if rows else "sequence"
     what = ("Sequence mode: requests in arrival order over N LRU caches of 512-token blocks, "
             "no time; load-aware policies see the work routed so far."
@@ -51,7 +61,10 @@ def markdown(rows: list[dict], trace: dict, png: bool = True) -> str:
         f"Input: {trace.get('source', '?')}, {trace.get('requests', 0):,} requests. {what}",
         "Hit ratio: prompt tokens found cached, over prompt tokens. Imbalance: the busiest "
         "replica's input tokens over the mean. Duplicated blocks: distinct blocks cached on two "
-        "or more replicas at the end.",
+        "or more replicas at the end. Pooled bound: Bélády's MIN over one cache of all N "
+        "replicas' blocks (N x C), the most any routing of these requests over N replicas of C "
+        "could hit; of pooled bound: the hit ratio over it. Infinite bound: a cache that never "
+        "evicts (docs/ROUTING.md, Bounds).",
         "",
         *lines,
         "",
@@ -77,6 +90,13 @@ def chart(rows: list[dict], path: Path) -> Path:
         pts = [r for r in rows if r["policy"] == p]
         ax.scatter([r["imbalance"] for r in pts], [r["hit_ratio"] for r in pts], label=p,
                    marker=markers[k % len(markers)], s=40, color=colors[k % len(colors)])
+    bounds = {(r["replicas"], r["capacity_tokens"]): r["pooled_bound_hit_ratio"]
+              for r in rows if "pooled_bound_hit_ratio" in r}
+    if len(bounds) <= MAX_BOUND_LINES:  # more would hide the points
+        for (n, cap), b in bounds.items():
+            ax.axhline(b, color="0.6", linestyle=":", linewidth=1)
+            ax.annotate(f"pooled bound N={n} x {cap:,}", (0, b), xycoords=("axes fraction", "data"),
+                        xytext=(4, 2), textcoords="offset points", fontsize=7, color="0.45")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("imbalance (max / mean input tokens per replica, log scale)")
     ax.set_ylabel("hit ratio")

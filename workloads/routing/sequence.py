@@ -2,8 +2,10 @@
 
 The model, exactly:
 
-- One 512-token block per trace `hash_id`; a request's last block holds
-  `input_length - 512 * (k - 1)` tokens (k blocks).
+- One 512-token block per trace `hash_id`, named by its prefix-tree node (`MooncakeTrace.nodes`:
+  two blocks are the same only when their whole prefixes agree, so an id repeated under another
+  prefix is another block); a request's last block holds `input_length - 512 * (k - 1)` tokens
+  (k blocks).
 - Each replica is an LRU of `capacity_tokens // 512` blocks.
 - A request's hit is the longest run of its leading blocks cached on the chosen replica,
   weighted by tokens.
@@ -42,8 +44,10 @@ def check_grid(replicas: int, capacity_tokens: int) -> None:
 
 
 def requests(trace: MooncakeTrace):
-    """The trace's requests as `RouteRequest`s, in arrival order."""
-    ids = trace.hash_ids.tolist()
+    """The trace's requests as `RouteRequest`s, in arrival order; their blocks are prefix-tree
+    nodes (equal to the trace's ids on a trace whose ids never repeat under another prefix,
+    such as the bundled one)."""
+    ids = trace.nodes.tolist()
     offsets = trace.offsets.tolist()
     for i, (t, n_in, n_out) in enumerate(zip(trace.arrival_s.tolist(), trace.input_length.tolist(),
                                              trace.output_length.tolist())):

@@ -1,10 +1,10 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { decisionLines, describeRun, fleetHref, resultTable, routingBody, sideColumns } from "../routing-model.js";
+import { boundsLine, decisionLines, describeRun, fleetHref, resultTable, routingBody, sideColumns } from "../routing-model.js";
 
 const row = { policy: "dynamo_kv", hit_ratio: 0.12345, imbalance: 1.0234, duplicated_blocks: 1534,
-  available_hit_ratio: 0.2, ttft_p50_s: 0.5, ttft_p99_s: 4.25, throughput_rps: 3.391 };
+  of_pooled_bound: 0.3349, available_hit_ratio: 0.2, ttft_p50_s: 0.5, ttft_p99_s: 4.25, throughput_rps: 3.391 };
 
 test("the form's values become the POST body, capacities with separators included", () => {
   assert.deepEqual(
@@ -13,12 +13,24 @@ test("the form's values become the POST body, capacities with separators include
   );
 });
 
-test("sequence runs show hit ratio, imbalance and duplicates; serving adds TTFT", () => {
+test("sequence runs show hit ratio, its share of the pooled bound, imbalance and duplicates; serving adds TTFT", () => {
   const seq = resultTable({ mode: "sequence", results: [row] });
-  assert.deepEqual(seq.headers, ["Policy", "Hit ratio", "Imbalance", "Duplicated blocks"]);
-  assert.deepEqual(seq.rows, [["dynamo_kv", "12.3%", "1.02", "1,534"]]);
+  assert.deepEqual(seq.headers, ["Policy", "Hit ratio", "Of pooled bound", "Imbalance", "Duplicated blocks"]);
+  assert.deepEqual(seq.rows, [["dynamo_kv", "12.3%", "33%", "1.02", "1,534"]]);
   const srv = resultTable({ mode: "serving", results: [row] });
-  assert.deepEqual(srv.rows[0].slice(4), ["20.0%", "0.50", "4.25", "3.39"]);
+  assert.deepEqual(srv.rows[0].slice(5), ["20.0%", "0.50", "4.25", "3.39"]);
+  // a bound of 0 (nothing could be hit) has no share
+  assert.equal(resultTable({ mode: "sequence", results: [{ ...row, of_pooled_bound: null }] }).rows[0][2], "—");
+});
+
+test("the bounds line names both limits of the run's N and C, and only when there are bounds", () => {
+  const bounds = { pooled_bound_hit_ratio: 0.37264, pooled_bound_blocks: 7812, infinite_bound_hit_ratio: 0.37363 };
+  const run = { mode: "sequence", replicas: 4, capacity_tokens: 1000000, results: [], bounds };
+  assert.equal(boundsLine(run),
+    "No routing of these requests over 4 replicas of 1,000,000 tokens can hit more than 37.3% " +
+    "(pooled bound: Bélády's MIN on one cache of all 7,812 blocks) or 37.4% (infinite cache).");
+  assert.equal(boundsLine({ ...run, bounds: null }), "");
+  assert.equal(boundsLine({ ...run, mode: "live" }), "");
 });
 
 test("progress says what runs and how far", () => {
