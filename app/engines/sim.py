@@ -66,7 +66,14 @@ def token_id(word: str) -> int:
     return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=4).digest(), "little") >> 1
 
 
-def tokenize(text: str) -> list[int]:
+TOKENIZERS = ("words", "chars")
+
+
+def tokenize(text: str, tokenizer: str = "words") -> list[int]:
+    """`words`: one token per whitespace-separated word (`token_id`); `chars`: one token per
+    character, its code point (what the routing lab's prompts use: workloads/routing/real.py)."""
+    if tokenizer == "chars":
+        return [ord(c) for c in text]
     return [token_id(w) for w in text.split()]
 
 
@@ -97,12 +104,15 @@ class SimEngineConfig:
     costs: ServingCosts = field(default_factory=ServingCosts)
     max_model_len: int | None = None
     model: str = MODEL
+    tokenizer: str = "words"  # or "chars" (TOKENIZERS)
 
     def check(self) -> None:
         for key in ("num_blocks", "block_size", "token_scale"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise InvalidRequest(f"{key} must be a whole number >= 1, got {v!r}")
+        if self.tokenizer not in TOKENIZERS:
+            raise InvalidRequest(f"tokenizer must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
         if self.num_blocks > 1 << 22:
             raise InvalidRequest(f"num_blocks is at most {1 << 22:,}, got {self.num_blocks:,}")
         self.costs.check()
@@ -372,7 +382,7 @@ def _prompt_tokens(engine: SimEngine, body: dict, *keys: str) -> list[int]:
             if isinstance(v, str):
                 if len(v) > MAX_PROMPT_TOKENS * 16:
                     raise BadRequest(f"{key} is longer than {MAX_PROMPT_TOKENS * 16:,} characters")
-                ids = tokenize(v)
+                ids = tokenize(v, engine.cfg.tokenizer)
             elif isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) and
                                              0 <= t < 1 << 31 for t in v):
                 ids = list(v)
@@ -473,7 +483,7 @@ def build_app(engine: SimEngine):
     async def tokenize_route(request: Request):
         body = await body_of(request)
         if "messages" in body:
-            tokens = tokenize(_chat_text(body))
+            tokens = tokenize(_chat_text(body), engine.cfg.tokenizer)
         else:
             tokens = _prompt_tokens(engine, body, "prompt", "text")
         return JSONResponse({"tokens": tokens, "count": len(tokens),
@@ -489,7 +499,7 @@ def build_app(engine: SimEngine):
     async def render(request: Request):
         body = await body_of(request)
         if "messages" in body:
-            tokens = tokenize(_chat_text(body))
+            tokens = tokenize(_chat_text(body), engine.cfg.tokenizer)
         else:
             tokens = _prompt_tokens(engine, body, "prompt")
         return JSONResponse({"prompt_token_ids": tokens, "token_ids": tokens,
@@ -538,7 +548,7 @@ def build_app(engine: SimEngine):
 
     async def chat(request: Request):
         body = await body_of(request)
-        tokens = tokenize(_chat_text(body))
+        tokens = tokenize(_chat_text(body), engine.cfg.tokenizer)
         if len(tokens) > MAX_PROMPT_TOKENS:
             raise BadRequest(f"the messages have {len(tokens):,} tokens; at most {MAX_PROMPT_TOKENS:,}")
         p = submit(tokens, _max_tokens(body, "max_completion_tokens", "max_tokens"))

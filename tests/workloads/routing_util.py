@@ -68,3 +68,45 @@ class FakeCluster(Cluster):
 
     def kv_usage(self, r):
         return self.usage[r]
+
+
+def agent_rows(seed: int, requests: int = 300):
+    """An agent-style trace unlike the Mooncake conversations: five system prompts of 1 to 6
+    blocks that sessions start from, a hot 4-block prompt asked short questions (a quarter of
+    the requests: high matches that pile onto its holders until the load is imbalanced), prompts
+    repeated verbatim, and one-off prompts that share nothing. Each session grows turn by turn;
+    the last block of every prompt is a fresh, partial one, as in Mooncake traces (a block id
+    always has one length)."""
+    rng = np.random.default_rng(seed)
+    counter = iter(range(1 << 30))
+
+    def fresh(k):
+        return [next(counter) for _ in range(k)]
+
+    systems = [fresh(int(rng.integers(1, 7))) for _ in range(5)]
+    hot = fresh(4)
+    sessions: list[list[int]] = []
+    rows = []
+    t = 0
+    for _ in range(requests):
+        u = rng.random()
+        if rows and u < 0.1:  # the same prompt again
+            rows.append((t, *rows[int(rng.integers(len(rows)))][1:]))
+            t += int(rng.integers(0, 400))
+            continue
+        if u < 0.35:
+            full = hot
+        elif u < 0.45:
+            full = fresh(int(rng.integers(0, 8)))  # shares nothing
+        elif u < 0.6 or not sessions:
+            sessions.append(systems[int(rng.integers(len(systems)))] + fresh(int(rng.integers(0, 3))))
+            full = sessions[-1]
+        else:
+            j = int(rng.integers(len(sessions)))
+            sessions[j] = sessions[j] + fresh(int(rng.integers(1, 4)))
+            full = sessions[j]
+        ids = full + fresh(1)
+        tokens = 512 * len(full) + int(rng.integers(1, 513))
+        rows.append((t, tokens, int(rng.integers(1, 400)), ids))
+        t += int(rng.integers(0, 400))
+    return rows

@@ -90,20 +90,19 @@ def _sglang(name="sglang_cache_aware", n=2):
 def test_sglang_imbalance_rule_switches_exactly_at_its_thresholds(name, loads, imbalanced):
     p = _sglang(name)
     assert p.imbalanced(loads) is imbalanced
-    # a request the tree has never seen: balanced -> smallest tree (worker 0 on a tie);
-    # imbalanced -> the shortest queue
+    # a request the tree has never seen goes to the least loaded worker either way; the rule
+    # says which branch decided
     pick = p.route(request([1, 2]), FakeCluster(2, requests=loads))
-    if imbalanced:
-        assert pick == loads.index(min(loads)) and "imbalanced" in p.rule
-    else:
-        assert pick == 0 and "smallest tree" in p.rule
+    assert pick == loads.index(min(loads)) and "least loaded" in p.rule
+    assert ("imbalanced" in p.rule) is imbalanced
 
 
 def test_sglang_match_rate_must_exceed_cache_threshold():
-    # worker 1 served [1, 2] and more (the larger tree); worker 0 only [7].
+    # worker 1 served [1, 2] and more; worker 0 only [7].
     # a request [1, 3] of 1024 tokens matches 512 of them: rate 0.5
     for name, want, rule in (("sglang_cache_aware", 1, "best match"),  # 0.5 > 0.3
-                             ("sglang_cache_aware_code", 0, "smallest tree")):  # 0.5 is not > 0.5
+                             ("sglang_cache_aware_code", 0, "least loaded"),  # 0.5 is not > 0.5
+                             ("vllm_cache_aware", 1, "best match")):
         p = _sglang(name)
         p.tree.insert(request([1, 2]), 1)
         p.tree.insert(request([11, 12, 13, 14]), 1)
@@ -112,24 +111,54 @@ def test_sglang_match_rate_must_exceed_cache_threshold():
         assert rule in p.rule and p.last_match_rate == 0.5
 
 
-def test_sglang_low_match_goes_to_the_smallest_tree():
-    p = _sglang("sglang_cache_aware_code", n=3)
+@pytest.mark.parametrize("name", ["sglang_cache_aware", "sglang_cache_aware_code", "vllm_cache_aware"])
+def test_low_match_goes_to_the_least_loaded_worker_first_on_a_tie(name):
+    # worker 1 has the smallest tree (the old router's choice); the loads decide: 0 and 2 tie
+    # at the lowest load, 0 comes first
+    p = _sglang(name, n=3)
     p.tree.insert(request([1, 2, 3]), 0)
     p.tree.insert(request([4]), 1)
     p.tree.insert(request([5, 6]), 2)
-    assert p.tree.sizes == [3 * 512 * CHARS_PER_TOKEN, 512 * CHARS_PER_TOKEN, 2 * 512 * CHARS_PER_TOKEN]
-    assert p.route(request([9, 9]), FakeCluster(3)) == 1
+    unit = p.tree.units_per_token
+    assert p.tree.sizes == [3 * 512 * unit, 512 * unit, 2 * 512 * unit]
+    assert p.route(request([9, 9]), FakeCluster(3, requests=[2, 5, 2])) == 0
+    assert "least loaded" in p.rule and "imbalanced" not in p.rule
+    assert p.route(request([8, 8], index=1), FakeCluster(3, requests=[4, 3, 5])) == 1
     assert p.tree.check() == []
+
+
+def test_matched_node_holder_sglang_oldest_vllm_least_loaded():
+    # [1, 2] served by workers 2, then 0, then 1: node 2 has three holders, 2 the oldest
+    for name, loads, want in (("sglang_cache_aware", [0, 0, 9], 2),
+                              ("vllm_cache_aware", [5, 3, 9], 1),
+                              ("vllm_cache_aware", [3, 3, 0], 2),
+                              ("vllm_cache_aware", [3, 1, 1], 1)):  # a tie: the first of 1, 2
+        p = _sglang(name, n=3)
+        for w in (2, 0, 1):
+            p.tree.insert(request([1, 2]), w)
+        # 1024 of 1536 tokens match: rate 0.67; loads within the balance thresholds
+        assert p.route(request([1, 2, 7]), FakeCluster(3, requests=loads)) == want, (name, loads)
+        assert "best match" in p.rule
+
+
+def test_vllm_tree_counts_tokens_and_evicts_every_120_s():
+    p = make_policy("vllm_cache_aware", 2)
+    assert p.name == "vllm_cache_aware" and p.eviction_interval_s == 120.0
+    assert p.max_tree_size == 33_554_432 and p.tree.units_per_token == 1
+    p.route(request([1, 2], tokens=1000), FakeCluster(2))
+    assert p.tree.sizes == [1000, 0]
+    assert make_policy("sglang_cache_aware", 2).eviction_interval_s == 60.0
 
 
 def test_sglang_tree_matches_deepest_node_and_records_every_choice():
     tree = ApproxTree(2)
     tree.insert(request([1, 2, 3], tokens=1300), 0)
     tree.insert(request([1, 2]), 1)
-    matched, tenant = tree.prefix_match(request([1, 2, 3], tokens=1300))
-    assert matched == 1300 and tenant == 0
-    matched, tenant = tree.prefix_match(request([1, 2, 9]))
-    assert matched == 1024 and tenant == 0  # node 2's oldest holder
+    matched, node = tree.prefix_match(request([1, 2, 3], tokens=1300))
+    assert matched == 1300 and list(node.tenants) == [0]
+    matched, node = tree.prefix_match(request([1, 2, 9]))
+    assert matched == 1024 and list(node.tenants) == [0, 1]  # node 2's holders, oldest first
+    assert tree.prefix_match(request([5]))[1] is None
     # the partial last block weighs its own tokens
     assert tree.sizes == [1300 * CHARS_PER_TOKEN, 1024 * CHARS_PER_TOKEN]
     assert tree.check() == []
@@ -257,8 +286,8 @@ def test_unknown_policy_names_the_choices():
     with pytest.raises(InvalidRequest, match="llmd_precise"):
         check_policies(["round_robin", "nope"])
     assert check_policies(["session", "session", "random"]) == ["session", "random"]
-    assert {"round_robin", "sglang_cache_aware", "sglang_cache_aware_code", "dynamo_kv",
-            "dynamo_kv_approx", "llmd_precise", "llmd_precise_minmax"} <= set(policy_names())
+    assert {"round_robin", "sglang_cache_aware", "sglang_cache_aware_code", "vllm_cache_aware",
+            "dynamo_kv", "dynamo_kv_approx", "llmd_precise", "llmd_precise_minmax"} <= set(policy_names())
 
 
 @settings(max_examples=60, deadline=None)

@@ -221,7 +221,7 @@ def make_policy(name: str, n: int, seed: int = 0, temperature: float = 0.0) -> P
     if name in SIMPLE:
         return SIMPLE[name](n, seed)
     if name in SGLANG:
-        return CacheAware(n, seed, **SGLANG[name])
+        return CacheAware(n, seed, name=name, **SGLANG[name])
     if name in DYNAMO:
         return DynamoKv(n, seed, temperature=temperature, **DYNAMO[name])
     if name in ("llmd_precise", "llmd_precise_minmax"):

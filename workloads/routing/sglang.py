@@ -1,34 +1,50 @@
-"""SGLang's cache-aware router, as sgl-model-gateway implements it.
+"""The `cache_aware` routers of SGLang's gateway and of vLLM's router, decision for decision.
 
-Follows sgl-project/sglang `sgl-model-gateway/src/policies/cache_aware.rs` and `tree.rs`
-(main branch, gateway v0.2 era; the same logic as the older `sgl-router/src/policies/`):
+Follows sgl-project/sglang `sgl-model-gateway/src/policies/cache_aware.rs` (`select_worker`,
+`select_worker_min_load`) and `tree.rs` (`insert`, `prefix_match`, `evict_tenant_by_size`), and
+vllm-project/router `src/policies/cache_aware.rs` and `src/tree.rs` (a fork of the same code).
+Held to the real binaries, `sglang-router` 0.3.2 and `vllm-router` 0.1.17, by
+`tests/workloads/test_routers_real.py` (docs/ROUTING.md, "Held to the real routers"):
 
 - The router keeps one approximate radix tree for all workers, built from its own routing
   history (never from the engines' caches). Each node records, per worker ("tenant"), when that
-  worker last used it; a worker's tree size is the characters of the nodes it holds.
-- A request is *imbalanced* when `max_load - min_load > balance_abs_threshold` AND
-  `max_load > min_load * balance_rel_threshold` (loads: requests in flight per worker). Then it
-  goes to the least loaded worker (the first on a tie) and the tree still records it there.
-- Otherwise the tree's longest prefix match decides: if `matched / prompt` exceeds
-  `cache_threshold` the request goes to a worker holding the deepest matched node, else to the
-  worker with the smallest tree. Either way the tree records the request at the chosen worker.
-- Every `eviction_interval_secs` each worker's tree is cut to `max_tree_size` characters by
-  evicting its least recently used leaves.
+  worker last used it; a worker's tree size is the characters (vLLM: tokens) of its nodes.
+- Loads are the requests in flight per worker. A request is *imbalanced* when
+  `max_load - min_load > balance_abs_threshold` AND `max_load > min_load *
+  balance_rel_threshold`; then it goes to the least loaded worker (the first in the router's
+  order on a tie) and the tree still records it there.
+- Otherwise the tree's longest prefix match decides. If `matched / prompt` exceeds
+  `cache_threshold`, the request goes to a holder of the deepest matched node: SGLang takes the
+  node's cached tenant, its oldest holder (the tenant that created it; a split copies it);
+  vLLM 0.1.17 takes the least loaded of the node's holders, the first in the router's order on
+  a tie (measured on the binary: on the first 1,000 requests of the bundled trace at N = 4 the
+  oldest-holder rule agrees with it on 357, this one on all; the source revisions of
+  vllm-project/router read for this still return the cached tenant).
+  Else it goes to the least loaded worker, the first on a tie (`min_by_key` over the workers'
+  `load()`; the old router's "smallest tree" rule is gone). Either way the tree records the
+  request at the chosen worker.
+- Every `eviction_interval_secs` each worker's share of the tree is cut to `max_tree_size`
+  characters (vLLM: tokens) by evicting its least recently used leaves.
 
-Two default sets exist: the documented one (`--cache-threshold 0.3 --balance-abs-threshold 64
---balance-rel-threshold 1.5 --eviction-interval-secs 120 --max-tree-size 67108864`, SGLang's
-router docs and the Python launcher's `router_args.py`) is `sglang_cache_aware`; the Rust
-`CacheAwareConfig::default()` (`policies/mod.rs`: 0.5 / 32 / 1.1, 30 s, 10000) is
-`sglang_cache_aware_code`.
+Variants: `sglang_cache_aware` is `smg launch`'s defaults (0.3.2's `router_args.py`: threshold
+0.3, abs 64, rel 1.5, eviction every 60 s, 67,108,864 characters); `sglang_cache_aware_code` the
+Rust `CacheAwareConfig::default()` (`policies/mod.rs`: 0.5 / 32 / 1.1, 30 s, 10,000);
+`vllm_cache_aware` `vllm-router`'s defaults (0.1.17: 0.3 / 64 / 1.5, every 120 s, 33,554,432).
 
-NOTE: modelled at trace-block granularity. The gateway's tree holds raw text; here a node is one
-512-token trace block weighing `tokens * CHARS_PER_TOKEN` characters, so `max_tree_size` keeps
-its meaning (characters) and the match rate is the matched share of the prompt. Details kept
-from the source: nodes a worker joins on the way down get timestamp 0 and only the request's
-last node gets a fresh epoch; nodes created by one insert share one epoch (the source creates a
-single leaf, later split with copied timestamps); one match in eight refreshes the matched
-node's timestamp (`epoch & 0x7 == 0`); the matched worker is the node's oldest holder (the
-source caches the creating tenant). Eviction runs at trace time, not wall time.
+NOTE: modelled at trace-block granularity. A node is one 512-token trace block weighing
+`tokens * units_per_token`: SGLang's tree holds the prompt's text (CHARS_PER_TOKEN characters a
+token, so `max_tree_size` keeps its meaning), vLLM's the token ids its workers' `/tokenize`
+returns (one unit a token; measured: with every token id equal, vLLM's router sees every prompt
+as a full match). The match rate is the matched share of the prompt's tokens. The
+real trees split nodes at any character; a match that stops inside a node still takes that
+node's tenants, which at block level are the holders of the deepest matched block, as long as
+two different blocks differ at their first character (true of the texts the real-router test
+sends; real prompts whose blocks share leading text match further in the real trees). Details
+kept from the source: nodes a worker joins on the way down get timestamp 0 and only the
+request's last node gets a fresh epoch; nodes created by one insert share one epoch (the source
+creates a single leaf, later split with copied timestamps); one match in eight refreshes the
+matched node's timestamp (`epoch & 0x7 == 0`). Eviction runs at trace time, the real routers'
+on the wall clock (the same when a trace is replayed at its own pace).
 """
 
 from __future__ import annotations
@@ -40,13 +56,20 @@ from .policies import BLOCK_TOKENS, Cluster, Policy, RouteRequest, argmin_first
 CHARS_PER_TOKEN = 4  # about four characters of English text per token (the tree stores text)
 
 VARIANTS = {
+    # sglang-router 0.3.2 (`smg launch`): router_args.py and the CLI defaults
     "sglang_cache_aware": dict(cache_threshold=0.3, balance_abs_threshold=64,
-                               balance_rel_threshold=1.5, eviction_interval_s=120.0,
+                               balance_rel_threshold=1.5, eviction_interval_s=60.0,
                                max_tree_size=67_108_864),
+    # the Rust `CacheAwareConfig::default()` (policies/mod.rs)
     "sglang_cache_aware_code": dict(cache_threshold=0.5, balance_abs_threshold=32,
                                     balance_rel_threshold=1.1, eviction_interval_s=30.0,
                                     max_tree_size=10_000),
+    # vllm-router 0.1.17: router_args.py and the CLI defaults; its tree holds token ids
+    "vllm_cache_aware": dict(cache_threshold=0.3, balance_abs_threshold=64,
+                             balance_rel_threshold=1.5, eviction_interval_s=120.0,
+                             max_tree_size=33_554_432, holder="least_loaded", units_per_token=1),
 }
+
 
 ROOT = -1
 
@@ -71,7 +94,8 @@ class ApproxTree:
     does not exist.
     """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, units_per_token: int = CHARS_PER_TOKEN) -> None:
+        self.units_per_token = units_per_token
         self.nodes: dict[int, _Node] = {ROOT: _Node(ROOT, 0)}
         self.sizes = [0] * n
         self.held: list[set[int]] = [set() for _ in range(n)]
@@ -82,8 +106,9 @@ class ApproxTree:
         self.epoch += 1
         return e
 
-    def prefix_match(self, req: RouteRequest) -> tuple[int, int]:
-        """(matched tokens, worker holding the deepest matched node, or -1 when none)."""
+    def prefix_match(self, req: RouteRequest) -> tuple[int, _Node | None]:
+        """(matched tokens, the deepest matched node or None when nothing matched). The node's
+        `tenants` are its holders, oldest first."""
         nodes, prev, matched = self.nodes, ROOT, 0
         blocks = req.blocks
         for k, b in enumerate(blocks):
@@ -97,7 +122,7 @@ class ApproxTree:
         e = self._next_epoch()
         if e & 0x7 == 0 and tenant in curr.tenants:
             curr.tenants[tenant] = e
-        return matched, tenant
+        return matched, (curr if prev != ROOT and curr.tenants else None)
 
     def insert(self, req: RouteRequest, t: int) -> None:
         """Record that worker t served `req` (the source's `Tree::insert`)."""
@@ -121,14 +146,15 @@ class ApproxTree:
     def _grow(self, req: RouteRequest, start: int, prev: int, t: int) -> None:
         e = self._next_epoch()
         nodes, held, blocks = self.nodes, self.held[t], req.blocks
-        full = BLOCK_TOKENS * CHARS_PER_TOKEN
+        unit = self.units_per_token
+        full = BLOCK_TOKENS * unit
         last = len(blocks) - 1
         added = 0
         for k in range(start, len(blocks)):
             b = blocks[k]
             if b in nodes:  # an id seen under another prefix: the tree keeps its first place
                 break
-            chars = full if k < last else (req.tokens - BLOCK_TOKENS * last) * CHARS_PER_TOKEN
+            chars = full if k < last else (req.tokens - BLOCK_TOKENS * last) * unit
             node = _Node(prev, chars)
             node.tenants[t] = e
             nodes[b] = node
@@ -139,10 +165,6 @@ class ApproxTree:
             held.add(b)
             prev = b
         self.sizes[t] += added
-
-    def smallest(self) -> int:
-        """The worker with the fewest characters in the tree (the first on a tie)."""
-        return argmin_first(self.sizes)
 
     def _is_leaf(self, b: int, t: int) -> bool:
         return not self.nodes[b].below.get(t)
@@ -202,20 +224,28 @@ class ApproxTree:
 
 
 class CacheAware(Policy):
-    """sgl-model-gateway's `cache_aware` policy (see the module docstring for its rules)."""
+    """The `cache_aware` policy of SGLang's gateway and of vLLM's router (see the module
+    docstring for the rules; `holder` picks among a matched node's workers: "oldest" or
+    "least_loaded")."""
 
     name = "sglang_cache_aware"
 
-    def __init__(self, n: int, seed: int = 0, *, cache_threshold: float,
+    def __init__(self, n: int, seed: int = 0, *, name: str = "sglang_cache_aware",
+                 cache_threshold: float,
                  balance_abs_threshold: int, balance_rel_threshold: float,
-                 eviction_interval_s: float, max_tree_size: int) -> None:
+                 eviction_interval_s: float, max_tree_size: int, holder: str = "oldest",
+                 units_per_token: int = CHARS_PER_TOKEN) -> None:
         super().__init__(n, seed)
+        self.name = name
+        if holder not in ("oldest", "least_loaded"):
+            raise ValueError(f"holder must be oldest or least_loaded, got {holder!r}")
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
         self.eviction_interval_s = eviction_interval_s
         self.max_tree_size = max_tree_size
-        self.tree = ApproxTree(n)
+        self.holder = holder
+        self.tree = ApproxTree(n, units_per_token)
         self._next_eviction = eviction_interval_s
         self.last_match_rate = 0.0
 
@@ -231,19 +261,23 @@ class CacheAware(Policy):
         loads = cluster.requests
         if self.imbalanced(loads):
             pick = argmin_first(loads)
-            self.rule = f"imbalanced (max {max(loads)}, min {min(loads)}): shortest queue"
+            self.rule = f"imbalanced (max {max(loads)}, min {min(loads)}): least loaded"
             self.kind = "imbalance"
         else:
-            matched, tenant = self.tree.prefix_match(req)
+            matched, node = self.tree.prefix_match(req)
             rate = matched / req.tokens
             self.last_match_rate = rate
-            if rate > self.cache_threshold and tenant >= 0:
-                pick = tenant
+            if rate > self.cache_threshold and node is not None:
+                holders = node.tenants
+                if self.holder == "oldest":
+                    pick = next(iter(holders))
+                else:  # the least loaded holder, the first in the router's order on a tie
+                    pick = min(holders, key=lambda t: (loads[t], t))
                 self.rule = f"match {rate:.0%} > {self.cache_threshold:g}: best match"
                 self.kind = "match"
             else:
-                pick = self.tree.smallest()
-                self.rule = f"match {rate:.0%} <= {self.cache_threshold:g}: smallest tree"
+                pick = argmin_first(loads)
+                self.rule = f"match {rate:.0%} <= {self.cache_threshold:g}: least loaded"
                 self.kind = "low_match"
         self.tree.insert(req, pick)
         return pick

@@ -1,0 +1,219 @@
+"""The lab's cache_aware models against the real routers: sglang-router 0.3.2 and vllm-router
+0.1.17 run as subprocesses in front of real HTTP workers that hold every request open, fed
+traces one request at a time; the worker that received each request must be the one the model
+picks in sequence mode."""
+
+import json
+import os
+import socket
+import urllib.request
+from collections import Counter
+
+import pytest
+from routing_util import agent_rows, trace_of
+
+from allocator import InvalidRequest
+from workloads.mooncake import load_mooncake
+from workloads.routing import make_policy, run_sequence
+from workloads.routing.real import (
+    FILLER,
+    FIRST_CHAR,
+    MAX_BLOCK_ID,
+    MODEL_ID,
+    ROUTERS,
+    HoldingWorkers,
+    RealRouter,
+    RouterError,
+    RouterKind,
+    RouterUnavailable,
+    block_text,
+    prompt_blocks,
+    prompt_text,
+    replay,
+    require,
+    router_kind,
+)
+from workloads.routing.sequence import requests
+
+REQUESTS = 300  # of the bundled conversation trace
+AGENT_REQUESTS = 600  # of the synthetic agent trace (enough for its hot prompt to unbalance)
+
+
+class Recorder:
+    def __init__(self, policy):
+        self.policy, self.picks, self.rules = policy, [], []
+
+    def route(self, req, cluster):
+        r = self.policy.route(req, cluster)
+        self.picks.append(r)
+        self.rules.append(self.policy.rule)
+        return r
+
+
+@pytest.fixture(scope="module")
+def traces():
+    return {"mooncake": load_mooncake(None).head(REQUESTS),
+            "agents": trace_of(agent_rows(2, AGENT_REQUESTS))}
+
+
+def model_picks(trace, n, name):
+    rec = Recorder(make_policy(name, n))
+    run_sequence(trace, n, 1 << 40, rec)  # the capacity does not enter cache_aware's choices
+    return rec
+
+
+@pytest.mark.parametrize("trace_name", ["mooncake", "agents"])
+@pytest.mark.parametrize("n", [4, 8])
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
+def test_the_real_router_chooses_what_the_model_chooses(kind, n, trace_name, traces):
+    trace = traces[trace_name]
+    real = replay(trace, n, kind)
+    assert real.version == ROUTERS[kind].tested
+    assert len(real.picks) == len(trace)
+    rec = model_picks(trace, n, ROUTERS[kind].model)
+    same = sum(a == b for a, b in zip(rec.picks, real.picks))
+    differ = [(i, rec.picks[i], real.picks[i], rec.rules[i])
+              for i in range(len(trace)) if rec.picks[i] != real.picks[i]]
+    assert same >= 0.99 * len(trace), (f"{kind} N={n} {trace_name}: {same}/{len(trace)} agree; "
+                                       f"first (request, model, real, rule): {differ[:5]}")
+    # the router's loads are the requests it routed to each worker: the model's load
+    assert real.loads == [real.picks.count(w) for w in range(n)]
+    # the cases exercise both branches of the match rule (and the agent trace the imbalance rule)
+    rules = Counter(rule.split()[0] for rule in rec.rules)
+    kinds = Counter("best" if "best match" in r else "imbalanced" if "imbalanced" in r else "low"
+                    for r in rec.rules)
+    assert kinds["best"] > 0 and kinds["low"] > 0, rules
+    if trace_name == "agents":
+        assert kinds["imbalanced"] > 0, kinds
+
+
+def test_the_other_holder_rule_disagrees_with_each_router(traces):
+    """The holder rules are what tell the routers apart: swapped, the model loses agreement."""
+    trace = traces["mooncake"]
+    for kind, wrong in (("sglang", "least_loaded"), ("vllm", "oldest")):
+        real = replay(trace, 4, kind)
+        policy = make_policy(ROUTERS[kind].model, 4)
+        policy.holder = wrong
+        rec = Recorder(policy)
+        run_sequence(trace, 4, 1 << 40, rec)
+        same = sum(a == b for a, b in zip(rec.picks, real.picks))
+        assert same < 0.9 * len(trace), (kind, wrong, same)
+
+
+def test_instant_answers_put_everything_on_one_worker():
+    """Without held requests every load is 0 at each decision: a cold request goes to the first
+    worker, and the next turns follow it there."""
+    with HoldingWorkers(3) as workers, RealRouter("sglang", workers.urls) as router:
+        workers.release()
+        for blocks in ([1, 2], [3], [1, 2, 4], [5, 6, 7]):
+            body = json.dumps({"model": MODEL_ID, "max_tokens": 1,
+                               "prompt": prompt_text(blocks, 512 * len(blocks))}).encode()
+            req = urllib.request.Request(router.url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                assert r.status == 200
+        first = workers.urls.index(router.order[0])
+        assert [a.worker for a in workers.arrivals] == [first] * 4
+
+
+# -- the launcher ------------------------------------------------------------------------------
+def _gone(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
+def test_router_lists_our_workers_in_its_order_and_leaves_no_process(kind):
+    with HoldingWorkers(3) as workers:
+        router = RealRouter(kind, workers.urls)
+        with router:
+            pid = router.proc.pid
+            assert sorted(router.order) == sorted(workers.urls)
+            listed = router.workers()
+            assert [w["url"] for w in listed] == router.order
+            assert all(w["is_healthy"] and w["load"] == 0 for w in listed)
+        assert router.proc is None and _gone(pid)
+
+
+class TakenFirst(RealRouter):
+    """Offers ports that are taken (a listening socket of the test) before free ones."""
+
+    def __init__(self, *args, taken, **kw):
+        super().__init__(*args, **kw)
+        self.offers = list(taken)
+        self.tried = []
+
+    def ports(self):
+        pair = self.offers.pop(0) if self.offers else super().ports()
+        self.tried.append(pair)
+        return pair
+
+
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
+@pytest.mark.parametrize("which", ["router", "metrics"])
+def test_a_port_taken_meanwhile_is_retried_on_fresh_ports(kind, which):
+    with socket.socket() as blocker, HoldingWorkers(2) as workers:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        taken = blocker.getsockname()[1]
+        free = socket.socket()
+        free.bind(("127.0.0.1", 0))
+        other = free.getsockname()[1]
+        free.close()
+        pair = (taken, other) if which == "router" else (other, taken)
+        with TakenFirst(kind, workers.urls, taken=[pair]) as router:
+            assert len(router.tried) == 2 and router.tried[0] == pair
+            port = int(router.url.rsplit(":", 1)[1])
+            assert taken not in router.tried[1] and port == router.tried[1][0]
+            assert sorted(router.order) == sorted(workers.urls)
+
+
+def test_a_port_taken_every_time_fails_in_one_error_and_leaves_no_process():
+    with socket.socket() as blocker, HoldingWorkers(1) as workers:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        taken = blocker.getsockname()[1]
+        router = TakenFirst("sglang", workers.urls, taken=[(taken, taken)] * 2, attempts=2)
+        with pytest.raises(RouterError, match="ports were taken at each of 2 attempts"):
+            router.start()
+        assert router.proc is None
+
+
+def test_a_router_that_cannot_start_says_why():
+    with HoldingWorkers(1) as workers:
+        router = RealRouter("vllm", workers.urls, args=("--cache-threshold", "7"))
+        with pytest.raises(RouterError, match="vllm router exited"):
+            router.start()
+        assert router.proc is None
+
+
+def test_unknown_and_missing_routers_are_one_clear_line():
+    with pytest.raises(InvalidRequest, match="unknown router 'nginx'; choose from sglang, vllm"):
+        router_kind("nginx")
+    missing = RouterKind("acme", "acme-router", "kvscope_no_such_router_module", "1.0", (), "x")
+    with pytest.raises(RouterUnavailable) as exc:
+        require(missing)
+    line = str(exc.value)
+    assert "\n" not in line and "acme-router" in line and "pip install 'kvscope[routers]'" in line
+
+
+# -- the prompt encoding -----------------------------------------------------------------------
+def test_prompts_encode_blocks_as_text_that_starts_with_a_character_of_its_own():
+    trace = load_mooncake(None).head(200)
+    seen = {}
+    for req in requests(trace):
+        text = prompt_text(req.blocks, req.tokens)
+        assert len(text) == req.tokens and len(text.encode()) == 4 * req.tokens
+        assert prompt_blocks(text) == req.blocks
+        for k, b in enumerate(req.blocks):  # a block is the same text wherever it appears
+            piece = text[512 * k:512 * (k + 1)]
+            assert piece[0] == chr(FIRST_CHAR + b) and set(piece[1:]) <= {FILLER}
+            assert seen.setdefault(b, piece) == piece or k == len(req.blocks) - 1
+    assert block_text(MAX_BLOCK_ID, 2) == chr(0xFFFFF) + FILLER
+    with pytest.raises(InvalidRequest, match="outside"):
+        block_text(MAX_BLOCK_ID + 1, 1)
+    with pytest.raises(InvalidRequest, match="do not fill"):
+        prompt_text([1, 2], 512)
