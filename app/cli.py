@@ -139,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import cli_events
 
         return int(cli_events.prefix_publish_main(rest))
+    if command == "route" and any(a == "--router" or a.startswith("--router=") for a in rest):
+        from .engines.router_run import router_main
+
+        return int(router_main(rest))
     if command == "fleet":
         from .cli_fleet import fleet_main
 

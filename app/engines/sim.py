@@ -57,6 +57,7 @@ MODEL = "kvscope-sim"
 MAX_PROMPT_TOKENS = 1 << 20  # one prompt, in the engine's tokens (a bound before any work)
 MAX_OUTPUT_TOKENS = 1 << 16
 MAX_BODY = 64 << 20
+MAX_SERVED = 1 << 20  # tagged requests an engine remembers (a bound on `served`)
 TICK_S = 0.002  # how often the simulators are advanced to the wall clock
 
 
@@ -153,9 +154,10 @@ class _TokenStrategy(PrefixStrategy):
         r.recorded = length
         r.cap = -(-length // self.tpb) * self.tpb
 
-    def release(self, r) -> None:
-        super().release(r)
-        self.tokens.pop(r.rid, None)
+    def forget(self, rid: int) -> None:
+        """Request rid is done (a preempted one is released, then admitted again: its tokens
+        stay until it completes)."""
+        self.tokens.pop(rid, None)
 
 
 class Pending:
@@ -207,6 +209,9 @@ class SimEngine:
                        "refused": 0}
         self.ttft: list[float] = []
         self.errors = 0
+        self.served: dict[str, dict] = {}  # tag -> arrival, first token, cached tokens
+        self.tags: dict[int, str] = {}  # request id -> tag, until it is done
+        self.on_arrival = None  # called with (engine, tag, tokens) as a tagged request arrives
         self._registry = CollectorRegistry()
         self._registry.register(self)
 
@@ -219,7 +224,9 @@ class SimEngine:
         Returns the simulated time it ran to."""
         sim = self.sim
         t = self.now()
-        sim.run_until(t)
+        # the simulator's clock runs ahead of the wall through a prefill (it charges the whole
+        # stall at once): never ask it to run to a time it has passed
+        sim.run_until(max(t, sim.now))
         prefills = sim.prefills
         while prefills and prefills[0][0] <= t:
             _, rid = prefills.popleft()
@@ -227,12 +234,14 @@ class SimEngine:
             if p is not None and not p.first.done():
                 req = sim.requests[rid]
                 self.ttft.append(sim.first_token[rid] - req.arrival)
+                self._note_first(rid, sim.first_token[rid], req.first_cached or 0)
                 p.first.set_result(req.first_cached or 0)
         if self.publisher is not None:
             self.publisher.flush()
         return t
 
     def _finished(self, rid: int) -> None:
+        self.strategy.forget(rid)
         p = self.pending.pop(rid, None)
         if p is None:
             return
@@ -240,14 +249,18 @@ class SimEngine:
         self.counts["generation_tokens"] += p.output_tokens
         req = self.sim.requests[rid]
         if not p.first.done():  # a first token and the end in the same step
-            self.ttft.append(self.sim.first_token.get(rid, req.finished_at) - req.arrival)
+            first = self.sim.first_token.get(rid, req.finished_at)
+            self.ttft.append(first - req.arrival)
+            self._note_first(rid, first, req.first_cached or 0)
             p.first.set_result(req.first_cached or 0)
+        self.tags.pop(rid, None)
         if not p.done.done():
             p.done.set_result(req.first_cached or 0)
 
     # -- requests ------------------------------------------------------------------------------
-    def submit(self, tokens: list[int], max_tokens: int, loop) -> Pending:
-        """Queue a request now. Raises InvalidRequest (nothing queued) when it cannot fit."""
+    def submit(self, tokens: list[int], max_tokens: int, loop, tag: str | None = None) -> Pending:
+        """Queue a request now. Raises InvalidRequest (nothing queued) when it cannot fit.
+        `tag` (the body's `user`) names it in `served`, with what it found and when."""
         from workloads.simulator import Request
 
         n = len(tokens)
@@ -264,16 +277,28 @@ class SimEngine:
         t = self.advance()  # the request arrives now, after everything due before it
         sim = self.sim
         rid = next(self._rids)
-        req = Request(rid, max(sim.now, t), n, max_tokens)
+        # arrives now, even while the simulator's clock is ahead (inside a prefill stall): the
+        # wait for that stall is part of its time to first token
+        req = Request(rid, t, n, max_tokens)
         self.strategy.tokens[rid] = tokens
         sim.requests.append(req)
         sim._arrivals.append(req)
         p = Pending(rid, n, max_tokens, loop)
         p.arrival = req.arrival
         self.pending[rid] = p
+        if tag is not None and len(self.served) < MAX_SERVED:
+            if self.on_arrival is not None:
+                self.on_arrival(self, tag, tokens)
+            self.tags[rid] = tag
+            self.served[tag] = {"arrival_s": req.arrival, "first_token_s": None, "cached": None}
         self.counts["requests"] += 1
         self.counts["prompt_tokens"] += n
         return p
+
+    def _note_first(self, rid: int, at: float, cached: int) -> None:
+        tag = self.tags.get(rid)
+        if tag is not None:
+            self.served[tag].update(first_token_s=at, cached=cached)
 
     # -- what routers read ---------------------------------------------------------------------
     def kv_usage(self) -> float:
@@ -308,7 +333,8 @@ class SimEngine:
                 "prefix_cache_queries": p["queries"], "prefix_cache_hits": p["hits"],
                 "hit_ratio": p["hit_ratio"], "cached_blocks": p["cached_hashes"],
                 "ttft_p50_s": float(np.percentile(ttft, 50)) if len(ttft) else None,
-                "preemptions": self.sim.counters.preemptions, "simulated_s": self.sim.now}
+                "preemptions": self.sim.counters.preemptions, "errors": self.errors,
+                "simulated_s": self.sim.now}
 
     def collect(self):
         """The engine's series under vLLM's names (a prometheus_client collector)."""
@@ -448,9 +474,11 @@ def build_app(engine: SimEngine):
             raise BadRequest("the body must be a JSON object")
         return body
 
-    def submit(tokens, max_tokens) -> Pending:
+    def submit(tokens, max_tokens, body: dict) -> Pending:
+        tag = body.get("user")
         try:
-            return engine.submit(tokens, max_tokens, loop_of())
+            return engine.submit(tokens, max_tokens, loop_of(),
+                                 tag=tag if isinstance(tag, str) and len(tag) <= 256 else None)
         except InvalidRequest as exc:
             raise BadRequest(str(exc)) from None
 
@@ -497,13 +525,19 @@ def build_app(engine: SimEngine):
         return JSONResponse({"prompt": detokenize(tokens)})
 
     async def render(request: Request):
+        """vLLM's render endpoints: a `GenerateRequest` (request_id, token_ids, sampling_params,
+        model) for a chat, a list of them (one per prompt) for a completion."""
         body = await body_of(request)
-        if "messages" in body:
+        chat = request.url.path.startswith("/v1/chat/")
+        if chat:
             tokens = tokenize(_chat_text(body), engine.cfg.tokenizer)
         else:
             tokens = _prompt_tokens(engine, body, "prompt")
-        return JSONResponse({"prompt_token_ids": tokens, "token_ids": tokens,
-                             "num_tokens": len(tokens), "model": engine.cfg.model})
+        out = {"request_id": f"render-{engine.cfg.name}-{next(ids)}", "token_ids": tokens,
+               "token_offsets": None, "sampling_params": {
+                   "max_tokens": _max_tokens(body, "max_completion_tokens", "max_tokens")},
+               "model": body.get("model") or engine.cfg.model}
+        return JSONResponse(out if chat else [out])
 
     async def respond(kind: str, p: Pending, stream: bool, name: str):
         """An OpenAI answer: the whole completion when the engine is done, or (stream) a first
@@ -542,7 +576,7 @@ def build_app(engine: SimEngine):
     async def completions(request: Request):
         body = await body_of(request)
         tokens = _prompt_tokens(engine, body, "prompt")
-        p = submit(tokens, _max_tokens(body, "max_tokens"))
+        p = submit(tokens, _max_tokens(body, "max_tokens"), body)
         return await respond("completion", p, bool(body.get("stream")),
                              body.get("model") or engine.cfg.model)
 
@@ -551,7 +585,7 @@ def build_app(engine: SimEngine):
         tokens = tokenize(_chat_text(body), engine.cfg.tokenizer)
         if len(tokens) > MAX_PROMPT_TOKENS:
             raise BadRequest(f"the messages have {len(tokens):,} tokens; at most {MAX_PROMPT_TOKENS:,}")
-        p = submit(tokens, _max_tokens(body, "max_completion_tokens", "max_tokens"))
+        p = submit(tokens, _max_tokens(body, "max_completion_tokens", "max_tokens"), body)
         return await respond("chat", p, bool(body.get("stream")),
                              body.get("model") or engine.cfg.model)
 
@@ -561,7 +595,7 @@ def build_app(engine: SimEngine):
         params = body.get("sampling_params") or {}
         if not isinstance(params, dict):
             raise BadRequest("sampling_params must be an object")
-        p = submit(tokens, _max_tokens(params, "max_new_tokens"))
+        p = submit(tokens, _max_tokens(params, "max_new_tokens"), body)
         cached = await p.done
         return JSONResponse({"text": output_text(p.output_tokens), "meta_info": {
             "id": f"{engine.cfg.name}-{p.rid}", "prompt_tokens": p.prompt_tokens,

@@ -53,8 +53,12 @@ def test_an_engine_answers_what_routers_probe(engines):
         tok = c.post("/tokenize", json={"prompt": text}).json()
         assert tok["tokens"] == tokenize(text) and tok["count"] == 4
         assert tok["tokens"][0] == tok["tokens"][3] != tok["tokens"][1]
+        # vLLM's render answers: a list of GenerateRequests for a completion, one for a chat
         rendered = c.post("/v1/completions/render", json={"prompt": text}).json()
-        assert rendered["prompt_token_ids"] == tokenize(text)
+        assert [r["token_ids"] for r in rendered] == [tokenize(text)]
+        chat_r = c.post("/v1/chat/completions/render",
+                        json={"messages": [{"role": "user", "content": text}]}).json()
+        assert chat_r["token_ids"] == tokenize(text) and chat_r["request_id"]
         chat = c.post("/tokenize", json={"messages": [{"role": "user", "content": text}]}).json()
         assert chat["tokens"] == tokenize(text)
         assert c.post("/detokenize", json={"tokens": [1, 2]}).json() == {"prompt": "t1 t2"}
@@ -198,3 +202,24 @@ def test_sim_engines_cli_refuses_bad_flags_in_one_line():
         r = subprocess.run([sys.executable, "-m", "app.cli", "sim-engines", *flags], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and says in r.stderr, (flags, r.stderr)
+
+
+def test_a_preempted_request_is_admitted_again_and_completes():
+    """A pool too small for two long requests at once: the later one is preempted (freed,
+    queued again, its tokens recomputed at re-admission) and both complete."""
+    costs = ServingCosts(prefill_token_s=0.00001, step_base_s=0.001, step_seq_s=0.0)
+    with SimEngines(SimEngines.uniform(1, num_blocks=12, block_size=16, costs=costs)) as se:
+        results = {}
+
+        def send(i: int) -> None:
+            with httpx.Client(base_url=se.urls[0], timeout=60) as c:
+                r = c.post("/v1/completions", json={"prompt": words(1000 * i, 60), "max_tokens": 60})
+                results[i] = r.status_code
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        st = se.stats()[0]
+    assert results == {0: 200, 1: 200}, results
+    assert st["preemptions"] >= 1 and st["completed"] == 2 and st["errors"] == 0, st

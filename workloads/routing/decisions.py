@@ -7,7 +7,8 @@ A record (`DecisionLog.record(i)`, one JSON object per line in `kvscope route --
 - `rule`: what decided, one word (`RULES`): `round_robin`, `random`, `least_loaded`,
   `power_of_two`, `session` (a hash of the first block), `match` (the best cached prefix won),
   `low_match` (too little cached: the load decided), `imbalance` (the load rule overrode the
-  cache), `score` (the lowest cost or highest score of a formula), `only` (one replica);
+  cache), `score` (the lowest cost or highest score of a formula), `only` (one replica),
+  `router` (a real router decided: `kvscope route --router`, whose reasons are its own);
   `why`: the policy's own sentence for it;
 - `candidates`: per replica, `matched_blocks` (its cached leading blocks of the request when it
   was routed: the replicas' real caches), `load` (requests in flight there: everything routed so
@@ -29,7 +30,7 @@ import threading
 from collections.abc import Iterator
 
 RULES = ("round_robin", "random", "least_loaded", "power_of_two", "session", "match",
-         "low_match", "imbalance", "score", "only")
+         "low_match", "imbalance", "score", "only", "router")
 MAX_KEEP = 500_000  # records one log holds (about 100 bytes of tuples each, more for large N)
 
 
@@ -80,6 +81,18 @@ class DecisionLog:
                policy_name]
         with self._lock:
             self._at[req.index] = len(self._rows)
+            self._rows.append(row)
+
+    def add_record(self, request: int, replica: int, rule: str, why: str, matches, loads,
+                   scores, best: int, captured: int | None, available: int | None) -> None:
+        """Record a decision made elsewhere (a real router's, seen at the engines)."""
+        if len(self._rows) >= self.keep:
+            self.dropped += 1
+            return
+        row = [request, replica, rule, why, tuple(matches), tuple(loads), scores, best, captured,
+               available, None]
+        with self._lock:
+            self._at[request] = len(self._rows)
             self._rows.append(row)
 
     def captured(self, request: int, tokens: int | None) -> None:

@@ -1,0 +1,291 @@
+"""`kvscope route --router sglang|vllm`: a trace through a real router in front of simulated engines.
+
+The routers are the real ones, started from their packages (workloads/routing/real.py: `smg launch`
+of sglang-router, vllm-router), in front of N simulated engines of this process
+(app/engines/sim.py: a real prefix-caching pool each, LRU, 512-token blocks of `capacity_tokens`,
+the serving simulator's costs, `--speed` times real time). The trace is replayed as real HTTP
+requests at its timestamps divided by the speed, as many in flight as arrive, each prompt made
+from the trace's block ids so that a block is the same text wherever it appears
+(`workloads.routing.real.prompt_text`: one character per token; the engines tokenize by
+character). Which engine served a request is recorded at the engine (the body's `user` names the
+request), never taken from the router.
+
+Reported, as a `kvscope route` row: `hit_ratio` from the decision log (each request's cached tokens
+at its first admission, over the prompt tokens) beside `engine_hit_ratio` from the engines' own
+counters (`vllm:prefix_cache_hits` over `_queries`, which also count a preempted request's
+re-admission), `available_hit_ratio` (what the engine holding the longest prefix had when the
+request arrived), TTFT p50 / p99 (simulated seconds, at the engines), `imbalance` and the
+requests per engine. Every request's decision goes to the decision log (`rule` `router`: the real
+router decided; the candidates are each engine's cached leading blocks and its requests in
+flight when the request arrived).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from allocator._prefix import block_hash, root_hash
+
+from allocator import InvalidRequest
+from workloads.routing.decisions import DecisionLog
+from workloads.routing.policies import BLOCK_TOKENS, prefix_run
+from workloads.routing.real import RealRouter, prompt_text, router_kind
+from workloads.routing.serving import MAX_LEN, ServingCosts
+
+from .sim import SimEngines
+
+MAX_IN_FLIGHT = 512  # requests the replay holds open at once (each is a thread and two sockets)
+
+
+def _hashes(tokens: list[int]) -> list[int]:
+    """The full blocks' hashes of `tokens` as the engines' pools chain them (no salt)."""
+    out, parent = [], root_hash(None)
+    for i in range(0, len(tokens) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
+        parent = block_hash(parent, tokens[i:i + BLOCK_TOKENS])
+        out.append(parent)
+    return out
+
+
+def _post(host: str, port: int, body: bytes, timeout: float) -> int:
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        r.read()
+        return r.status
+    finally:
+        conn.close()
+
+
+def run_router(trace, *, router: str, n: int, capacity_tokens: int, speed: float,
+               costs: ServingCosts | None = None, decisions: DecisionLog | None = None,
+               progress=None, timeout_s: float = 600.0) -> dict:
+    """Replay `trace` through the real `router` over n simulated engines; returns the row."""
+    router_kind(router)  # an unknown or missing router: one line, before anything starts
+    if not (isinstance(speed, int | float) and math.isfinite(speed) and speed > 0):
+        raise InvalidRequest(f"--speed must be a positive number, got {speed!r}")
+    blocks = capacity_tokens // BLOCK_TOKENS
+    if blocks < 1:
+        raise InvalidRequest(f"capacity_tokens must hold one {BLOCK_TOKENS}-token block")
+    costs = costs or ServingCosts()
+    max_len = min(MAX_LEN, blocks * BLOCK_TOKENS)
+    configs = SimEngines.uniform(n, prefix="engine", num_blocks=blocks, block_size=BLOCK_TOKENS,
+                                 tokenizer="chars", costs=costs, max_model_len=max_len)
+    arrivals: dict[str, tuple] = {}  # tag -> (matches, loads) on every engine as it arrived
+
+    engines = SimEngines(configs, speed=speed, events=False)
+    engines.start()
+    try:
+        def on_arrival(engine, tag: str, tokens: list[int]) -> None:
+            hashes = _hashes(tokens)
+            arrivals[tag] = (tuple(prefix_run(hashes, e.pool.core.index) for e in engines.engines),
+                             tuple(e.running() + e.waiting() for e in engines.engines))
+        engines.call(lambda: [setattr(e, "on_arrival", on_arrival) for e in engines.engines])
+        with RealRouter(router, engines.urls) as rt:
+            host, port = rt.url.removeprefix("http://").rsplit(":", 1)
+            rows = _replay(trace, host, int(port), speed, max_len, progress, timeout_s)
+            wall = rows.pop("wall_s")
+            served = engines.call(lambda: [dict(e.served) for e in engines.engines], timeout=60)
+            stats = engines.stats()
+    finally:
+        engines.stop()
+    return _figures(trace, router, n, capacity_tokens, speed, rows, served, stats, arrivals,
+                    decisions, wall, costs)
+
+
+def _replay(trace, host: str, port: int, speed: float, max_len: int, progress, timeout_s) -> dict:
+    ids, offsets = trace.hash_ids.tolist(), trace.offsets.tolist()
+    arrival = trace.arrival_s.tolist()
+    inputs, outputs = trace.input_length.tolist(), trace.output_length.tolist()
+    failed: list[str] = []
+    skipped = 0
+    lock = threading.Lock()
+    slots = threading.Semaphore(MAX_IN_FLIGHT)
+
+    def send(i: int, body: bytes) -> None:
+        try:
+            status = _post(host, port, body, timeout_s)
+            if status != 200:
+                with lock:
+                    failed.append(f"request {i}: HTTP {status}")
+        except OSError as exc:
+            with lock:
+                failed.append(f"request {i}: {exc}")
+        finally:
+            slots.release()
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(MAX_IN_FLIGHT, thread_name_prefix="route-replay") as pool:
+        for i in range(len(trace)):
+            out = max(1, outputs[i])
+            if inputs[i] + out > max_len:
+                skipped += 1
+                continue
+            due = t0 + (arrival[i] - arrival[0]) / speed
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            prompt = prompt_text(ids[offsets[i]:offsets[i + 1]], inputs[i])
+            body = json.dumps({"model": "kvscope-sim", "prompt": prompt, "max_tokens": out,
+                               "user": f"r{i}"}).encode()
+            slots.acquire()
+            pool.submit(send, i, body)
+            if progress is not None and i % 64 == 0:
+                progress(i, len(trace))
+    if progress is not None:
+        progress(len(trace), len(trace))
+    return {"failed": failed, "skipped": skipped, "wall_s": time.monotonic() - t0}
+
+
+def _figures(trace, router, n, capacity_tokens, speed, rows, served, stats, arrivals, decisions,
+             wall, costs) -> dict:
+    inputs = trace.input_length.tolist()
+    engine_of: dict[int, int] = {}
+    for e, got in enumerate(served):
+        for tag in got:
+            engine_of[int(tag[1:])] = e
+    hits = prompts = available = 0
+    ttft: list[float] = []
+    per_engine_tokens = [0] * n
+    per_engine_requests = [0] * n
+    for i in sorted(engine_of):
+        e = engine_of[i]
+        rec = served[e][f"r{i}"]
+        matches, loads = arrivals.get(f"r{i}", ((0,) * n, (0,) * n))
+        best = max(matches)
+        avail = min(BLOCK_TOKENS * best, inputs[i] - 1)
+        cached = rec["cached"]
+        prompts += inputs[i]
+        hits += cached or 0
+        available += avail
+        per_engine_tokens[e] += inputs[i]
+        per_engine_requests[e] += 1
+        if rec["first_token_s"] is not None:
+            ttft.append(rec["first_token_s"] - rec["arrival_s"])
+        if decisions is not None:
+            decisions.add_record(i, e, "router", f"the real {router} router chose engine {e}",
+                                 matches, loads, None, best, cached, avail)
+    mean = sum(per_engine_tokens) / n
+    queries = sum(s["prefix_cache_queries"] for s in stats)
+    engine_hits = sum(s["prefix_cache_hits"] for s in stats)
+    t = np.sort(np.asarray(ttft, dtype=np.float64))
+
+    def pct(q: float) -> float:
+        return float(np.percentile(t, q)) if len(t) else 0.0
+    return {"policy": f"router:{router}", "replicas": n, "capacity_tokens": capacity_tokens,
+            "mode": "router", "hit_ratio": hits / prompts if prompts else 0.0,
+            "engine_hit_ratio": engine_hits / queries if queries else 0.0,
+            "available_hit_ratio": available / prompts if prompts else 0.0,
+            "imbalance": max(per_engine_tokens) / mean if mean else 0.0,
+            "ttft_p50_s": pct(50), "ttft_p99_s": pct(99),
+            "completed": sum(s["completed"] for s in stats), "routed": len(engine_of),
+            "failed": len(rows["failed"]), "first_failures": rows["failed"][:5],
+            "rejected_too_long": rows["skipped"], "hit_tokens": hits, "prompt_tokens": prompts,
+            "replica_requests": per_engine_requests, "replica_input_tokens": per_engine_tokens,
+            "preemptions": sum(s["preemptions"] for s in stats), "speed": speed,
+            "wall_s": wall, "costs": costs.to_dict()}
+
+
+# -- `kvscope route --router ...` ------------------------------------------------------------------
+PROG = "kvscope route --router"
+
+
+def router_main(argv: list[str]) -> int:
+    import argparse
+    import sys
+    from pathlib import Path
+
+    from workloads.mooncake import load_mooncake
+    from workloads.routing import make_policy
+    from workloads.routing.real import RouterError, RouterUnavailable
+    from workloads.routing.serving import run_serving
+
+    p = argparse.ArgumentParser(prog=PROG, description=(
+        "Replay a Mooncake trace through a real router (sglang-router or vllm-router, "
+        "cache_aware) in front of N simulated engines (real prefix caches, the serving "
+        "simulator's costs), and report the hit ratio from the engines' own counters, TTFT and "
+        "imbalance, beside the lab's model of that router on the same requests."))
+    p.add_argument("--router", required=True, help="sglang or vllm")
+    p.add_argument("--trace", help="Mooncake JSONL trace (default: the bundled conversation trace)")
+    p.add_argument("--replicas", type=int, default=4, help="engines (default 4)")
+    p.add_argument("--capacity-tokens", type=float, default=1_000_000,
+                   help="KV tokens per engine (default 1,000,000)")
+    p.add_argument("--limit", type=int, help="replay only the first N requests")
+    p.add_argument("--speed", type=float, default=None,
+                   help="times real time (default: the trace in about 60 s of wall clock)")
+    p.add_argument("--decisions", metavar="FILE.jsonl", help="write every decision (docs/ROUTING.md#decisions)")
+    p.add_argument("--out", default="reports/route", help="output directory (route_router.json)")
+    p.add_argument("--prefill-tokens-per-s", type=float, default=20_000.0,
+                   help="prefill speed of an engine (default 20,000 tokens/s)")
+    p.add_argument("--step-base-ms", type=float, default=12.0, help="decode step at batch 0 (default 12 ms)")
+    p.add_argument("--step-seq-ms", type=float, default=0.15,
+                   help="decode step time per running request (default 0.15 ms)")
+    args = p.parse_args(argv)
+    try:
+        kind = router_kind(args.router)
+        if not 1 <= args.replicas <= 64:
+            raise InvalidRequest(f"--replicas must be 1..64, got {args.replicas}")
+        capacity = int(args.capacity_tokens)
+        if capacity < BLOCK_TOKENS or capacity != args.capacity_tokens:
+            raise InvalidRequest(f"--capacity-tokens must be a whole number >= {BLOCK_TOKENS}")
+        if args.limit is not None and args.limit < 1:
+            raise InvalidRequest(f"--limit must be at least 1, got {args.limit}")
+        if not (math.isfinite(args.prefill_tokens_per_s) and args.prefill_tokens_per_s > 0):
+            raise InvalidRequest("--prefill-tokens-per-s must be a positive number")
+        costs = ServingCosts(prefill_token_s=1.0 / args.prefill_tokens_per_s,
+                             step_base_s=args.step_base_ms / 1000, step_seq_s=args.step_seq_ms / 1000)
+        costs.check()
+        trace = load_mooncake(args.trace, limit=args.limit)
+        span = float(trace.arrival_s[-1] - trace.arrival_s[0])
+        speed = args.speed if args.speed is not None else max(1.0, span / 60.0)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        log = DecisionLog(f"router:{kind.name}", args.replicas, capacity) if args.decisions else None
+        decisions_file = open(args.decisions, "w") if args.decisions else None  # noqa: SIM115
+    except (InvalidRequest, OSError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        print(f"{PROG}: {len(trace):,} requests through the real {kind.name} router "
+              f"({kind.package}) over {args.replicas} simulated engines of {capacity:,} tokens, "
+              f"at {speed:g}x real time", flush=True)
+        row = run_router(trace, router=kind.name, n=args.replicas, capacity_tokens=capacity,
+                         speed=speed, costs=costs, decisions=log)
+        model = run_serving(trace, args.replicas, capacity, make_policy(kind.model, args.replicas),
+                            costs)
+    except (RouterError, RouterUnavailable, InvalidRequest) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, InvalidRequest) else 1
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if decisions_file is not None:
+            if log is not None:
+                log.write_jsonl(decisions_file)
+            decisions_file.close()
+    row["model"] = {"policy": kind.model, **{k: model[k] for k in (
+        "hit_ratio", "available_hit_ratio", "imbalance", "ttft_p50_s", "ttft_p99_s")}}
+    (out / "route_router.json").write_text(json.dumps(row, indent=1) + "\n")
+    print(f"| | hit ratio | engines' counters | available | TTFT p50 | TTFT p99 | imbalance |\n"
+          f"|---|---:|---:|---:|---:|---:|---:|\n"
+          f"| real {kind.name} router | {row['hit_ratio']:.3f} | {row['engine_hit_ratio']:.3f} | "
+          f"{row['available_hit_ratio']:.3f} | {row['ttft_p50_s']:.2f} s | {row['ttft_p99_s']:.2f} s | "
+          f"{row['imbalance']:.2f} |\n"
+          f"| lab model `{kind.model}` (serving mode) | {model['hit_ratio']:.3f} | | "
+          f"{model['available_hit_ratio']:.3f} | {model['ttft_p50_s']:.2f} s | "
+          f"{model['ttft_p99_s']:.2f} s | {model['imbalance']:.2f} |")
+    print(f"{row['routed']:,} routed, {row['failed']} failed, {row['rejected_too_long']} too long; "
+          f"requests per engine {row['replica_requests']}; {row['wall_s']:.1f} s of wall clock")
+    if row["failed"]:
+        print(f"{PROG}: failures: {'; '.join(row['first_failures'])}", file=sys.stderr)
+    if args.decisions:
+        print(f"wrote {len(log):,} decisions to {args.decisions}")
+    print(f"wrote {out / 'route_router.json'}")
+    return 1 if row["failed"] else 0

@@ -1,0 +1,66 @@
+"""`kvscope route --router`: the bundled trace through the real sglang-router and vllm-router (from
+their PyPI packages) in front of simulated engines, over real HTTP. Which engine served a request
+is read at the engines; the hit ratio recomputed from the decision log equals the engines' own
+counters; a missing router package or an unknown router is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from apputil import ROOT
+
+from app.engines.router_run import run_router
+from workloads.mooncake import load_mooncake
+from workloads.routing.decisions import DecisionLog
+from workloads.routing.real import ROUTERS, RouterKind, RouterUnavailable, require
+
+REQUESTS = 200
+
+
+@pytest.mark.parametrize("router", ["sglang", "vllm"])
+def test_a_real_router_over_simulated_engines_adds_up_from_the_engines(router):
+    trace = load_mooncake(limit=REQUESTS)
+    log = DecisionLog(f"router:{router}", 3, 400_000)
+    row = run_router(trace, router=router, n=3, capacity_tokens=400_000, speed=20, decisions=log)
+    assert row["failed"] == 0 and row["routed"] == REQUESTS and row["completed"] == REQUESTS, row
+    assert sum(row["replica_requests"]) == REQUESTS
+    # the engines' own counters and the decision log agree (no preemption at this load)
+    assert row["preemptions"] == 0
+    assert row["hit_ratio"] == pytest.approx(row["engine_hit_ratio"], abs=0.005)
+    assert 0 < row["hit_ratio"] <= row["available_hit_ratio"] + 1e-9
+    recs = list(log.records())
+    assert sorted(r["request"] for r in recs) == list(range(REQUESTS))
+    assert sum(r["captured_tokens"] for r in recs) == row["hit_tokens"]
+    for r in recs:
+        assert r["rule"] == "router" and len(r["candidates"]) == 3
+        assert r["best_matched_blocks"] == max(c["matched_blocks"] for c in r["candidates"])
+        assert 0 <= r["captured_tokens"] < trace.input_length[r["request"]]
+
+
+def test_the_route_router_cli_writes_its_row_and_decisions(tmp_path):
+    out = tmp_path / "out"
+    dec = tmp_path / "d.jsonl"
+    r = subprocess.run([sys.executable, "-m", "app.cli", "route", "--router", "sglang",
+                        "--replicas", "2", "--limit", "120", "--speed", "20", "--capacity-tokens",
+                        "300000", "--decisions", str(dec), "--out", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    row = json.loads((out / "route_router.json").read_text())
+    assert row["policy"] == "router:sglang" and row["routed"] == 120
+    assert row["model"]["policy"] == "sglang_cache_aware"
+    assert len(dec.read_text().splitlines()) == 120
+    assert "| real sglang router |" in r.stdout
+
+
+def test_unknown_or_missing_routers_are_one_line_and_exit_2():
+    r = subprocess.run([sys.executable, "-m", "app.cli", "route", "--router", "nginx", "--limit", "5"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "unknown router 'nginx'" in r.stderr, r
+    assert len(r.stderr.strip().splitlines()) == 1
+    missing = RouterKind("sglang", "sglang-router", "no_such_router_module", "0.3.2", (), "x")
+    with pytest.raises(RouterUnavailable, match=r"pip install 'kvscope\[routers\]'"):
+        require(missing)
+    assert set(ROUTERS) == {"sglang", "vllm"}
