@@ -175,7 +175,11 @@ def test_documented_kvscope_commands_and_flags_exist():
         if sub not in commands:
             wrong.append(f"{page}: {line!r}: no subcommand {sub!r}")
             continue
-        key = (sub, "--publish") if sub == "prefix" and "--publish" in words else (sub,)
+        key = (sub,)  # `prefix --publish` and `route --router` have helps of their own
+        if sub == "prefix" and "--publish" in words:
+            key = (sub, "--publish")
+        elif sub == "route" and "--router" in words:
+            key = (sub, "--router")
         text = helps.setdefault(key, help_text(list(key) + (["E"] if len(key) > 1 else [])))
         for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*", line):
             if flag not in text:
