@@ -36,6 +36,8 @@ MAX_SIM_ENGINES = 16
 # scaled by 1/16 as the load generator scales prompts), so each of its tokens is 16 model tokens
 # for the costs.
 SIM_TOKEN_SCALE = 16
+ROUTER_BLOCK = 512  # behind a real router: the trace's own blocks, one character per token
+ROUTER_MAX_PROMPT = 16_384  # tokens of a prompt the demo sends a router (32 blocks)
 FLEET = "demo"  # the fleet of all the demo's engines, the page the demo sends the user to
 
 
@@ -156,7 +158,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--speed", type=float, default=1.0, help="replay speed, times real time (default 1)")
     p.add_argument("--log-dir", default=None, help="where the engines' logs go (default: a new temp folder)")
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--router", default=None, help=(
+        "with --sim: the real router in front of the engines, sglang or vllm (cache_aware, from "
+        "kvscope[routers]); the load goes to it as text prompts (default: round robin here)"))
     args = p.parse_args(argv)
+    if args.router is not None and args.sim is None:
+        p.error("--router needs --sim (the vLLM demo's engines are fed round robin)")
     if args.sim is not None and not 1 <= args.sim <= MAX_SIM_ENGINES:
         p.error(f"--sim must be 1..{MAX_SIM_ENGINES}")
     if not 1 <= args.engines <= MAX_ENGINES:
@@ -208,8 +215,12 @@ def demo_main(argv: list[str]) -> int:
 
 
 def run_sim(args, settings, trace) -> int:
-    """The demo on `args.sim` simulated engines in this process (app/engines/sim.py)."""
+    """The demo on `args.sim` simulated engines in this process (app/engines/sim.py), behind
+    `args.router` (a real router) when given."""
     import uvicorn
+
+    from allocator.errors import KVScopeError
+    from workloads.routing.real import RouterError
 
     from ..main import create_app
     from .load import LoadGenerator
@@ -218,12 +229,29 @@ def run_sim(args, settings, trace) -> int:
     def interrupted(signum, _frame):
         raise KeyboardInterrupt
     previous = signal.signal(signal.SIGTERM, interrupted)
-    engines = load = None
+    engines = load = router = None
     try:
-        configs = SimEngines.uniform(args.sim, prefix="engine", num_blocks=ENGINE_BLOCKS,
-                                     block_size=BLOCK_SIZE, token_scale=SIM_TOKEN_SCALE,
-                                     max_model_len=MAX_MODEL_LEN)
+        if args.router:
+            from workloads.routing.real import router_kind
+
+            router_kind(args.router)  # unknown or not installed: one line, nothing started
+        if args.router:
+            # behind a real router: the lab's text prompts, 512-token blocks of one character
+            # per token, as `kvscope route --router` sends them
+            configs = SimEngines.uniform(args.sim, prefix="engine", num_blocks=ENGINE_BLOCKS,
+                                         block_size=ROUTER_BLOCK, tokenizer="chars",
+                                         max_model_len=ROUTER_MAX_PROMPT + 512)
+        else:
+            configs = SimEngines.uniform(args.sim, prefix="engine", num_blocks=ENGINE_BLOCKS,
+                                         block_size=BLOCK_SIZE, token_scale=SIM_TOKEN_SCALE,
+                                         max_model_len=MAX_MODEL_LEN)
         engines = SimEngines(configs).start()
+        if args.router:
+            from workloads.routing.real import RealRouter
+
+            router = RealRouter(args.router, engines.urls).start()
+            print(f"{PROG}: the real {args.router} router at {router.url} in front of them",
+                  flush=True)
         rows = fleet_file(engines, FLEET)["engines"]
         for row, url in zip(rows, engines.urls):
             print(f"{PROG}: {row['name']} (simulated) at {url}, KV events {row['endpoint']}",
@@ -233,20 +261,28 @@ def run_sim(args, settings, trace) -> int:
         server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
                                                log_level=args.log_level,
                                                ws_per_message_deflate=False))
-        load = LoadGenerator(trace, lambda: engines.urls, speed=args.speed, engines=args.sim,
-                             per_engine=16).start()
+        targets = (lambda: [router.url]) if router is not None else (lambda: engines.urls)
+        load = LoadGenerator(trace, targets, speed=args.speed, engines=args.sim, per_engine=16,
+                             text=router is not None,
+                             max_prompt=ROUTER_MAX_PROMPT if router is not None else 2000).start()
         print(f"{PROG}: {fleet_link(settings.host, settings.port, [c.name for c in configs])}; "
               "Ctrl-C stops everything", flush=True)
         server.run()
         return 0
     except KeyboardInterrupt:
         return 130
+    except (KVScopeError, RouterError) as exc:  # an unknown / missing router, or one that failed
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, KVScopeError) else 1
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if load is not None:
             load.stop()
             print(f"{PROG}: load: {load.status()}", flush=True)
+        if router is not None:
+            router.close()
+            print(f"{PROG}: stopped the {args.router} router", flush=True)
         if engines is not None:
             engines.stop()
             print(f"{PROG}: stopped {args.sim} simulated engine(s)", flush=True)

@@ -22,6 +22,20 @@ from workloads.mooncake import MooncakeTrace
 from .server import SERVED_NAME
 
 
+def text_prompt(trace: MooncakeTrace, i: int, max_tokens: int):
+    """Request i as text (`workloads.routing.real.prompt_text`), its first `max_tokens` tokens
+    at most (whole blocks kept), and its output length (at most 256)."""
+    from workloads.engine_prompts import EnginePrompt
+    from workloads.routing.policies import BLOCK_TOKENS
+    from workloads.routing.real import prompt_text
+
+    blocks = trace.hash_ids[trace.offsets[i]:trace.offsets[i + 1]].tolist()
+    tokens = min(int(trace.input_length[i]), max_tokens)
+    blocks = blocks[:-(-tokens // BLOCK_TOKENS)]
+    out = max(1, min(256, int(trace.output_length[i])))
+    return EnginePrompt(float(trace.arrival_s[i]), prompt_text(blocks, tokens), out)
+
+
 class RoundRobin:
     """Engines in turn, skipping those not up."""
 
@@ -37,9 +51,13 @@ class LoadGenerator:
 
     def __init__(self, trace: MooncakeTrace, ready_urls: Callable[[], list[str]], *,
                  speed: float = 1.0, per_engine: int = 4, max_prompt: int = 2000,
-                 engines: int = 1) -> None:
+                 engines: int = 1, text: bool = False) -> None:
         self.trace, self.ready_urls, self.speed = trace, ready_urls, speed
         self.max_prompt = max_prompt
+        # text: prompts as the routing lab writes them for the real routers (one character per
+        # token, workloads/routing/real.py), up to `max_prompt` tokens, for engines that
+        # tokenize by character behind a router that routes on text
+        self.text = text
         self.router = RoundRobin()
         self.sent = self.done = self.failed = 0
         self.last_error: str | None = None
@@ -65,7 +83,8 @@ class LoadGenerator:
         for k in itertools.count():
             i = k % n
             lap = (k // n) * (float(self.trace.arrival_s[-1]) + 1.0)
-            p = prompt(self.trace, i, max_prompt=self.max_prompt)
+            p = text_prompt(self.trace, i, self.max_prompt) if self.text else \
+                prompt(self.trace, i, max_prompt=self.max_prompt)
             due = t0 + (lap + p.arrival_s) / self.speed
             if self._stop.wait(max(0.0, due - time.monotonic())):
                 return

@@ -16,14 +16,14 @@ from apputil import ROOT, free_port
 DEADLINE = 60.0
 
 
-def start_demo(tmp_path, n: int):
+def start_demo(tmp_path, n: int, *extra: str):
     """The demo on a free port; a port another process took meanwhile is tried again."""
     for _ in range(3):
         port = free_port()
         out = open(tmp_path / f"demo-{port}.out", "w+")  # noqa: SIM115 (read after it exits)
         env = {**os.environ, "KVSCOPE_ENGINE_VENV": str(tmp_path / "no-engine-env")}
         proc = subprocess.Popen([sys.executable, "-m", "app.cli", "demo", "--sim", str(n),
-                                 "--port", str(port), "--speed", "10"], cwd=ROOT, env=env,
+                                 "--port", str(port), "--speed", "10", *extra], cwd=ROOT, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         end = time.monotonic() + DEADLINE
         while time.monotonic() < end:
@@ -75,3 +75,53 @@ def test_demo_sim_fills_the_fleet_from_simulated_engines_without_an_engine_env(t
         assert up_s < DEADLINE
     finally:
         kill(proc)
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def test_demo_sim_behind_a_real_router_fills_every_engine_and_stops_the_router(tmp_path):
+    proc, port, out = start_demo(tmp_path, 2, "--router", "sglang")
+    try:
+        base = f"http://127.0.0.1:{port}"
+        routers = _children_of(proc.pid)  # the router is the demo's one child process
+        assert len(routers) == 1, routers
+        end = time.monotonic() + DEADLINE
+        while True:
+            rows = httpx.get(f"{base}/api/fleets/demo", timeout=10).json()["engines"]
+            if len(rows) == 2 and all(r["cached_blocks"] > 0 for r in rows):
+                break
+            assert time.monotonic() < end, rows
+            time.sleep(0.5)
+        assert all(r["block_size"] == 512 for r in rows), rows
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        out.seek(0)
+        text = out.read()
+        assert "the real sglang router at http://127.0.0.1:" in text, text
+        assert "stopped the sglang router" in text, text
+        assert not os.path.exists(f"/proc/{routers[0]}") or \
+            open(f"/proc/{routers[0]}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    finally:
+        kill(proc)
+
+
+def test_demo_router_needs_sim_and_a_known_router(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "app.cli", "demo", "--router", "sglang"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--router needs --sim" in r.stderr, r
+    r = subprocess.run([sys.executable, "-m", "app.cli", "demo", "--sim", "1", "--router", "nginx",
+                        "--port", str(free_port())], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "unknown router 'nginx'" in r.stderr, r
