@@ -202,3 +202,83 @@ export function decisionLines(run) {
 export function fleetHref(run) {
   return run.mode === "live" && run.fleet ? `/?fleet=${encodeURIComponent(run.fleet)}#fleet` : null;
 }
+
+// -- the decision explorer (GET /api/routing/{id}/decisions) -----------------------------------
+
+/** The rules a decision can name (workloads/routing/decisions.py RULES). */
+export const DECISION_RULES = ["round_robin", "random", "least_loaded", "power_of_two", "session",
+  "match", "low_match", "imbalance", "score", "only", "router"];
+export const DECISION_PAGE = 50;
+
+/**
+ * The query of one explorer page; empty filters are left out.
+ * @param {{policy?: string, rule?: string, replica?: string|number, request?: string|number, offset?: number}} f
+ */
+export function decisionsQuery(f) {
+  const q = new URLSearchParams();
+  if (f.policy) q.set("policy", f.policy);
+  if (f.rule) q.set("rule", f.rule);
+  for (const key of /** @type {const} */ (["replica", "request"])) {
+    const v = f[key];
+    if (v !== undefined && v !== null && String(v).trim() !== "") {
+      const n = Number(String(v).trim());
+      if (!Number.isInteger(n) || n < 0) throw new Error(`${key} must be a whole number >= 0, not "${v}"`);
+      q.set(key, String(n));
+    }
+  }
+  q.set("offset", String(Math.max(0, f.offset || 0)));
+  q.set("limit", String(DECISION_PAGE));
+  return q.toString();
+}
+
+/** The policies whose decisions a run holds, in its order (a live run's: its sides'). @param {RoutingRun} run */
+export function decisionPolicies(run) {
+  if (run.mode === "live") return (run.sides || []).map((s) => s.label || s.policy);
+  return (run.results || []).map((r) => r.policy).concat(run.current && !(run.results || []).some((r) => r.policy === run.current) ? [run.current] : []);
+}
+
+/** @param {number|null|undefined} n */
+const tokens = (n) => (n === null || n === undefined ? "—" : n.toLocaleString("en-US"));
+
+/**
+ * One explorer page as table cells, and the line that says where it is.
+ * @param {{total: number, offset: number, decisions: FullDecision[]}} page
+ */
+export function decisionTable(page) {
+  const rows = page.decisions.map((d) => [String(d.request), String(d.replica), d.rule, d.why,
+    String(d.best_matched_blocks), tokens(d.captured_tokens), tokens(d.available_tokens)]);
+  const first = page.decisions.length ? page.offset + 1 : 0;
+  return {
+    headers: ["Request", "Replica", "Rule", "Why", "Best cached blocks", "Captured tokens", "Available tokens"],
+    rows,
+    where: `${first.toLocaleString("en-US")}–${(page.offset + page.decisions.length).toLocaleString("en-US")} of ${page.total.toLocaleString("en-US")} decisions`,
+    prev: page.offset > 0 ? Math.max(0, page.offset - DECISION_PAGE) : null,
+    next: page.offset + page.decisions.length < page.total ? page.offset + DECISION_PAGE : null,
+  };
+}
+
+/**
+ * One decision's candidates, the chosen replica marked. @param {FullDecision} d
+ */
+export function candidateTable(d) {
+  return {
+    title: `request ${d.request} → replica ${d.replica} (${d.policy}: ${d.rule})`,
+    headers: ["Replica", "Cached leading blocks", "Load", "Score", ""],
+    rows: d.candidates.map((c) => [String(c.replica), String(c.matched_blocks), String(c.load),
+      c.score === null || c.score === undefined ? "—" : String(Math.round(c.score * 1000) / 1000),
+      c.replica === d.replica ? "chosen" : c.matched_blocks === d.best_matched_blocks && d.best_matched_blocks > 0 ? "held the most" : ""]),
+  };
+}
+
+/**
+ * @typedef {Object} FullDecision  one record of GET /api/routing/{id}/decisions
+ * @property {number} request
+ * @property {string} policy
+ * @property {number} replica
+ * @property {string} rule
+ * @property {string} why
+ * @property {{replica: number, matched_blocks: number, load: number, score: number|null}[]} candidates
+ * @property {number} best_matched_blocks
+ * @property {number|null} captured_tokens
+ * @property {number|null} available_tokens
+ */

@@ -4,7 +4,19 @@
 
 import { api } from "./api.js";
 import { escapeHtml } from "./dom.js";
-import { boundsLine, decisionLines, describeRun, fleetHref, resultTable, routingBody, sideColumns } from "./routing-model.js";
+import {
+  boundsLine,
+  candidateTable,
+  decisionLines,
+  decisionPolicies,
+  decisionsQuery,
+  decisionTable,
+  describeRun,
+  fleetHref,
+  resultTable,
+  routingBody,
+  sideColumns,
+} from "./routing-model.js";
 
 // Polling period while a run goes: the server updates progress every 256 requests.
 const POLL_MS = 400;
@@ -75,6 +87,7 @@ export function createRoutingView($) {
     /** @type {HTMLElement} */ (box.querySelector("span")).textContent = d.text;
     table.innerHTML = tableHtml(resultTable(run));
     $("#routing-decisions").innerHTML = listHtml(decisionLines(run));
+    syncExplorer();
   }
 
   async function poll() {
@@ -140,6 +153,90 @@ export function createRoutingView($) {
     render();
   });
 
+  // -- every decision: GET /api/routing/{id}/decisions, a page at a time -----------------------
+  const dform = /** @type {HTMLFormElement} */ ($("#f-decisions"));
+  /** @type {import("./routing-model.js").FullDecision[]} */
+  let page = [];
+  let offset = 0;
+  /** @type {{prev: number|null, next: number|null, where: string}} */
+  let paging = { prev: null, next: null, where: "" };
+
+  function syncExplorer() {
+    const box = $("#routing-explorer");
+    box.hidden = !run;
+    if (!run) return;
+    const sel = /** @type {HTMLSelectElement} */ ($("#decisions-policy"));
+    const names = decisionPolicies(run);
+    const have = Array.from(sel.options).map((o) => o.value);
+    if (names.join("\n") !== have.join("\n")) {
+      const keep = sel.value;
+      sel.innerHTML = names.map((n) => `<option>${escapeHtml(n)}</option>`).join("");
+      if (names.includes(keep)) sel.value = keep;
+    }
+  }
+
+  async function loadDecisions(at) {
+    if (!run) return;
+    let query;
+    try {
+      query = decisionsQuery({ policy: dform.policy.value, rule: dform.rule.value, replica: dform.replica.value,
+        request: dform.request.value, offset: at });
+    } catch (e) {
+      $("#decisions-where").textContent = String(/** @type {Error} */ (e).message);
+      return;
+    }
+    try {
+      const got = await api("GET", `/api/routing/${encodeURIComponent(run.id)}/decisions?${query}`);
+      page = got.decisions;
+      offset = got.offset;
+      const t = decisionTable(got);
+      paging = t;
+      $("#decisions-table").innerHTML = t.rows.length
+        ? tableHtml(t).replace(/<tr>(?=<td)/g, () => "<tr tabindex=\"0\">")
+        : "";
+      $("#decisions-where").textContent = t.where;
+    } catch (e) {
+      page = [];
+      $("#decisions-table").innerHTML = "";
+      $("#decisions-where").textContent = String(/** @type {Error} */ (e).message || e);
+    }
+    /** @type {HTMLButtonElement} */ ($("#b-decisions-prev")).disabled = paging.prev === null;
+    /** @type {HTMLButtonElement} */ ($("#b-decisions-next")).disabled = paging.next === null;
+    $("#decision-detail").hidden = true;
+  }
+
+  /** @param {number} i the row on this page */
+  function showDecision(i) {
+    const d = page[i];
+    if (!d) return;
+    const t = candidateTable(d);
+    $("#decision-title").textContent = t.title;
+    $("#decision-candidates").innerHTML = tableHtml(t);
+    const link = /** @type {HTMLAnchorElement} */ ($("#decision-fleet"));
+    const side = run && run.mode === "live" ? (run.sides || []).find((s) => (s.label || s.policy) === dform.policy.value) : null;
+    link.hidden = !(side && side.fleet);
+    if (side && side.fleet) link.href = `/?fleet=${encodeURIComponent(side.fleet)}#fleet`;
+    $("#decision-detail").hidden = false;
+  }
+
+  dform.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    loadDecisions(0);
+  });
+  $("#b-decisions-prev").addEventListener("click", () => paging.prev !== null && loadDecisions(paging.prev));
+  $("#b-decisions-next").addEventListener("click", () => paging.next !== null && loadDecisions(paging.next));
+  $("#decisions-table").addEventListener("click", (ev) => {
+    const tr = /** @type {HTMLElement} */ (ev.target).closest("tbody tr");
+    if (tr) showDecision(Array.from(tr.parentElement.children).indexOf(tr));
+  });
+  $("#decisions-table").addEventListener("keydown", (ev) => {
+    const tr = /** @type {HTMLElement} */ (ev.target).closest("tbody tr");
+    if (tr && (ev.key === "Enter" || ev.key === " ")) {
+      ev.preventDefault();
+      showDecision(Array.from(tr.parentElement.children).indexOf(tr));
+    }
+  });
+
   return {
     /** What the view shows, for the browser tests. */
     summary: () =>
@@ -156,6 +253,7 @@ export function createRoutingView($) {
             bounds: boundsLine(run),
             decisions: decisionLines(run),
             sides: sideColumns(run),
+            explorer: { offset, where: paging.where, rows: page.length },
             error,
           }
         : { error },

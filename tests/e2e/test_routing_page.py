@@ -148,3 +148,62 @@ def test_a_live_comparison_from_the_page_shows_two_columns_each_linking_its_flee
     assert not [p for p in api.get("/api/pools").json()["pools"] if p["name"].startswith("route-")]
     assert api.get("/api/fleets").json()["fleets"] == []
     assert page.console_log.errors == []
+
+
+def test_the_decision_explorer_filters_pages_and_opens_a_decision(page, api, artifacts):
+    page.goto("/#routing")
+    page.wait_for_function("window.kvscope && window.kvscope.routing", timeout=30_000)
+    for name in ("round_robin", "sglang_cache_aware", "dynamo_kv", "llmd_precise"):
+        page.uncheck(f"#f-routing input[value={name}]")
+    page.check("#f-routing input[value=sglang_cache_aware]")
+    page.fill("#f-routing [name=replicas]", "3")
+    page.fill("#f-routing [name=capacity]", "300,000")
+    page.fill("#f-routing [name=limit]", "400")
+    page.select_option("#f-routing [name=mode]", "sequence")
+    page.click("#f-routing button[type=submit]")
+    page.wait_for_function("window.kvscope.routing().state === 'finished'", timeout=60_000)
+    rid = page.evaluate("window.kvscope.routing().id")
+    assert page.is_visible("#routing-explorer")
+    assert page.eval_on_selector_all("#decisions-policy option", "els => els.map(e => e.value)") == \
+        ["sglang_cache_aware"]
+    # the first page: 50 of 400, as REST pages them
+    page.click("#f-decisions button[type=submit]")
+    page.wait_for_function("document.querySelector('#decisions-where').textContent.includes('of 400')",
+                           timeout=30_000)
+    assert page.locator("#decisions-where").inner_text() == "1–50 of 400 decisions"
+    assert page.locator("#decisions-table tbody tr").count() == 50
+    page.click("#b-decisions-next")
+    page.wait_for_function("document.querySelector('#decisions-where').textContent.startsWith('51–')",
+                           timeout=30_000)
+    first = page.locator("#decisions-table tbody tr").first.locator("td").first.inner_text()
+    assert first == "50"
+    # filtered by a rule and a replica: the count is the server's
+    rest = api.get(f"/api/routing/{rid}/decisions", params={"rule": "match", "replica": 1}).json()
+    page.select_option("#decisions-rule", "match")
+    page.fill("#decisions-replica", "1")
+    page.click("#f-decisions button[type=submit]")
+    page.wait_for_function(
+        f"document.querySelector('#decisions-where').textContent.endsWith('of {rest['total']} decisions')",
+        timeout=30_000)
+    rows = page.locator("#decisions-table tbody tr")
+    assert rows.count() == min(50, rest["total"]) > 0
+    for i in range(min(5, rows.count())):
+        cells = rows.nth(i).locator("td")
+        assert cells.nth(1).inner_text() == "1" and cells.nth(2).inner_text() == "match"
+    # one request opened: its candidates, the chosen one marked, as REST has them
+    rows.first.click()
+    assert page.is_visible("#decision-detail")
+    want = rest["decisions"][0]
+    assert page.locator("#decision-title").inner_text() == \
+        f"request {want['request']} → replica 1 (sglang_cache_aware: match)"
+    cand = page.locator("#decision-candidates tbody tr")
+    assert cand.count() == 3
+    assert [cand.nth(r).locator("td").nth(1).inner_text() for r in range(3)] == \
+        [str(c["matched_blocks"]) for c in want["candidates"]]
+    assert cand.nth(1).locator("td").nth(4).inner_text() == "chosen"
+    page.screenshot(path=str(artifacts / "e2e-routing-decisions.png"), full_page=True)
+    # a bad filter says so, and asks nothing
+    page.fill("#decisions-replica", "-2")
+    page.click("#f-decisions button[type=submit]")
+    assert "replica must be a whole number" in page.locator("#decisions-where").inner_text()
+    assert page.console_log.errors == []

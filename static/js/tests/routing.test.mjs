@@ -111,3 +111,32 @@ test("a live comparison shows two columns, each with its figures and its own fle
   assert.deepEqual(sideColumns({ ...run, compare: false }), []);
   assert.equal(fleetHref(run), null);
 });
+
+test("the decision explorer's query leaves empty filters out and refuses what is not a whole number", async () => {
+  const { decisionsQuery } = await import("../routing-model.js");
+  assert.equal(decisionsQuery({ policy: "dynamo_kv", rule: "", replica: " 2 ", request: "", offset: 100 }),
+    "policy=dynamo_kv&replica=2&offset=100&limit=50");
+  assert.equal(decisionsQuery({}), "offset=0&limit=50");
+  assert.throws(() => decisionsQuery({ replica: "-1" }), /replica must be a whole number/);
+  assert.throws(() => decisionsQuery({ request: "1.5" }), /request must be a whole number/);
+});
+
+test("an explorer page says where it is and whether there is more; a decision lists its candidates", async () => {
+  const { candidateTable, decisionPolicies, decisionTable } = await import("../routing-model.js");
+  const d = { request: 41, policy: "dynamo_kv", replica: 1, rule: "score", why: "lowest cost",
+    best_matched_blocks: 6, captured_tokens: 3072, available_tokens: 3072,
+    candidates: [{ replica: 0, matched_blocks: 6, load: 3, score: 12.25 }, { replica: 1, matched_blocks: 6, load: 1, score: 10.5 },
+      { replica: 2, matched_blocks: 0, load: 0, score: null }] };
+  const t = decisionTable({ total: 120, offset: 50, decisions: [d] });
+  assert.deepEqual(t.rows, [["41", "1", "score", "lowest cost", "6", "3,072", "3,072"]]);
+  assert.equal(t.where, "51–51 of 120 decisions");
+  assert.equal(t.prev, 0);
+  assert.equal(t.next, 100);
+  assert.equal(decisionTable({ total: 0, offset: 0, decisions: [] }).next, null);
+  const c = candidateTable(d);
+  assert.equal(c.title, "request 41 → replica 1 (dynamo_kv: score)");
+  assert.deepEqual(c.rows.map((r) => r[4]), ["held the most", "chosen", ""]);
+  assert.equal(c.rows[2][3], "—");
+  assert.deepEqual(decisionPolicies({ mode: "sequence", results: [{ policy: "a" }], current: "b" }), ["a", "b"]);
+  assert.deepEqual(decisionPolicies({ mode: "live", sides: [{ label: "a", policy: "x" }, { label: "b", policy: "y" }] }), ["a", "b"]);
+});
