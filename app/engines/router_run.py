@@ -67,7 +67,8 @@ def run_router(trace, *, router: str, n: int, capacity_tokens: int, speed: float
                costs: ServingCosts | None = None, decisions: DecisionLog | None = None,
                progress=None, timeout_s: float = 600.0) -> dict:
     """Replay `trace` through the real `router` over n simulated engines; returns the row."""
-    router_kind(router)  # an unknown or missing router: one line, before anything starts
+    kv_aware = router == "vllm-kv"  # vllm-router's kv_aware: it follows the engines' KV events
+    router_kind("vllm" if kv_aware else router)  # unknown or missing: one line, nothing started
     if not (isinstance(speed, int | float) and math.isfinite(speed) and speed > 0):
         raise InvalidRequest(f"--speed must be a positive number, got {speed!r}")
     blocks = capacity_tokens // BLOCK_TOKENS
@@ -79,7 +80,7 @@ def run_router(trace, *, router: str, n: int, capacity_tokens: int, speed: float
                                  tokenizer="chars", costs=costs, max_model_len=max_len)
     arrivals: dict[str, tuple] = {}  # tag -> (matches, loads) on every engine as it arrived
 
-    engines = SimEngines(configs, speed=speed, events=False)
+    engines = SimEngines(configs, speed=speed, events=kv_aware)
     engines.start()
     try:
         def on_arrival(engine, tag: str, tokens: list[int]) -> None:
@@ -87,16 +88,28 @@ def run_router(trace, *, router: str, n: int, capacity_tokens: int, speed: float
             arrivals[tag] = (tuple(prefix_run(hashes, e.pool.core.index) for e in engines.engines),
                              tuple(e.running() + e.waiting() for e in engines.engines))
         engines.call(lambda: [setattr(e, "on_arrival", on_arrival) for e in engines.engines])
-        with RealRouter(router, engines.urls) as rt:
+        args: tuple[str, ...] = ()
+        if kv_aware:
+            evs = engines.events()
+            for u, e in zip(engines.urls, evs):  # one flag per engine
+                args += ("--kv-event-source", f"{u}={e['endpoint']}",
+                         "--kv-event-replay-source", f"{u}={e['replay_endpoint']}")
+            args += ("--kv-event-block-size", str(BLOCK_TOKENS), "--kv-event-model", "kvscope-sim")
+        with RealRouter("vllm" if kv_aware else router, engines.urls,
+                        policy="kv_aware" if kv_aware else "cache_aware", args=args) as rt:
+            router_log = rt
             host, port = rt.url.removeprefix("http://").rsplit(":", 1)
             rows = _replay(trace, host, int(port), speed, max_len, progress, timeout_s)
             wall = rows.pop("wall_s")
             served = engines.call(lambda: [dict(e.served) for e in engines.engines], timeout=60)
             stats = engines.stats()
+            log_tail = router_log.log_tail(200_000)
     finally:
         engines.stop()
-    return _figures(trace, router, n, capacity_tokens, speed, rows, served, stats, arrivals,
-                    decisions, wall, costs)
+    row = _figures(trace, router, n, capacity_tokens, speed, rows, served, stats, arrivals,
+                   decisions, wall, costs)
+    row["router_fell_back_to_load"] = "load-only" in log_tail.lower()
+    return row
 
 
 def _replay(trace, host: str, port: int, speed: float, max_len: int, progress, timeout_s) -> dict:
@@ -211,7 +224,9 @@ def router_main(argv: list[str]) -> int:
         "cache_aware) in front of N simulated engines (real prefix caches, the serving "
         "simulator's costs), and report the hit ratio from the engines' own counters, TTFT and "
         "imbalance, beside the lab's model of that router on the same requests."))
-    p.add_argument("--router", required=True, help="sglang or vllm")
+    p.add_argument("--router", required=True, help=(
+        "sglang or vllm (cache_aware), or vllm-kv (vllm-router's kv_aware on the engines' KV "
+        "events; the lab has no model of it yet)"))
     p.add_argument("--trace", help="Mooncake JSONL trace (default: the bundled conversation trace)")
     p.add_argument("--replicas", type=int, default=4, help="engines (default 4)")
     p.add_argument("--capacity-tokens", type=float, default=1_000_000,
@@ -228,7 +243,8 @@ def router_main(argv: list[str]) -> int:
                    help="decode step time per running request (default 0.15 ms)")
     args = p.parse_args(argv)
     try:
-        kind = router_kind(args.router)
+        kind = router_kind("vllm" if args.router == "vllm-kv" else args.router)
+        label = args.router
         if not 1 <= args.replicas <= 64:
             raise InvalidRequest(f"--replicas must be 1..64, got {args.replicas}")
         capacity = int(args.capacity_tokens)
@@ -246,19 +262,19 @@ def router_main(argv: list[str]) -> int:
         speed = args.speed if args.speed is not None else max(1.0, span / 60.0)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        log = DecisionLog(f"router:{kind.name}", args.replicas, capacity) if args.decisions else None
+        log = DecisionLog(f"router:{label}", args.replicas, capacity) if args.decisions else None
         decisions_file = open(args.decisions, "w") if args.decisions else None  # noqa: SIM115
     except (InvalidRequest, OSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     try:
-        print(f"{PROG}: {len(trace):,} requests through the real {kind.name} router "
+        print(f"{PROG}: {len(trace):,} requests through the real {label} router "
               f"({kind.package}) over {args.replicas} simulated engines of {capacity:,} tokens, "
               f"at {speed:g}x real time", flush=True)
-        row = run_router(trace, router=kind.name, n=args.replicas, capacity_tokens=capacity,
+        row = run_router(trace, router=label, n=args.replicas, capacity_tokens=capacity,
                          speed=speed, costs=costs, decisions=log)
-        model = run_serving(trace, args.replicas, capacity, make_policy(kind.model, args.replicas),
-                            costs)
+        model = None if label == "vllm-kv" else run_serving(
+            trace, args.replicas, capacity, make_policy(kind.model, args.replicas), costs)
     except (RouterError, RouterUnavailable, InvalidRequest) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, InvalidRequest) else 1
@@ -270,17 +286,21 @@ def router_main(argv: list[str]) -> int:
             if log is not None:
                 log.write_jsonl(decisions_file)
             decisions_file.close()
-    row["model"] = {"policy": kind.model, **{k: model[k] for k in (
+    row["model"] = None if model is None else {"policy": kind.model, **{k: model[k] for k in (
         "hit_ratio", "available_hit_ratio", "imbalance", "ttft_p50_s", "ttft_p99_s")}}
     (out / "route_router.json").write_text(json.dumps(row, indent=1) + "\n")
-    print(f"| | hit ratio | engines' counters | available | TTFT p50 | TTFT p99 | imbalance |\n"
-          f"|---|---:|---:|---:|---:|---:|---:|\n"
-          f"| real {kind.name} router | {row['hit_ratio']:.3f} | {row['engine_hit_ratio']:.3f} | "
-          f"{row['available_hit_ratio']:.3f} | {row['ttft_p50_s']:.2f} s | {row['ttft_p99_s']:.2f} s | "
-          f"{row['imbalance']:.2f} |\n"
-          f"| lab model `{kind.model}` (serving mode) | {model['hit_ratio']:.3f} | | "
-          f"{model['available_hit_ratio']:.3f} | {model['ttft_p50_s']:.2f} s | "
-          f"{model['ttft_p99_s']:.2f} s | {model['imbalance']:.2f} |")
+    table = (f"| | hit ratio | engines' counters | available | TTFT p50 | TTFT p99 | imbalance |\n"
+             f"|---|---:|---:|---:|---:|---:|---:|\n"
+             f"| real {label} router | {row['hit_ratio']:.3f} | {row['engine_hit_ratio']:.3f} | "
+             f"{row['available_hit_ratio']:.3f} | {row['ttft_p50_s']:.2f} s | {row['ttft_p99_s']:.2f} s | "
+             f"{row['imbalance']:.2f} |")
+    if model is not None:
+        table += (f"\n| lab model `{kind.model}` (serving mode) | {model['hit_ratio']:.3f} | | "
+                  f"{model['available_hit_ratio']:.3f} | {model['ttft_p50_s']:.2f} s | "
+                  f"{model['ttft_p99_s']:.2f} s | {model['imbalance']:.2f} |")
+    print(table)
+    if row["router_fell_back_to_load"]:
+        print(f"{PROG}: the router's log says it fell back to load-only scoring", file=sys.stderr)
     print(f"{row['routed']:,} routed, {row['failed']} failed, {row['rejected_too_long']} too long; "
           f"requests per engine {row['replica_requests']}; {row['wall_s']:.1f} s of wall clock")
     if row["failed"]:

@@ -20,12 +20,14 @@ from workloads.routing.real import ROUTERS, RouterKind, RouterUnavailable, requi
 REQUESTS = 200
 
 
-@pytest.mark.parametrize("router", ["sglang", "vllm"])
+@pytest.mark.parametrize("router", ["sglang", "vllm", "vllm-kv"])
 def test_a_real_router_over_simulated_engines_adds_up_from_the_engines(router):
     trace = load_mooncake(limit=REQUESTS)
     log = DecisionLog(f"router:{router}", 3, 400_000)
     row = run_router(trace, router=router, n=3, capacity_tokens=400_000, speed=20, decisions=log)
     assert row["failed"] == 0 and row["routed"] == REQUESTS and row["completed"] == REQUESTS, row
+    # vllm-kv: vllm-router's kv_aware, on the engines' KV events (it says when it falls back)
+    assert not row["router_fell_back_to_load"]
     assert sum(row["replica_requests"]) == REQUESTS
     # the engines' own counters and the decision log agree (no preemption at this load)
     assert row["preemptions"] == 0
