@@ -11,8 +11,9 @@ baseline and against its aim.
 Then Dynamo's own offline replay of the same trace, DynoSim (`dynamo._core.run_mocker_trace_replay`
 from ai-dynamo-runtime: Dynamo's mocker engines behind its round-robin or KV router, no NATS,
 etcd or GPU), at the same N and capacity, beside the lab's serving mode for round robin and
-`dynamo_kv` in the same run: requests simulated per second, hit ratio (DynoSim's
-`prefix_cache_reused_ratio`) and TTFT p50. DynoSim's per-request choices are not seeded (ties are
+`dynamo_kv` in the same run, with the lab's linear costs and with DynoSim's own (`--costs
+dynosim`): requests simulated per second, hit ratio (DynoSim's `prefix_cache_reused_ratio`) and
+TTFT p50. DynoSim's per-request choices are not seeded (ties are
 random), so only its aggregates are compared.
 
     .venv/bin/python -m bench routing          (python -m bench --quick routing: a smoke test)
@@ -31,7 +32,7 @@ from workloads.mooncake import DEFAULT_MOONCAKE, load_mooncake
 from workloads.routing import make_policy, run_sequence
 from workloads.routing.cli import DEFAULT_POLICIES
 from workloads.routing.grid import Settings, grid, run_grid, run_point
-from workloads.routing.serving import run_serving
+from workloads.routing.serving import ServingCosts, run_serving
 
 GRID_AIM_S = 60.0
 SERVING_AIM_S = 30.0
@@ -115,18 +116,23 @@ def dynosim_side_by_side(requests: int, n: int, capacity_tokens: int) -> list[di
               f"{capacity_tokens:,} tokens per replica")
         for lab_policy, mode in (("round_robin", "round_robin"), ("dynamo_kv", "kv_router")):
             d = dynosim(str(path), n, capacity_tokens, mode)
-            t0 = time.perf_counter()
-            lab = run_serving(trace, n, capacity_tokens, make_policy(lab_policy, n))
-            lab_s = time.perf_counter() - t0
-            d_rps, lab_rps = d["requests"] / d["wall_s"], len(trace) / lab_s
+            d_rps = d["requests"] / d["wall_s"]
             print(f"  {mode:<12} DynoSim: {d_rps:,.0f} requests/s simulated, hit {d['hit_ratio']:.3f}, "
-                  f"TTFT p50 {d['ttft_p50_s']:.2f} s | lab {lab_policy}: {lab_rps:,.0f} requests/s "
-                  f"({lab_rps / d_rps:.1f}x DynoSim), hit {lab['hit_ratio']:.3f} "
-                  f"({(lab['hit_ratio'] - d['hit_ratio']) * 100:+.1f} points), "
-                  f"TTFT p50 {lab['ttft_p50_s']:.2f} s ({lab['ttft_p50_s'] / d['ttft_p50_s']:.1f}x)")
-            rows.append({"router": mode, "policy": lab_policy, "dynosim": d,
-                         "lab": {"hit_ratio": lab["hit_ratio"], "ttft_p50_s": lab["ttft_p50_s"],
-                                 "wall_s": lab_s}})
+                  f"TTFT p50 {d['ttft_p50_s']:.2f} s")
+            row = {"router": mode, "policy": lab_policy, "dynosim": d}
+            for costs in ("linear", "dynosim"):
+                t0 = time.perf_counter()
+                lab = run_serving(trace, n, capacity_tokens, make_policy(lab_policy, n),
+                                  ServingCosts(model=costs))
+                lab_s = time.perf_counter() - t0
+                lab_rps = len(trace) / lab_s
+                print(f"    lab {lab_policy}, {costs} costs: {lab_rps:,.0f} requests/s "
+                      f"({lab_rps / d_rps:.1f}x DynoSim), hit {lab['hit_ratio']:.3f} "
+                      f"({(lab['hit_ratio'] - d['hit_ratio']) * 100:+.1f} points), "
+                      f"TTFT p50 {lab['ttft_p50_s']:.2f} s ({lab['ttft_p50_s'] / d['ttft_p50_s']:.1f}x)")
+                row[f"lab_{costs}"] = {"hit_ratio": lab["hit_ratio"], "ttft_p50_s": lab["ttft_p50_s"],
+                                       "wall_s": lab_s}
+            rows.append(row)
     return rows
 
 

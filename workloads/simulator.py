@@ -62,6 +62,30 @@ from .trace import Trace
 # named by SimConfig.strategy and `kvscope replay --strategies`.
 RESERVATIONS = ("paged", "contiguous-max", "contiguous-pow2", "contiguous-oracle")
 GIB = 1 << 30
+# How time passes. "linear": a prefill costs `prefill_token_s` per computed token and a decode
+# step `step_base_s + step_seq_s * batch`. "dynosim": the timing of Dynamo's mocker engine, which
+# DynoSim replays with (ai-dynamo `lib/mocker/src/common/perf_model.rs`, `PerfModel::Polynomial`):
+# a prefill of t new tokens (over the batch) takes 4.209989e-07 t^2 + 1.518344e-02 t + 16.50142
+# ms, in chunks of at most DYNOSIM_CHUNK tokens (its scheduler's token budget per step), and a
+# decode step max(1, -25.74 p^2 + 54.01 p + 5.74) ms with p the running requests' tokens over the
+# KV capacity (at most 1).
+COST_MODELS = ("linear", "dynosim")
+DYNOSIM_CHUNK = 8192
+
+
+def dynosim_prefill_s(tokens: int) -> float:
+    """The mocker's prefill time for `tokens` new tokens, chunk by chunk (seconds)."""
+    def chunk_ms(t: float) -> float:
+        return 4.209989e-07 * t * t + 1.518344e-02 * t + 1.650142e+01
+    full, rest = divmod(tokens, DYNOSIM_CHUNK)
+    ms = full * chunk_ms(DYNOSIM_CHUNK) + (chunk_ms(rest) if rest else 0.0)
+    return ms / 1000.0
+
+
+def dynosim_step_s(active_tokens: int, capacity_tokens: int) -> float:
+    """The mocker's decode step with `active_tokens` in the batch (seconds)."""
+    p = min(1.0, active_tokens / capacity_tokens) if capacity_tokens > 0 else 1.0
+    return max(1.0, -25.74 * p * p + 54.01 * p + 5.74) / 1000.0
 FINISH, GROW = 0, 1  # event kinds; at one step, completions run first so growth sees their memory
 
 
@@ -86,8 +110,12 @@ class SimConfig:
     prefill_token_s: float = 0.00005
     fit: str = "first"
     sim_bytes_per_token: int = 1
+    # "linear": the costs above; "dynosim": Dynamo's mocker's polynomials (`COST_MODELS`)
+    cost_model: str = "linear"
 
     def validate(self) -> None:
+        if self.cost_model not in COST_MODELS:
+            raise InvalidRequest(f"unknown cost model {self.cost_model!r}; choose from {list(COST_MODELS)}")
         if self.strategy not in RESERVATIONS:
             raise InvalidRequest(f"unknown strategy {self.strategy!r}; choose from {list(RESERVATIONS)}")
         geometry = get_model(self.model)
@@ -437,7 +465,11 @@ class Simulator:
                 continue
             while heap[0][3] != self.requests[heap[0][2]].epoch or heap[0][2] not in self.running:
                 heapq.heappop(heap)
-            step_s = cfg.step_base_s + cfg.step_seq_s * batch
+            if cfg.cost_model == "dynosim":
+                step_s = dynosim_step_s(self._tokens + batch * (self.step - self._tok_step),
+                                        self.capacity_tokens)
+            else:
+                step_s = cfg.step_base_s + cfg.step_seq_s * batch
             k = heap[0][0] - self.step
             if arrivals:
                 k = min(k, max(1, math.ceil((arrivals[0].arrival - self.now) / step_s)))
@@ -605,7 +637,10 @@ class Simulator:
         if not queue:
             self._blocked_frag = False
         if prefill:
-            seconds = prefill * self.cfg.prefill_token_s
+            if self.cfg.cost_model == "dynosim":
+                seconds = dynosim_prefill_s(prefill)
+            else:
+                seconds = prefill * self.cfg.prefill_token_s
             self._integrate(seconds, 0)
             self.now += seconds
 

@@ -241,6 +241,8 @@ def router_main(argv: list[str]) -> int:
     p.add_argument("--step-base-ms", type=float, default=12.0, help="decode step at batch 0 (default 12 ms)")
     p.add_argument("--step-seq-ms", type=float, default=0.15,
                    help="decode step time per running request (default 0.15 ms)")
+    p.add_argument("--costs", choices=("linear", "dynosim"), default="linear",
+                   help="how the engines' time passes (as kvscope route --costs)")
     args = p.parse_args(argv)
     try:
         kind = router_kind("vllm" if args.router == "vllm-kv" else args.router)
@@ -255,7 +257,8 @@ def router_main(argv: list[str]) -> int:
         if not (math.isfinite(args.prefill_tokens_per_s) and args.prefill_tokens_per_s > 0):
             raise InvalidRequest("--prefill-tokens-per-s must be a positive number")
         costs = ServingCosts(prefill_token_s=1.0 / args.prefill_tokens_per_s,
-                             step_base_s=args.step_base_ms / 1000, step_seq_s=args.step_seq_ms / 1000)
+                             step_base_s=args.step_base_ms / 1000, step_seq_s=args.step_seq_ms / 1000,
+                             model=args.costs)
         costs.check()
         trace = load_mooncake(args.trace, limit=args.limit)
         span = float(trace.arrival_s[-1] - trace.arrival_s[0])

@@ -195,7 +195,7 @@ class SimEngine:
         sim_cfg = SimConfig(strategy="paged", pool_tokens=cfg.num_blocks * bs, max_len=max_len,
                             tokens_per_block=bs, max_batch=c.max_batch,
                             step_base_s=c.step_base_s * scale, step_seq_s=c.step_seq_s * scale,
-                            prefill_token_s=c.prefill_token_s * scale)
+                            prefill_token_s=c.prefill_token_s * scale, cost_model=c.model)
         sim_cfg.validate()
         empty = Trace(np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
         self.sim = Replica(empty, sim_cfg, pool=self.pool, strategy=self.strategy,

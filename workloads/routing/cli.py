@@ -13,6 +13,7 @@ from allocator import InvalidRequest
 
 from ..cli import ProgressBar, _out_dir
 from ..mooncake import load_mooncake
+from ..simulator import COST_MODELS
 from .grid import MODES, Settings, grid, parse_executor, run_grid
 from .policies import BLOCK_TOKENS, check_policies
 from .report import markdown, write_route_report
@@ -55,6 +56,9 @@ def route_parser() -> argparse.ArgumentParser:
                    help="serving: decode step time added per running request (default 0.15 ms)")
     p.add_argument("--max-batch", type=int, default=256,
                    help="serving: most requests running at once per replica (default 256)")
+    p.add_argument("--costs", choices=COST_MODELS, default="linear", help=(
+        "serving: how time passes: linear (the three costs above, the default) or dynosim "
+        "(Dynamo's mocker's prefill and decode polynomials, what DynoSim replays with)"))
     p.add_argument("--workers", type=int, help="local executor: processes (default: one per CPU)")
     p.add_argument("--list-policies", action="store_true", help="print the policy names and exit")
     p.add_argument("--no-png", action="store_true", help="skip the chart")
@@ -94,7 +98,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if args.max_batch < 1:
         raise InvalidRequest(f"--max-batch must be at least 1, got {args.max_batch}")
     costs = ServingCosts(prefill_token_s=1.0 / speed, step_base_s=args.step_base_ms / 1000,
-                         step_seq_s=args.step_seq_ms / 1000, max_batch=args.max_batch)
+                         step_seq_s=args.step_seq_ms / 1000, max_batch=args.max_batch,
+                         model=args.costs)
     return Settings(mode=args.mode, seed=args.seed, dynamo_temperature=args.dynamo_temperature,
                     costs=costs)
 

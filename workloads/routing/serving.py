@@ -30,7 +30,7 @@ import numpy as np
 from allocator import InvalidRequest, PrefixPool
 
 from ..mooncake import MooncakeTrace, expand
-from ..simulator import PrefixStrategy, SimConfig, Simulator
+from ..simulator import COST_MODELS, PrefixStrategy, SimConfig, Simulator
 from .policies import BLOCK_TOKENS, Cluster, Policy, RouteRequest, prefix_run
 from .sequence import check_grid, no_gc, requests
 
@@ -50,12 +50,17 @@ class ServingCosts:
     step_base_s: float = 0.012
     step_seq_s: float = 0.00015
     max_batch: int = 256
+    # "linear" (the three costs above) or "dynosim": Dynamo's mocker's timing, which DynoSim
+    # replays with (workloads/simulator.py COST_MODELS; the three costs above are then unused)
+    model: str = "linear"
 
     def check(self) -> None:
         for name in ("prefill_token_s", "step_base_s", "step_seq_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise InvalidRequest(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.model not in COST_MODELS:
+            raise InvalidRequest(f"unknown cost model {self.model!r}; choose from {', '.join(COST_MODELS)}")
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise InvalidRequest(f"max_batch must be a whole number >= 1, got {self.max_batch!r}")
 
@@ -117,7 +122,7 @@ class ServingCluster(Cluster):
         cfg = SimConfig(strategy="paged", pool_tokens=blocks * BLOCK_TOKENS, max_len=max_len,
                         tokens_per_block=BLOCK_TOKENS, max_batch=costs.max_batch,
                         step_base_s=costs.step_base_s, step_seq_s=costs.step_seq_s,
-                        prefill_token_s=costs.prefill_token_s)
+                        prefill_token_s=costs.prefill_token_s, cost_model=costs.model)
         cfg.validate()
         lengths = trace.input_length.tolist()
         hashes = self.hashes
