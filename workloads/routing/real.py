@@ -18,21 +18,23 @@ Two parts, usable apart:
   asks every worker to tokenize each prompt, `/v1/completions/render` first, which answers 404
   here, then `/tokenize`, and its `cache_aware` tree holds those token ids; without them it
   has no routing key and routes by load alone). A completion is recorded at the worker that
-  received it and held until `release()`. SGLang's router opens each connection with an HTTP/2
-  preface, which the workers refuse (it then speaks HTTP/1.1); that error is not logged.
+  received it and held until `release()`. SGLang's router sends an HTTP/2 preface on some
+  connections, which the workers refuse (it then speaks HTTP/1.1); that error is not logged.
   Holding requests open makes a router's load (requests in flight per worker) the requests
   routed to it so far, the lab's sequence-mode assumption; with instant answers every load is 0
   and both routers send everything to one worker.
 
 `replay(trace, n, kind)` puts the two together and returns, per request, the worker that served
-it as its position in the router's order, the index a lab policy returns (`RealReplay`).
+it as its position in the router's order, the index a lab policy returns (`RealReplay`), with
+when each request was sent. `agreement()` (and `python -m workloads.routing.real`) compares
+those picks with the lab's model of the router in sequence mode.
 
 Prompts are made from the trace's block ids (`prompt_text`): one character per token, block
 `h` is `chr(0x10000 + h)` followed by `tokens - 1` copies of `chr(0x100000)`, so a block is the
-same text wherever it appears, two different blocks differ at their first character, and a
-prefix match of the routers' trees (SGLang's over characters, vLLM's over the token ids) stops
-exactly at a block boundary. Every character is four bytes of UTF-8, so byte and character
-counts keep the same ratios.
+same text wherever it appears and two different blocks differ at their first character, so a
+prefix match of SGLang's character tree stops exactly at a block boundary (vLLM's tree holds
+the token ids as hex digits, in which two blocks' first tokens can share a few). Every
+character is four bytes of UTF-8, so byte and character counts keep the same ratios.
 """
 
 from __future__ import annotations
