@@ -34,6 +34,7 @@ from workloads.routing.real import (
     router_kind,
 )
 from workloads.routing.sequence import requests
+from workloads.routing.sglang import VARIANTS, CacheAware
 
 REQUESTS = 300  # of the bundled conversation trace
 AGENT_REQUESTS = 600  # of the synthetic agent trace (enough for its hot prompt to unbalance)
@@ -98,6 +99,39 @@ def test_the_other_holder_rule_disagrees_with_each_router(traces):
         run_sequence(trace, 4, 1 << 40, rec)
         same = sum(a == b for a, b in zip(rec.picks, real.picks))
         assert same < 0.9 * len(trace), (kind, wrong, same)
+
+
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
+def test_eviction_cuts_each_workers_share_of_the_tree(kind):
+    """Worker 0 holds a 1-block prompt and a 1-token one, worker 1 a
+    4-block one; the budget lies between their shares, so a per-worker cut evicts only worker
+    1's, a cut of the whole tree evicts the oldest first, worker 0's. Once the router has
+    evicted (nothing is sent meanwhile), the 1-block prompt's continuation shows which: it
+    still matches (to worker 0) or no longer does (to the least-loaded worker 1). Both routers
+    cut per worker, in their own units (the test's prompts: SGLang 1 character a token, vLLM 8)."""
+    unit = 1 if kind == "sglang" else 8
+    budget, interval = 525 * unit, 5
+    rows = [(0, 512, 1, [0]), (0, 2048, 1, [10, 11, 12, 13]), (0, 1, 1, [30]),
+            (interval * 1000, 1024, 1, [0, 1]), (interval * 1000, 2560, 1, [10, 11, 12, 13, 14])]
+    trace = trace_of(rows)
+    real = replay(trace, 2, kind, not_before_s={3: interval + 0.5},
+                  args=("--eviction-interval-secs", str(interval), "--max-tree-size", str(budget)))
+    # the continuations went out after the first eviction and before the second
+    assert real.sent_s[3] > interval + real.ready_s and real.sent_s[-1] < 2 * interval
+    want = {"per_worker": [0, 1, 0, 0, 1], "shared": [0, 1, 0, 1, 0]}
+    name = ROUTERS[kind].model
+    for eviction, picks in want.items():
+        policy = CacheAware(2, name=name, **{**VARIANTS[name], "units_per_token": unit,
+                                             "max_tree_size": budget,
+                                             "eviction_interval_s": interval, "eviction": eviction})
+        assert model_picks_of(policy, trace) == picks, eviction
+    assert real.picks == want["per_worker"]
+
+
+def model_picks_of(policy, trace):
+    rec = Recorder(policy)
+    run_sequence(trace, policy.n, 1 << 40, rec)
+    return rec.picks
 
 
 def test_instant_answers_put_everything_on_one_worker():

@@ -141,12 +141,13 @@ def test_matched_node_holder_sglang_oldest_vllm_least_loaded():
         assert "best match" in p.rule
 
 
-def test_vllm_tree_counts_tokens_and_evicts_every_120_s():
+def test_vllm_tree_weighs_eight_hex_digits_a_token_and_evicts_every_120_s():
     p = make_policy("vllm_cache_aware", 2)
     assert p.name == "vllm_cache_aware" and p.eviction_interval_s == 120.0
-    assert p.max_tree_size == 33_554_432 and p.tree.units_per_token == 1
+    assert p.max_tree_size == 33_554_432 and p.tree.units_per_token == 8
+    assert p.eviction == "per_worker"
     p.route(request([1, 2], tokens=1000), FakeCluster(2))
-    assert p.tree.sizes == [1000, 0]
+    assert p.tree.sizes == [8000, 0]
     assert make_policy("sglang_cache_aware", 2).eviction_interval_s == 60.0
 
 
@@ -175,6 +176,24 @@ def test_sglang_eviction_drops_least_recent_leaves_down_to_max_tree_size():
     tree.evict(2 * block)  # then 4, then 3 (its parent, same epoch), leaving [1, 5]
     assert set(tree.nodes) - {-1} == {1, 5}
     assert tree.sizes == [2 * block] and tree.check() == []
+
+
+def test_shared_eviction_cuts_the_whole_tree_oldest_leaf_of_any_worker_first():
+    tree = ApproxTree(2, 1)
+    tree.insert(request([1, 2]), 0)        # epoch 0
+    tree.insert(request([1, 3]), 1)        # epoch 1: worker 1 joins block 1
+    tree.insert(request([4]), 1)           # epoch 2
+    assert tree.sizes == [1024, 1536]
+    tree.evict_shared(2100)                # 2560 held: worker 0's leaf 2 goes (the oldest)
+    assert tree.sizes == [512, 1536] and 2 not in tree.nodes
+    tree.evict_shared(1000)                # then 0's block 1 (epoch 0), 1's block 3 (epoch 1),
+    assert tree.sizes == [0, 512]          # 1's block 1 (a leaf now, epoch 0); block 4 stays
+    assert set(tree.nodes) - {-1} == {4} and tree.check() == []
+    per = ApproxTree(2, 1)
+    for blocks, w in (([1, 2], 0), ([1, 3], 1), ([4], 1)):
+        per.insert(request(blocks), w)
+    per.evict(1024)                        # per worker: only worker 1 is over 1024
+    assert per.sizes == [1024, 1024]
 
 
 def test_sglang_evicts_on_its_interval_in_trace_time():
@@ -296,12 +315,14 @@ def test_unknown_policy_names_the_choices():
 def test_sglang_tree_keeps_its_invariants_and_evicts_down_to_the_limit(ops):
     """Random inserts of prefix-consistent prompts (ids name whole prefixes) for random workers,
     each followed by an eviction to a random limit: the tree stays consistent and no worker
-    keeps more than the limit."""
-    tree = ApproxTree(3)
+    keeps more than the limit (per-worker eviction), or all of them together (shared)."""
+    tree, shared = ApproxTree(3), ApproxTree(3)
     for worker, root, depth, limit in ops:
         blocks = [root * 100 + k for k in range(depth)]  # id = (root, position): a chain per root
-        tree.insert(request(blocks, tokens=512 * depth - 7), worker)
-        assert tree.check() == []
+        for t in (tree, shared):
+            t.insert(request(blocks, tokens=512 * depth - 7), worker)
+            assert t.check() == []
         tree.evict(limit)
-        assert tree.check() == []
-        assert all(size <= limit for size in tree.sizes)
+        shared.evict_shared(limit)
+        assert tree.check() == [] and shared.check() == []
+        assert all(size <= limit for size in tree.sizes) and sum(shared.sizes) <= limit

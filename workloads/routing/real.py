@@ -18,33 +18,38 @@ Two parts, usable apart:
   asks every worker to tokenize each prompt, `/v1/completions/render` first, which answers 404
   here, then `/tokenize`, and its `cache_aware` tree holds those token ids; without them it
   has no routing key and routes by load alone). A completion is recorded at the worker that
-  received it and held until `release()`. SGLang's router opens each connection with an HTTP/2
-  preface, which the workers refuse (it then speaks HTTP/1.1); that error is not logged.
+  received it and held until `release()`. SGLang's router sends an HTTP/2 preface on some
+  connections, which the workers refuse (it then speaks HTTP/1.1); that error is not logged.
   Holding requests open makes a router's load (requests in flight per worker) the requests
   routed to it so far, the lab's sequence-mode assumption; with instant answers every load is 0
   and both routers send everything to one worker.
 
 `replay(trace, n, kind)` puts the two together and returns, per request, the worker that served
-it as its position in the router's order, the index a lab policy returns (`RealReplay`).
+it as its position in the router's order, the index a lab policy returns (`RealReplay`), with
+when each request was sent. `agreement()` (and `python -m workloads.routing.real`) compares
+those picks with the lab's model of the router in sequence mode.
 
 Prompts are made from the trace's block ids (`prompt_text`): one character per token, block
 `h` is `chr(0x10000 + h)` followed by `tokens - 1` copies of `chr(0x100000)`, so a block is the
-same text wherever it appears, two different blocks differ at their first character, and a
-prefix match of the routers' trees (SGLang's over characters, vLLM's over the token ids) stops
-exactly at a block boundary. Every character is four bytes of UTF-8, so byte and character
-counts keep the same ratios.
+same text wherever it appears and two different blocks differ at their first character, so a
+prefix match of SGLang's character tree stops exactly at a block boundary (vLLM's tree holds
+the token ids as hex digits, in which two blocks' first tokens can share a few). Every
+character is four bytes of UTF-8, so byte and character counts keep the same ratios.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import atexit
 import contextlib
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -154,7 +159,12 @@ _PREFACE_FILTER = _NoHttp2Preface()
 class Arrival:
     worker: int  # index into HoldingWorkers.urls
     path: str
-    prompt: str
+    prompt_chars: int
+    prompt_digest: bytes  # prompt_digest(prompt): the prompt itself is not kept
+
+
+def prompt_digest(prompt: str) -> bytes:
+    return hashlib.blake2b(prompt.encode(), digest_size=16).digest()
 
 
 class HoldingWorkers:
@@ -229,7 +239,7 @@ class HoldingWorkers:
                 body = await request.json()
                 prompt = body.get("prompt", body.get("text", ""))
                 async with self._arrived:
-                    self.arrivals.append(Arrival(index, path, prompt))
+                    self.arrivals.append(Arrival(index, path, len(prompt), prompt_digest(prompt)))
                     self._arrived.notify_all()
                 await self._release.wait()
                 return web.json_response({
@@ -295,6 +305,7 @@ def _get_json(url: str, timeout: float = 2.0):
         return json.loads(r.read())
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the routers colour their logs whatever NO_COLOR says
 PORT_TAKEN = ("address already in use", "address in use", "addrinuse", "os error 98")
 _RUNNING: weakref.WeakSet = weakref.WeakSet()  # routers started and not stopped
 
@@ -324,6 +335,8 @@ class RealRouter:
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.order: list[str] = []
+        self.started_at = 0.0  # time.monotonic() when the running router was launched
+        self.ready_at = 0.0  # ... and when it first listed every worker healthy
         self._log = None
 
     def command(self, port: int, metrics_port: int) -> list[str]:
@@ -337,7 +350,8 @@ class RealRouter:
             return ""
         self._log.flush()
         self._log.seek(0)
-        return self._log.read().decode("utf-8", "replace")[-chars:]
+        text = ANSI.sub("", self._log.read().decode("utf-8", "replace"))
+        return text[-chars:]
 
     def start(self) -> RealRouter:
         """Start the router; a port taken by the time it binds is retried with fresh ports
@@ -368,6 +382,7 @@ class RealRouter:
         self.proc = subprocess.Popen(self.command(port, metrics_port), stdin=subprocess.DEVNULL,
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
+        self.started_at = time.monotonic()
         _RUNNING.add(self)
         self.url = f"http://{self.host}:{port}"
         deadline = time.monotonic() + self.startup_timeout_s
@@ -389,6 +404,7 @@ class RealRouter:
                 return False
             if set(urls) == want and all(w.get("is_healthy", True) for w in listed):
                 self.order = urls
+                self.ready_at = time.monotonic()
                 return True
             time.sleep(0.1)
         tail = self.log_tail()
@@ -431,6 +447,26 @@ class RealRouter:
 
 
 # -- a trace through a real router -------------------------------------------------------------
+FDS_PER_REQUEST = 2  # a held request keeps two sockets open in the router, two here
+FDS_SPARE = 256
+
+
+def check_open_files(requests: int) -> None:
+    """Raise this process's open-file limit to its hard limit (the router inherits it), and
+    InvalidRequest when holding `requests` requests open would still not fit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    if soft != resource.RLIM_INFINITY and FDS_PER_REQUEST * requests + FDS_SPARE > soft:
+        most = (soft - FDS_SPARE) // FDS_PER_REQUEST
+        raise InvalidRequest(f"holding {requests:,} requests open needs about "
+                             f"{FDS_PER_REQUEST * requests + FDS_SPARE:,} open files; this "
+                             f"system allows {soft:,} (ulimit -n): route at most {most:,}")
+
+
 @dataclass
 class RealReplay:
     """What a real router did with a trace: `picks[i]` is the worker that served request i, as
@@ -442,33 +478,43 @@ class RealReplay:
     order: list[str]
     picks: list[int] = field(default_factory=list)
     loads: list[int] = field(default_factory=list)  # the router's loads at the end
+    sent_s: list[float] = field(default_factory=list)  # request i sent, s after the launch
+    ready_s: float = 0.0  # when the router first listed its workers healthy, s after the launch
 
 
 def replay(trace, n: int, kind: str, *, limit: int | None = None, args: tuple[str, ...] = (),
-           request_timeout_s: float = 30.0) -> RealReplay:
+           request_timeout_s: float = 30.0,
+           not_before_s: dict[int, float] | None = None) -> RealReplay:
     """Send `trace`'s first `limit` requests (all by default) one at a time through a fresh
     `kind` router over n fresh holding workers: each request goes out once the previous one
-    reached its worker. Raises RouterError when a request does not reach a worker in time."""
+    reached its worker. Raises RouterError when a request does not reach a worker in time.
+
+    `not_before_s[i]`: request i is not sent before that many seconds after the router was
+    ready (to let a wall-clock eviction happen between two requests, say)."""
     from .sequence import requests as trace_requests
 
     version = router_version(kind)
     total = len(trace) if limit is None else min(limit, len(trace))
-    reqs = [r for r, _ in zip(trace_requests(trace), range(total))]
-    prompts = [prompt_text(r.blocks, r.tokens) for r in reqs]
+    check_open_files(total)
+    prompts = (prompt_text(r.blocks, r.tokens) for r, _ in zip(trace_requests(trace), range(total)))
     with HoldingWorkers(n) as workers, RealRouter(kind, workers.urls, args=args) as router:
         position = {url: router.order.index(url) for url in workers.urls}
-        picks, loads = workers.call(_send(workers, router, prompts, request_timeout_s))
+        picks, loads, sent = workers.call(_send(workers, router, prompts, request_timeout_s,
+                                                not_before_s or {}))
         return RealReplay(kind, version, n, list(router.order),
-                          [position[workers.urls[w]] for w in picks], loads)
+                          [position[workers.urls[w]] for w in picks], loads, sent,
+                          router.ready_at - router.started_at)
 
 
-async def _send(workers: HoldingWorkers, router: RealRouter, prompts: list[str],
-                timeout: float) -> tuple[list[int], list[int]]:
-    """Picks (worker indices) of `prompts`, and the router's loads with all of them held."""
+async def _send(workers: HoldingWorkers, router: RealRouter, prompts, timeout: float,
+                not_before_s: dict[int, float]) -> tuple[list[int], list[int], list[float]]:
+    """Picks (worker indices) of `prompts`, the router's loads with all of them held, and when
+    each was sent (seconds after the router's launch)."""
     import aiohttp
 
     url = router.url + "/v1/completions"
     picks: list[int] = []
+    sent: list[float] = []
     tasks = []
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector,
@@ -483,6 +529,9 @@ async def _send(workers: HoldingWorkers, router: RealRouter, prompts: list[str],
             for i, prompt in enumerate(prompts):
                 body = json.dumps({"model": MODEL_ID, "prompt": prompt, "max_tokens": 1,
                                    "temperature": 0}, ensure_ascii=False).encode()
+                if i in not_before_s:
+                    await asyncio.sleep(router.ready_at + not_before_s[i] - time.monotonic())
+                sent.append(time.monotonic() - router.started_at)
                 task = asyncio.ensure_future(post(body))
                 tasks.append(task)
                 waiter = asyncio.ensure_future(workers.wait_arrivals(i + 1, timeout))
@@ -498,7 +547,8 @@ async def _send(workers: HoldingWorkers, router: RealRouter, prompts: list[str],
                     raise RouterError(f"request {i} reached no worker within {timeout:g} s; "
                                       f"router log: {router.log_tail()}") from None
                 arrival = workers.arrivals[i]
-                if len(workers.arrivals) != i + 1 or arrival.prompt != prompt:
+                if (len(workers.arrivals) != i + 1 or arrival.prompt_chars != len(prompt)
+                        or arrival.prompt_digest != prompt_digest(prompt)):
                     raise RouterError(f"request {i}: the workers received "
                                       f"{len(workers.arrivals)} requests or another prompt")
                 picks.append(arrival.worker)
@@ -508,6 +558,75 @@ async def _send(workers: HoldingWorkers, router: RealRouter, prompts: list[str],
             workers._release.set()
             results = await asyncio.gather(*tasks, return_exceptions=True)
     bad = [r for r in results if isinstance(r, BaseException) or r[0] != 200]
-    if bad and len(picks) == len(prompts):
+    if bad:
         raise RouterError(f"{len(bad)} requests failed once released, e.g. {bad[0]!r}"[:500])
-    return picks, loads
+    return picks, loads, sent
+
+
+def agreement(trace, n: int, kind: str, *, limit: int | None = None,
+              wall_clock: bool = False) -> dict:
+    """`replay` and the lab's model of the router (sequence mode) on the same requests: how
+    many decisions agree, and the first that do not. The model evicts at the trace's times;
+    `wall_clock`: at the times the requests were sent, the router's clock."""
+    import dataclasses
+
+    import numpy as np
+
+    from .policies import make_policy
+    from .sequence import run_sequence
+
+    if limit is not None:
+        trace = trace.head(min(limit, len(trace)))
+    t0 = time.perf_counter()
+    real = replay(trace, n, kind)
+    wall = time.perf_counter() - t0
+    if wall_clock:
+        trace = dataclasses.replace(trace, arrival_s=np.asarray(real.sent_s) - real.ready_s / 2)
+    policy = make_policy(ROUTERS[kind].model, n)
+    picks, rules = [], []
+
+    class _Recorder:
+        def route(self, req, cluster):
+            picks.append(policy.route(req, cluster))
+            rules.append(policy.rule)
+            return picks[-1]
+
+    run_sequence(trace, n, 1 << 40, _Recorder())
+    differ = [{"request": i, "model": picks[i], "real": real.picks[i], "rule": rules[i]}
+              for i in range(len(picks)) if picks[i] != real.picks[i]]
+    return {"router": kind, "version": real.version, "model": ROUTERS[kind].model, "replicas": n,
+            "clock": "wall" if wall_clock else "trace",
+            "requests": len(picks), "agree": len(picks) - len(differ),
+            "agreement": 1 - len(differ) / len(picks) if picks else 1.0,
+            "router_seconds": round(wall, 1), "first_differences": differ[:10]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m workloads.routing.real`: the agreement of a real router with its model."""
+    from ..mooncake import load_mooncake
+
+    p = argparse.ArgumentParser(prog="python -m workloads.routing.real", description=(
+        "Replay a Mooncake trace through a real router over holding workers and compare each "
+        "decision with the lab's model of it (sequence mode)."))
+    p.add_argument("--router", default="sglang", help="sglang or vllm")
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--limit", type=int, default=2000, help="first N requests (default 2000)")
+    p.add_argument("--trace", help="Mooncake JSONL trace (default: the bundled conversation trace)")
+    p.add_argument("--wall-clock", action="store_true",
+                   help="evict the model's tree at the times the requests were sent (the "
+                        "router's clock) instead of the trace's timestamps")
+    args = p.parse_args(argv)
+    try:
+        if args.replicas < 1 or args.limit < 1:
+            raise InvalidRequest("--replicas and --limit must be at least 1")
+        result = agreement(load_mooncake(args.trace), args.replicas, args.router,
+                           limit=args.limit, wall_clock=args.wall_clock)
+    except (InvalidRequest, RouterError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,8 +23,12 @@ Held to the real binaries, `sglang-router` 0.3.2 and `vllm-router` 0.1.17, by
   Else it goes to the least loaded worker, the first on a tie (`min_by_key` over the workers'
   `load()`; the old router's "smallest tree" rule is gone). Either way the tree records the
   request at the chosen worker.
-- Every `eviction_interval_secs` each worker's share of the tree is cut to `max_tree_size`
-  characters (vLLM: tokens) by evicting its least recently used leaves.
+- Every `eviction_interval_secs` each worker's share of the tree is cut to `max_tree_size` by
+  evicting that worker's least recently used leaves (both binaries, measured: a budget between
+  two workers' shares evicts only the larger share). The units are the tree's characters:
+  SGLang's are the prompt's, vLLM's are the token ids written as eight hex digits each, after a
+  six-character tag (measured from its debug log: 4,096 tokens weigh 32,774), so its default
+  33,554,432 is about 4.2 million tokens a worker.
 
 Variants: `sglang_cache_aware` is `smg launch`'s defaults (0.3.2's `router_args.py`: threshold
 0.3, abs 64, rel 1.5, eviction every 60 s, 67,108,864 characters); `sglang_cache_aware_code` the
@@ -34,12 +38,17 @@ Rust `CacheAwareConfig::default()` (`policies/mod.rs`: 0.5 / 32 / 1.1, 30 s, 10,
 NOTE: modelled at trace-block granularity. A node is one 512-token trace block weighing
 `tokens * units_per_token`: SGLang's tree holds the prompt's text (CHARS_PER_TOKEN characters a
 token, so `max_tree_size` keeps its meaning), vLLM's the token ids its workers' `/tokenize`
-returns (one unit a token; measured: with every token id equal, vLLM's router sees every prompt
-as a full match). The match rate is the matched share of the prompt's tokens. The
-real trees split nodes at any character; a match that stops inside a node still takes that
-node's tenants, which at block level are the holders of the deepest matched block, as long as
-two different blocks differ at their first character (true of the texts the real-router test
-sends; real prompts whose blocks share leading text match further in the real trees). Details
+returns (VLLM_UNITS_PER_TOKEN hex digits a token; measured: with every token id equal, vLLM's
+router sees every prompt as a full match). The match rate is the matched share of the
+prompt's tokens (vLLM counts whole tokens; SGLang characters). The real trees split nodes at
+any character; a match that stops inside a node still takes that node's tenants, which at
+block level are the holders of the deepest matched block as long as two different blocks
+differ at their first character. That holds for the texts the real-router test sends to
+SGLang; in vLLM's hex keys the first tokens of two blocks share leading digits, so a match can
+stop inside a sibling block's node and take its holders, a subset of the matched block's
+(never seen to change a decision on the bundled trace). Real prompts whose blocks share
+leading text match further in the real trees. The real trees also evict whole nodes (a
+request's unshared tail is one node), the model one block at a time. Details
 kept from the source: nodes a worker joins on the way down get timestamp 0 and only the
 request's last node gets a fresh epoch; nodes created by one insert share one epoch (the source
 creates a single leaf, later split with copied timestamps); one match in eight refreshes the
@@ -54,6 +63,7 @@ import heapq
 from .policies import BLOCK_TOKENS, Cluster, Policy, RouteRequest, argmin_first
 
 CHARS_PER_TOKEN = 4  # about four characters of English text per token (the tree stores text)
+VLLM_UNITS_PER_TOKEN = 8  # vLLM's tree key: each token id as eight hex digits
 
 VARIANTS = {
     # sglang-router 0.3.2 (`smg launch`): router_args.py and the CLI defaults
@@ -64,10 +74,12 @@ VARIANTS = {
     "sglang_cache_aware_code": dict(cache_threshold=0.5, balance_abs_threshold=32,
                                     balance_rel_threshold=1.1, eviction_interval_s=30.0,
                                     max_tree_size=10_000),
-    # vllm-router 0.1.17: router_args.py and the CLI defaults; its tree holds token ids
+    # vllm-router 0.1.17: router_args.py and the CLI defaults; its tree holds the token ids,
+    # eight hex digits a token
     "vllm_cache_aware": dict(cache_threshold=0.3, balance_abs_threshold=64,
                              balance_rel_threshold=1.5, eviction_interval_s=120.0,
-                             max_tree_size=33_554_432, holder="least_loaded", units_per_token=1),
+                             max_tree_size=33_554_432, holder="least_loaded",
+                             units_per_token=VLLM_UNITS_PER_TOKEN),
 }
 
 
@@ -169,6 +181,19 @@ class ApproxTree:
     def _is_leaf(self, b: int, t: int) -> bool:
         return not self.nodes[b].below.get(t)
 
+    def _drop(self, b: int, t: int) -> None:
+        """Worker t leaves node b (a leaf of its share); a node nobody holds goes."""
+        nodes = self.nodes
+        node = nodes[b]
+        del node.tenants[t]
+        self.held[t].discard(b)
+        self.sizes[t] -= node.chars
+        parent = node.parent
+        nodes[parent].below[t] -= 1
+        if not node.children and not node.tenants:
+            nodes[parent].children.discard(b)
+            del nodes[b]
+
     def evict(self, max_chars: int) -> None:
         """Cut each worker's share to `max_chars` characters, least recently used leaves first
         (the source's `evict_tenant_by_size`)."""
@@ -188,16 +213,31 @@ class ApproxTree:
                 node = nodes[b]
                 if t not in node.tenants or not self._is_leaf(b, t):
                     continue
-                del node.tenants[t]
-                held.discard(b)
-                self.sizes[t] -= node.chars
+                self._drop(b, t)
                 parent = node.parent
-                nodes[parent].below[t] -= 1
-                if not node.children and not node.tenants:
-                    nodes[parent].children.discard(b)
-                    del nodes[b]
                 if parent != ROOT and t in nodes[parent].tenants and self._is_leaf(parent, t):
                     heapq.heappush(heap, (nodes[parent].tenants[t], parent))
+
+    def evict_shared(self, max_units: int) -> None:
+        """Cut the tree to `max_units` over all workers together (the sum of their shares),
+        evicting the least recently used leaf of any worker first."""
+        nodes = self.nodes
+        if sum(self.sizes) <= max_units:
+            return
+        heap = [(nodes[b].tenants[t], t, b) for t, held in enumerate(self.held) for b in held
+                if not nodes[b].below.get(t)]
+        heapq.heapify(heap)
+        total = sum(self.sizes)
+        while heap and total > max_units:
+            _, t, b = heapq.heappop(heap)
+            node = nodes[b]
+            if t not in node.tenants or not self._is_leaf(b, t):
+                continue
+            total -= node.chars
+            self._drop(b, t)
+            parent = node.parent
+            if parent != ROOT and t in nodes[parent].tenants and self._is_leaf(parent, t):
+                heapq.heappush(heap, (nodes[parent].tenants[t], t, parent))
 
     def check(self) -> list[str]:
         problems = []
@@ -226,7 +266,8 @@ class ApproxTree:
 class CacheAware(Policy):
     """The `cache_aware` policy of SGLang's gateway and of vLLM's router (see the module
     docstring for the rules; `holder` picks among a matched node's workers: "oldest" or
-    "least_loaded")."""
+    "least_loaded"; `eviction` is "per_worker", what both routers do, or "shared", one budget
+    for the whole tree, which the real-router test uses to show it can tell the two apart)."""
 
     name = "sglang_cache_aware"
 
@@ -234,11 +275,14 @@ class CacheAware(Policy):
                  cache_threshold: float,
                  balance_abs_threshold: int, balance_rel_threshold: float,
                  eviction_interval_s: float, max_tree_size: int, holder: str = "oldest",
-                 units_per_token: int = CHARS_PER_TOKEN) -> None:
+                 units_per_token: int = CHARS_PER_TOKEN, eviction: str = "per_worker") -> None:
         super().__init__(n, seed)
         self.name = name
         if holder not in ("oldest", "least_loaded"):
             raise ValueError(f"holder must be oldest or least_loaded, got {holder!r}")
+        if eviction not in ("per_worker", "shared"):
+            raise ValueError(f"eviction must be per_worker or shared, got {eviction!r}")
+        self.eviction = eviction
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
@@ -255,7 +299,10 @@ class CacheAware(Policy):
 
     def route(self, req: RouteRequest, cluster: Cluster) -> int:
         if self.eviction_interval_s > 0 and cluster.now >= self._next_eviction:
-            self.tree.evict(self.max_tree_size)
+            if self.eviction == "shared":
+                self.tree.evict_shared(self.max_tree_size)
+            else:
+                self.tree.evict(self.max_tree_size)
             steps = int((cluster.now - self._next_eviction) // self.eviction_interval_s) + 1
             self._next_eviction += steps * self.eviction_interval_s
         loads = cluster.requests
