@@ -35,48 +35,13 @@ import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 from allocator.errors import Conflict, NotFound
 
 log = logging.getLogger("kvscope.routing")
 KEEP = 8
 DECISIONS = 12  # the latest decisions a run's view explains
-
-
-class Explained:
-    """Wraps a policy and keeps its latest decisions with why: the replica chosen, the rule
-    that decided, each replica's cached leading blocks and requests in flight then."""
-
-    def __init__(self, policy, name: str | None = None) -> None:
-        self.policy = policy
-        self.name = name or policy.name
-        self._decisions: deque[dict] = deque(maxlen=DECISIONS)
-        self._lock = threading.Lock()  # the event loop reads while the run's thread appends
-
-    def route(self, req, cluster) -> int:
-        r = self.policy.route(req, cluster)
-        why = {"request": req.index, "replica": r, "policy": self.name, "rule": self.policy.rule,
-               "matches": list(cluster.matches(req)), "loads": list(cluster.requests)}
-        with self._lock:
-            self._decisions.append(why)
-        return r
-
-    def decisions(self) -> list[dict]:
-        with self._lock:
-            return list(self._decisions)
-
-    def __getattr__(self, name: str):
-        """The policy's own attributes (`rule`, `kind`, its scores), for the decision log."""
-        if name == "policy":
-            raise AttributeError(name)
-        return getattr(self.policy, name)
-
-    def prefilled(self, index: int, replica: int) -> None:
-        self.policy.prefilled(index, replica)
-
-    def finished(self, index: int, replica: int) -> None:
-        self.policy.finished(index, replica)
 
 
 class _Stopped(Exception):
@@ -103,7 +68,6 @@ class RoutingRun:
         self.current: str | None = None
         self.results: list[dict] = []
         self.bounds: dict | None = None
-        self.explained: Explained | None = None
         self.logs: list = []  # a DecisionLog per policy, in order, as each starts
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"routing:{run_id}", daemon=True)
@@ -134,8 +98,7 @@ class RoutingRun:
                         raise _Stopped
                     self.done = base + i
 
-                policy = self.explained = Explained(make_policy(name, spec["replicas"], spec["seed"]),
-                                                    name)
+                policy = make_policy(name, spec["replicas"], spec["seed"])
                 log = DecisionLog(name, spec["replicas"], spec["capacity_tokens"])
                 self.logs.append(log)
                 run = run_sequence if spec["mode"] == "sequence" else run_serving
@@ -172,7 +135,7 @@ class RoutingRun:
                 "limit": self.spec["limit"], "policies": list(self.spec["policies"]),
                 "current": self.current, "done": self.done, "total": self.total,
                 "bounds": self.bounds, "results": list(self.results), "error": self.error,
-                "decisions": self.explained.decisions() if self.explained else []}
+                "decisions": self.logs[-1].latest(DECISIONS) if self.logs else []}
 
 
 class LiveSide:
@@ -187,7 +150,7 @@ class LiveSide:
         self.policy = policy
         from workloads.routing.decisions import DecisionLog
 
-        self.explained = Explained(make_policy(policy, spec["replicas"], spec["seed"]), policy)
+        self.router = make_policy(policy, spec["replicas"], spec["seed"])
         self.log = DecisionLog(policy, spec["replicas"], spec["capacity_tokens"])
         self.cluster = None
         self.handles: list = []  # the PoolHandles this side created, replica i at i
@@ -221,7 +184,7 @@ class LiveSide:
                 "hit_ratio": hit / prompt if prompt else 0.0,
                 "replica_figures": cluster.figures() if cluster and self.pools else [],
                 "pools": list(self.pools), "fleet": self.fleet,
-                "decisions": self.explained.decisions()}
+                "decisions": self.log.latest(DECISIONS)}
 
 
 class LiveRun:
@@ -258,10 +221,6 @@ class LiveRun:
     @property
     def policy(self) -> str:
         return self.sides[0].policy
-
-    @property
-    def explained(self) -> Explained:
-        return self.sides[0].explained
 
     @property
     def cluster(self):
@@ -348,7 +307,7 @@ class LiveRun:
             raise Conflict(f"routing run {self.id!r} compares two policies; they cannot be "
                            "switched (start a new run)")
         side = self.sides[0]
-        side.explained = Explained(make_policy(name, self.spec["replicas"], self.spec["seed"]), name)
+        side.router = make_policy(name, self.spec["replicas"], self.spec["seed"])
         side.policy = name
         self.switches.append({"at_request": self.routed, "policy": name})
 
@@ -391,8 +350,8 @@ class LiveRun:
         chosen = []
         for side in self.sides:
             side.cluster.offer(req, hashes)
-            r = side.explained.route(req, side.cluster)
-            side.log.add(req, r, side.cluster, side.explained.policy, policy_name=side.policy)
+            r = side.router.route(req, side.cluster)
+            side.log.add(req, r, side.cluster, side.router, policy_name=side.policy)
             chosen.append(r)
         self.routed = req.index + 1
         for side, r in zip(self.sides, chosen):

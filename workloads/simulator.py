@@ -259,14 +259,22 @@ class PrefixStrategy(PagedStrategy):
         super().__init__(pool, token_bytes, max_len, tokens_per_block)
         self.hashes = hashes
 
+    def open(self, r: Request):
+        """Open request r's prompt on the pool (named by its block hashes here)."""
+        return self.pool.open_sequence(block_hashes=self.hashes(r.rid), num_tokens=r.prompt)
+
+    def extend(self, aid: int, n: int) -> None:
+        """Append n tokens the request generated (they carry no hashes here: not cached)."""
+        self.pool.append(aid, num_tokens=n)
+
     def admit(self, r: Request) -> None:
         pool = self.pool
         self.calls += 1
-        info = pool.open_sequence(block_hashes=self.hashes(r.rid), num_tokens=r.prompt)
+        info = self.open(r)
         if r.context > r.prompt:
             try:
                 self.calls += 1
-                pool.append(info.id, num_tokens=r.context - r.prompt)
+                self.extend(info.id, r.context - r.prompt)
             except OutOfMemory:
                 pool.close_sequence(info.id)
                 raise
@@ -277,7 +285,7 @@ class PrefixStrategy(PagedStrategy):
 
     def grow(self, r: Request, length: int) -> None:
         self.calls += 1
-        self.pool.append(r.aid, num_tokens=length - r.recorded)
+        self.extend(r.aid, length - r.recorded)
         r.recorded = length
         r.cap = -(-length // self.tpb) * self.tpb
 

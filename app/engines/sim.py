@@ -47,10 +47,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from allocator import InvalidRequest, PrefixPool
-from allocator.errors import OutOfMemory
 from kvevents.pool_publisher import PoolPublisher
 from workloads.routing.serving import Replica, ServingCosts
 from workloads.simulator import PrefixStrategy, SimConfig
+from workloads.simulator import Request as SimRequest
 from workloads.trace import Trace
 
 MODEL = "kvscope-sim"
@@ -124,35 +124,20 @@ class SimEngineConfig:
 
 class _TokenStrategy(PrefixStrategy):
     """The simulator's prefix strategy, opening each sequence with its token ids: the pool hashes
-    the full blocks (its stored events then carry the tokens, as vLLM's do)."""
+    the full blocks (its stored events then carry the tokens, as vLLM's do). A preempted request
+    is opened again from its tokens at re-admission, its generated tokens appended after."""
 
     def __init__(self, pool, max_len: int, block_size: int) -> None:
         super().__init__(pool, 1, max_len, block_size, hashes=None)
         self.tokens: dict[int, list[int]] = {}
 
-    def admit(self, r) -> None:
-        pool = self.pool
-        self.calls += 1
-        info = pool.open_sequence(tokens=self.tokens[r.rid])
-        if r.context > r.prompt:  # readmitted after a preemption: what it had generated too
-            try:
-                self.calls += 1
-                pool.append(info.id, tokens=[OUTPUT_TOKEN] * (r.context - r.prompt))
-            except OutOfMemory:
-                pool.close_sequence(info.id)
-                raise
-        r.aid = info.id
-        r.cached = min(info.cached_tokens, r.context - 1)
-        r.recorded = r.context
-        r.cap = -(-r.context // self.tpb) * self.tpb
+    def open(self, r):
+        return self.pool.open_sequence(tokens=self.tokens[r.rid])
 
-    def grow(self, r, length: int) -> None:
-        """Decode: the generated tokens (each the word `tok`) join the sequence; the blocks they
-        fill are cached, as vLLM caches a request's full output blocks."""
-        self.calls += 1
-        self.pool.append(r.aid, tokens=[OUTPUT_TOKEN] * (length - r.recorded))
-        r.recorded = length
-        r.cap = -(-length // self.tpb) * self.tpb
+    def extend(self, aid: int, n: int) -> None:
+        """The generated tokens (each the word `tok`) join the sequence; the blocks they fill
+        are cached, as vLLM caches a request's full output blocks."""
+        self.pool.append(aid, tokens=[OUTPUT_TOKEN] * n)
 
     def forget(self, rid: int) -> None:
         """Request rid is done (a preempted one is released, then admitted again: its tokens
@@ -163,7 +148,7 @@ class _TokenStrategy(PrefixStrategy):
 class Pending:
     """One request inside an engine: its futures resolve on the engine's loop."""
 
-    __slots__ = ("rid", "prompt_tokens", "output_tokens", "first", "done", "arrival")
+    __slots__ = ("rid", "prompt_tokens", "output_tokens", "first", "done")
 
     def __init__(self, rid: int, prompt_tokens: int, output_tokens: int, loop) -> None:
         self.rid = rid
@@ -171,7 +156,6 @@ class Pending:
         self.output_tokens = output_tokens
         self.first = loop.create_future()  # cached tokens at its first admission
         self.done = loop.create_future()
-        self.arrival = 0.0
 
 
 class SimEngine:
@@ -261,8 +245,6 @@ class SimEngine:
     def submit(self, tokens: list[int], max_tokens: int, loop, tag: str | None = None) -> Pending:
         """Queue a request now. Raises InvalidRequest (nothing queued) when it cannot fit.
         `tag` (the body's `user`) names it in `served`, with what it found and when."""
-        from workloads.simulator import Request
-
         n = len(tokens)
         if n < 1:
             raise InvalidRequest("the prompt is empty: send at least one token")
@@ -279,12 +261,11 @@ class SimEngine:
         rid = next(self._rids)
         # arrives now, even while the simulator's clock is ahead (inside a prefill stall): the
         # wait for that stall is part of its time to first token
-        req = Request(rid, t, n, max_tokens)
+        req = SimRequest(rid, t, n, max_tokens)
         self.strategy.tokens[rid] = tokens
         sim.requests.append(req)
         sim._arrivals.append(req)
         p = Pending(rid, n, max_tokens, loop)
-        p.arrival = req.arrival
         self.pending[rid] = p
         if tag is not None and len(self.served) < MAX_SERVED:
             if self.on_arrival is not None:

@@ -34,6 +34,22 @@ def metric(text: str, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
+def post_together(url: str, bodies: list[dict]) -> dict[int, tuple[int, float]]:
+    """POST each body to /v1/completions at once, one thread each; {i: (status, done at)}."""
+    results: dict[int, tuple[int, float]] = {}
+
+    def send(i: int) -> None:
+        with httpx.Client(base_url=url, timeout=60) as c:
+            r = c.post("/v1/completions", json=bodies[i])
+            results[i] = (r.status_code, time.monotonic())
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
 @pytest.fixture()
 def engines():
     with SimEngines(SimEngines.uniform(2, num_blocks=128, block_size=16, costs=FAST)) as se:
@@ -110,19 +126,9 @@ def test_service_times_follow_the_costs_and_a_full_batch_queues():
             alone = time.monotonic() - t0
             # 100 tokens at 2 ms + 5 steps of 10 ms: the answer cannot come sooner
             assert alone >= 0.100 + 0.04, alone
-            results = {}
-
-            def send(i: int) -> None:
-                with httpx.Client(base_url=se.urls[0], timeout=60) as c2:
-                    r = c2.post("/v1/completions", json={"prompt": words(500 + 1000 * i, 50),
-                                                         "max_tokens": 5})
-                    results[i] = (r.status_code, time.monotonic())
             t0 = time.monotonic()
-            threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(60)
+            results = post_together(se.urls[0], [
+                {"prompt": words(500 + 1000 * i, 50), "max_tokens": 5} for i in range(2)])
         st = se.stats()[0]
     assert [results[i][0] for i in (0, 1)] == [200, 200]
     # one request runs at a time: the second waits for the first, 2 x (50 x 2 ms + 5 x 10 ms)
@@ -209,17 +215,8 @@ def test_a_preempted_request_is_admitted_again_and_completes():
     queued again, its tokens recomputed at re-admission) and both complete."""
     costs = ServingCosts(prefill_token_s=0.00001, step_base_s=0.001, step_seq_s=0.0)
     with SimEngines(SimEngines.uniform(1, num_blocks=12, block_size=16, costs=costs)) as se:
-        results = {}
-
-        def send(i: int) -> None:
-            with httpx.Client(base_url=se.urls[0], timeout=60) as c:
-                r = c.post("/v1/completions", json={"prompt": words(1000 * i, 60), "max_tokens": 60})
-                results[i] = r.status_code
-        threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        results = post_together(se.urls[0], [
+            {"prompt": words(1000 * i, 60), "max_tokens": 60} for i in range(2)])
         st = se.stats()[0]
-    assert results == {0: 200, 1: 200}, results
+    assert [results[i][0] for i in (0, 1)] == [200, 200], results
     assert st["preemptions"] >= 1 and st["completed"] == 2 and st["errors"] == 0, st

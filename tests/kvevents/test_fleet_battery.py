@@ -55,6 +55,13 @@ def joined(c, fleet: str, engine: str, pub: Publisher) -> None:
     wait_until(landed, f"{engine}'s first batch", every=0.1)
 
 
+def send_raw(pub: Publisher, payload: bytes) -> None:
+    """A batch payload as the publisher would frame it, bypassing its encoder (a lying publisher:
+    past a cap, or not msgpack at all)."""
+    pub._pub.send_multipart([pub._topic, seq_bytes(pub._seq), payload])
+    pub._seq += 1
+
+
 def chain(first: int, n: int, bs: int = 4, parent: int | None = None) -> Stored:
     return Stored(list(range(first, first + n)), parent, list(range(n * bs)), bs)
 
@@ -91,8 +98,7 @@ longest step), its memory bounded."""
             batches = [stores(1_000 + b * MAX_BATCH_BLOCKS, MAX_BATCH_BLOCKS) for b in range(15)]
             # timed from a process of its own (this one's encoding would hold the GIL it needs)
             with HealthProbe(srv.url) as health:
-                pub._pub.send_multipart([b"kv", seq_bytes(pub._seq), payload])
-                pub._seq += 1
+                send_raw(pub, payload)
                 for batch in batches:
                     pub.publish(batch)
                 row = wait_until(lambda: (r := rows(c, "fl")["e"])["cached_blocks"] == 15 * MAX_BATCH_BLOCKS
@@ -125,8 +131,7 @@ def test_a_message_past_the_cap_is_dropped_by_zeromq_before_it_is_buffered(ipc):
                 {"name": "e", "endpoint": pub.endpoint, "topic": "kv"}]}).status_code == 201
             joined(c, "h", "e", pub)
             rss0 = rss_of(srv.proc.pid)
-            pub._pub.send_multipart([b"kv", seq_bytes(pub._seq), b"\x00" * (200 << 20)])
-            pub._seq += 1
+            send_raw(pub, b"\x00" * (200 << 20))
             wait_until(lambda: rows(c, "h")["e"]["stream"]["disconnects"] >= 1, "the drop seen")
             grew = rss_of(srv.proc.pid) - rss0
             assert grew < 64 << 20, f"RSS grew {grew >> 20} MiB for a message it refused"
@@ -211,18 +216,15 @@ def test_dp_ranks_outside_0_1023_create_no_engine_and_a_rank_can_be_removed(ipc)
             joined(c, "d", "a", pub)
             for rank in (-1, -(1 << 63), (1 << 63) - 1, 1024):
                 payload = msgspec.msgpack.encode([time.time(), [{"type": "AllBlocksCleared"}], rank])
-                pub._pub.send_multipart([b"kv", seq_bytes(pub._seq), payload])
-                pub._seq += 1
-            pub._pub.send_multipart([b"kv", seq_bytes(pub._seq), encode_batch([chain(1, 2)], time.time(), 1)])
-            pub._seq += 1
+                send_raw(pub, payload)
+            send_raw(pub, encode_batch([chain(1, 2)], time.time(), 1))
             r = wait_until(lambda: "a:dp1" in (x := rows(c, "d")) and x, "rank 1 added")
             assert sorted(r) == ["a", "a:dp1"]
             assert r["a"]["stream"]["errors"]["malformed"] == 4, r["a"]["stream"]
             assert "data_parallel_rank" in (r["a"]["stream"]["last_error"] or "")
             assert c.delete("/api/fleets/d/engines/a:dp1").status_code == 204
             assert sorted(rows(c, "d")) == ["a"]
-            pub._pub.send_multipart([b"kv", seq_bytes(pub._seq), encode_batch([chain(5, 2)], time.time(), 1)])
-            pub._seq += 1
+            send_raw(pub, encode_batch([chain(5, 2)], time.time(), 1))
             wait_until(lambda: rows(c, "d")["a"]["stream"]["refused_batches"] == 1, "rank 1 refused")
             assert sorted(rows(c, "d")) == ["a"]
         finally:

@@ -131,6 +131,15 @@ class DecisionLog:
             chosen = rows[offset:offset + limit]
             return [self._dict(r) for r in chosen], total
 
+    def latest(self, n: int) -> list[dict]:
+        """The last `n` decisions in the short form a run's view explains them in: request,
+        replica, policy, the policy's sentence as `rule`, and each replica's cached leading
+        blocks (`matches`) and load (`loads`) then."""
+        with self._lock:
+            rows = self._rows[-n:] if n > 0 else []
+            return [{"request": r[0], "replica": r[1], "policy": r[10] or self.policy, "rule": r[3],
+                     "matches": list(r[4]), "loads": list(r[5])} for r in rows]
+
     def summary(self) -> dict:
         """Decisions by rule and by replica, and the captured / available token totals."""
         with self._lock:
