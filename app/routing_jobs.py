@@ -49,7 +49,7 @@ class _Stopped(Exception):
 
 
 @functools.lru_cache(maxsize=1)
-def _bundled_trace():
+def bundled_trace():
     from workloads.mooncake import load_mooncake
 
     return load_mooncake()
@@ -84,7 +84,7 @@ class RoutingRun:
 
         spec = self.spec
         try:
-            full = _bundled_trace()
+            full = bundled_trace()
             trace = full.head(min(spec["limit"], len(full)))
             self.total = len(trace) * len(spec["policies"])
             self.bounds = compute_bounds(trace, bound_key(spec["mode"], spec["replicas"],
@@ -319,7 +319,7 @@ class LiveRun:
 
         speed = self.spec["speed"]
         try:
-            full = _bundled_trace()
+            full = bundled_trace()
             trace = full.head(min(self.spec["limit"], len(full)))
             self.total = len(trace)
             start = time.monotonic()
@@ -423,7 +423,9 @@ class RoutingRuns:
         self._lock = threading.Lock()
 
     def _check_idle(self) -> None:
-        running = [r for r in self._runs.values() if r.state == "running"]
+        # a run adopted from the demo runs as long as the demo serves: it does not count
+        running = [r for r in self._runs.values()
+                   if r.state == "running" and getattr(r, "owns", True)]
         if running:
             raise Conflict(f"routing run {running[0].id!r} is running; stop it first")
 
@@ -466,6 +468,51 @@ class RoutingRuns:
         run.thread.start()
         return run
 
+    async def start_router(self, spec: dict, app):
+        """Start a router run (app/routing_router.py): its engines, router and fleet made before
+        its replay starts. Raises Conflict (a run is going, the fleet's name is taken, the
+        router would not start), InvalidRequest (an unknown router, its package missing); then
+        no run is listed and nothing is left running."""
+        from workloads.routing.real import RouterError
+
+        from .routing_router import RouterRun, check_router
+
+        self._check_idle()
+        check_router(spec["router"])
+        if spec.get("speed") is None:  # the requests in about a minute
+            trace = bundled_trace()
+            last = float(trace.arrival_s[min(spec["limit"], len(trace)) - 1] - trace.arrival_s[0])
+            spec = {**spec, "speed": max(1.0, last / 60.0)}
+        run = RouterRun(f"r{next(self._ids)}", spec)
+        self._runs[run.id] = run  # listed while it is set up, so no second run starts meanwhile
+        try:
+            await run.setup(app)
+        except RouterError as exc:
+            del self._runs[run.id]
+            raise Conflict(f"the {spec['router']} router would not start: {exc}") from None
+        except BaseException:
+            del self._runs[run.id]
+            raise
+        with self._lock:
+            self._keep(run)
+        run.thread.start()
+        return run
+
+    def adopt(self, session, spec: dict, *, fleet: str, load=None):
+        """List a router run someone else started and owns (`kvscope demo --sim --router`):
+        its engines, router and load are theirs; it is listed as running while they are."""
+        from .routing_router import RouterRun
+
+        with self._lock:
+            run = RouterRun(f"r{next(self._ids)}", spec, session=session, fleet_name=fleet,
+                            load=load)
+            self._keep(run)
+        return run
+
+    def list(self) -> list:
+        """The runs the server keeps, oldest first."""
+        return list(self._runs.values())
+
     async def delete(self, run_id: str, app) -> None:
         """Stop the run, release what it holds and forget it. Raises NotFound."""
         run = self.get(run_id)
@@ -484,3 +531,7 @@ class RoutingRuns:
         for run in list(self._runs.values()):
             if run.thread.is_alive():
                 run.thread.join(timeout=10)
+            session = getattr(run, "session", None)
+            if session is not None and getattr(run, "owns", False):
+                run.session = None
+                session.close()

@@ -646,6 +646,7 @@ ROUTING_RUN_ID_PATTERN = r"^r[0-9]{1,12}$"
 ROUTING_SERVING_TOKENS = 1 << 28  # simulated KV over all replicas of a run the server makes
 ROUTING_MAX_SPEED = 1e6
 ROUTING_LIVE_REPLICAS = 16
+ROUTING_ROUTERS = ("sglang", "vllm", "vllm-kv")  # router mode's real routers
 
 
 class RoutingIn(Strict):
@@ -659,6 +660,8 @@ class RoutingIn(Strict):
          "capacity_tokens": 1000000, "limit": 2000, "speed": 20.0},
         {"action": "start", "mode": "live", "compare": ["round_robin", "sglang_cache_aware"],
          "replicas": 3, "capacity_tokens": 1000000, "limit": 2000, "speed": 20.0},
+        {"action": "start", "mode": "router", "router": "sglang", "replicas": 4,
+         "capacity_tokens": 1000000, "limit": 2000},
         {"action": "stop", "id": "r1"}]})
 
     action: Literal["start", "stop"] = "start"
@@ -668,12 +671,17 @@ class RoutingIn(Strict):
     replicas: Annotated[int, Field(ge=1, le=64)] = 4
     capacity_tokens: Annotated[int, Field(ge=512, le=1 << 30)] = 1_000_000
     limit: Annotated[int, Field(gt=0, le=MAX_TRACE_LIMIT)] = 2000
-    mode: Literal["sequence", "serving", "live"] = "sequence"
+    mode: Literal["sequence", "serving", "live", "router"] = "sequence"
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
     policy: RoutingPolicy | None = Field(None, description="live mode: the policy to start with "
                                          "(default: the first of 'policies')")
     speed: Annotated[float, Field(gt=0, le=ROUTING_MAX_SPEED)] | None = Field(
-        None, description="live mode: times the trace's timestamps (default 1)")
+        None, description="live and router modes: times the trace's timestamps (default 1 live; "
+        "router mode: the requests in about 60 s)")
+    router: Literal[ROUTING_ROUTERS] | None = Field(  # type: ignore[valid-type]
+        None, description="router mode: the real router in front of the simulated engines: "
+        "sglang or vllm (cache_aware) or vllm-kv (vllm-router's kv_aware on their KV events); "
+        "needs kvscope[routers]")
     compare: Annotated[list[RoutingPolicy], Field(min_length=2, max_length=2)] | None = Field(
         None, description="live mode: two different policies, each routing the same requests "
         "to its own set of `replicas` pools (instead of `policy`)")
@@ -682,9 +690,22 @@ class RoutingIn(Strict):
     def _stop_names_a_run(self) -> RoutingIn:
         if self.action == "stop" and self.id is None:
             raise ValueError("stopping needs the run's 'id'")
-        if self.mode != "live" and (self.speed is not None or self.policy is not None):
-            raise ValueError("'speed' and 'policy' are for mode 'live' (the other modes run "
+        if (self.mode == "router") != (self.router is not None):
+            raise ValueError("mode 'router' needs 'router' (sglang, vllm or vllm-kv), and "
+                             "'router' is only for mode 'router'")
+        if self.mode not in ("live", "router") and self.speed is not None:
+            raise ValueError("'speed' is for modes 'live' and 'router' (the other modes run "
                              "every policy of 'policies' as fast as they go)")
+        if self.mode != "live" and self.policy is not None:
+            raise ValueError("'policy' is for mode 'live' (the other modes run every policy of "
+                             "'policies')")
+        if self.mode == "router":
+            if self.replicas > ROUTING_LIVE_REPLICAS:
+                raise ValueError(f"router mode runs at most {ROUTING_LIVE_REPLICAS} simulated "
+                                 "engines: lower 'replicas'")
+            if self.replicas * self.capacity_tokens > ROUTING_SERVING_TOKENS:
+                raise ValueError(f"router mode simulates at most {ROUTING_SERVING_TOKENS:,} tokens "
+                                 "of KV over all engines: lower 'replicas' or 'capacity_tokens'")
         if self.compare is not None:
             if self.mode != "live":
                 raise ValueError("'compare' is for mode 'live' (the other modes already compare "
@@ -753,6 +774,10 @@ class DecisionsOut(BaseModel):
     limit: int
     decisions: list[Decision]
     logs: list[dict]
+
+
+class RoutingListOut(BaseModel):
+    runs: list[dict] = Field(description="each run as GET /api/routing/{id} shows it")
 
 
 class RoutingOut(BaseModel):

@@ -237,21 +237,25 @@ def run_sim(args, settings, trace) -> int:
             router_kind(args.router)  # unknown or not installed: one line, nothing started
         if args.router:
             # behind a real router: the lab's text prompts, 512-token blocks of one character
-            # per token, as `kvscope route --router` sends them
+            # per token, as `kvscope route --router` sends them; every decision logged at the
+            # engines, and the run listed in the Routing view
+            from workloads.routing.decisions import DecisionLog
+
+            from .router_run import RouterSession
+
             configs = SimEngines.uniform(args.sim, prefix="engine", num_blocks=ENGINE_BLOCKS,
                                          block_size=ROUTER_BLOCK, tokenizer="chars",
                                          max_model_len=ROUTER_MAX_PROMPT + 512)
+            decisions = DecisionLog(f"router:{args.router}", args.sim, ENGINE_BLOCKS * ROUTER_BLOCK)
+            router = RouterSession(args.router, configs, decisions=decisions, events=True).start()
+            engines = router.engines
+            print(f"{PROG}: the real {args.router} router at {router.url} in front of them",
+                  flush=True)
         else:
             configs = SimEngines.uniform(args.sim, prefix="engine", num_blocks=ENGINE_BLOCKS,
                                          block_size=BLOCK_SIZE, token_scale=SIM_TOKEN_SCALE,
                                          max_model_len=MAX_MODEL_LEN)
-        engines = SimEngines(configs).start()
-        if args.router:
-            from workloads.routing.real import RealRouter
-
-            router = RealRouter(args.router, engines.urls).start()
-            print(f"{PROG}: the real {args.router} router at {router.url} in front of them",
-                  flush=True)
+            engines = SimEngines(configs).start()
         rows = fleet_file(engines, FLEET)["engines"]
         for row, url in zip(rows, engines.urls):
             print(f"{PROG}: {row['name']} (simulated) at {url}, KV events {row['endpoint']}",
@@ -265,6 +269,11 @@ def run_sim(args, settings, trace) -> int:
         load = LoadGenerator(trace, targets, speed=args.speed, engines=args.sim, per_engine=16,
                              text=router is not None,
                              max_prompt=ROUTER_MAX_PROMPT if router is not None else 2000).start()
+        if router is not None:
+            app.state.routing_runs.adopt(router, {
+                "router": args.router, "replicas": args.sim,
+                "capacity_tokens": ENGINE_BLOCKS * ROUTER_BLOCK, "limit": len(trace),
+                "speed": args.speed}, fleet=FLEET, load=load)
         print(f"{PROG}: {fleet_link(settings.host, settings.port, [c.name for c in configs])}; "
               "Ctrl-C stops everything", flush=True)
         server.run()
@@ -280,10 +289,11 @@ def run_sim(args, settings, trace) -> int:
         if load is not None:
             load.stop()
             print(f"{PROG}: load: {load.status()}", flush=True)
-        if router is not None:
+        if router is not None:  # the router and its engines
             router.close()
-            print(f"{PROG}: stopped the {args.router} router", flush=True)
-        if engines is not None:
+            print(f"{PROG}: stopped the {args.router} router and {args.sim} simulated engine(s)",
+                  flush=True)
+        elif engines is not None:
             engines.stop()
             print(f"{PROG}: stopped {args.sim} simulated engine(s)", flush=True)
         signal.signal(signal.SIGTERM, previous)

@@ -97,11 +97,12 @@ class LoadGenerator:
                 self._stop.wait(0.5)
                 continue
             self.sent += 1
-            self._pool.submit(self._send, self.router.pick(urls), p.tokens, p.max_tokens)
+            self._pool.submit(self._send, self.router.pick(urls), p.tokens, p.max_tokens, f"r{i}")
 
-    def _send(self, url: str, tokens: list[int], max_tokens: int) -> None:
+    def _send(self, url: str, tokens: list[int], max_tokens: int, tag: str) -> None:
+        # `user` names the request by its trace line: simulated engines record who served it
         body = json.dumps({"model": SERVED_NAME, "prompt": tokens, "max_tokens": max_tokens,
-                           "temperature": 0, "ignore_eos": True}).encode()
+                           "temperature": 0, "ignore_eos": True, "user": tag}).encode()
         req = urllib.request.Request(url + "/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
         try:

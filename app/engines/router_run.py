@@ -63,56 +63,132 @@ def _post(host: str, port: int, body: bytes, timeout: float) -> int:
         conn.close()
 
 
+class RouterSession:
+    """N simulated engines behind one real router, every request's decision logged as the engines
+    see it: when a request tagged `r<i>` (the body's `user`, i its line of the trace) arrives at
+    an engine, that engine served it, and each engine's cached leading blocks and requests in
+    flight then are its candidates; its first token sets the tokens it found cached.
+    `router`: sglang, vllm (cache_aware) or vllm-kv (vllm-router's kv_aware, fed the engines' KV
+    events). `start()` / `close()`, or a context manager. The engines publish KV events when
+    `events` (a fleet can follow them) and always for vllm-kv."""
+
+    def __init__(self, router: str, configs: list, *, speed: float = 1.0,
+                 decisions: DecisionLog | None = None, events: bool = False) -> None:
+        self.router = router
+        self.kv_aware = router == "vllm-kv"  # vllm-router's kv_aware: it follows the KV events
+        self.kind = router_kind("vllm" if self.kv_aware else router)  # unknown or missing: raises
+        if any(c.block_size != BLOCK_TOKENS for c in configs):
+            raise InvalidRequest(f"engines behind a router use {BLOCK_TOKENS}-token blocks")
+        self.engines = SimEngines(configs, speed=speed, events=events or self.kv_aware)
+        self.log = decisions
+        self.arrivals: dict[str, tuple] = {}  # tag -> (matches, loads) on every engine
+        self.rt: RealRouter | None = None
+
+    @property
+    def url(self) -> str:
+        return self.rt.url if self.rt is not None else ""
+
+    def start(self) -> RouterSession:
+        engines = self.engines
+        engines.start()
+        try:
+            index = {id(e): k for k, e in enumerate(engines.engines)}
+            engines.call(lambda: [setattr(e, "on_arrival", self._arrived) or
+                                  setattr(e, "on_first", self._first) for e in engines.engines])
+            self._index = index
+            args: tuple[str, ...] = ()
+            if self.kv_aware:
+                for u, e in zip(engines.urls, engines.events()):  # one flag per engine
+                    args += ("--kv-event-source", f"{u}={e['endpoint']}",
+                             "--kv-event-replay-source", f"{u}={e['replay_endpoint']}")
+                args += ("--kv-event-block-size", str(BLOCK_TOKENS), "--kv-event-model", "kvscope-sim")
+            self.rt = RealRouter("vllm" if self.kv_aware else self.router, engines.urls,
+                                 policy="kv_aware" if self.kv_aware else "cache_aware",
+                                 args=args).start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _arrived(self, engine, tag: str, tokens: list[int]) -> None:
+        """On the engines' loop, as a tagged request arrives at `engine`."""
+        es = self.engines.engines
+        matches = tuple(prefix_run(_hashes(tokens), e.pool.core.index) for e in es)
+        loads = tuple(e.running() + e.waiting() for e in es)
+        self.arrivals[tag] = (matches, loads)
+        i = _request_of(tag)
+        if self.log is not None and i is not None:
+            k = self._index[id(engine)]
+            best = max(matches)
+            self.log.add_record(i, k, "router", f"the real {self.router} router chose engine {k}",
+                                matches, loads, None, best, None,
+                                min(BLOCK_TOKENS * best, len(tokens) - 1))
+
+    def _first(self, engine, tag: str, cached: int) -> None:
+        i = _request_of(tag)
+        if self.log is not None and i is not None:
+            self.log.captured(i, cached)
+
+    def log_tail(self, chars: int = 200_000) -> str:
+        return self.rt.log_tail(chars) if self.rt is not None else ""
+
+    def close(self) -> None:
+        if self.rt is not None:
+            self.rt.close()
+        self.engines.stop()
+
+    def __enter__(self) -> RouterSession:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _request_of(tag: str) -> int | None:
+    """The trace line a tag `r<i>` names, or None for another tag."""
+    if tag[:1] == "r" and tag[1:].isdigit() and len(tag) < 12:
+        return int(tag[1:])
+    return None
+
+
+def router_engines(n: int, capacity_tokens: int, costs: ServingCosts | None = None,
+                   prefix: str = "engine") -> list:
+    """N simulated engines as `kvscope route --router` runs them: `capacity_tokens` each in
+    512-token blocks, tokenizing by character (`prompt_text`), under `costs`."""
+    blocks = capacity_tokens // BLOCK_TOKENS
+    if blocks < 1:
+        raise InvalidRequest(f"capacity_tokens must hold one {BLOCK_TOKENS}-token block")
+    return SimEngines.uniform(n, prefix=prefix, num_blocks=blocks, block_size=BLOCK_TOKENS,
+                              tokenizer="chars", costs=costs or ServingCosts(),
+                              max_model_len=min(MAX_LEN, blocks * BLOCK_TOKENS))
+
+
 def run_router(trace, *, router: str, n: int, capacity_tokens: int, speed: float,
                costs: ServingCosts | None = None, decisions: DecisionLog | None = None,
                progress=None, timeout_s: float = 600.0) -> dict:
     """Replay `trace` through the real `router` over n simulated engines; returns the row."""
-    kv_aware = router == "vllm-kv"  # vllm-router's kv_aware: it follows the engines' KV events
-    router_kind("vllm" if kv_aware else router)  # unknown or missing: one line, nothing started
     if not (isinstance(speed, int | float) and math.isfinite(speed) and speed > 0):
         raise InvalidRequest(f"--speed must be a positive number, got {speed!r}")
-    blocks = capacity_tokens // BLOCK_TOKENS
-    if blocks < 1:
-        raise InvalidRequest(f"capacity_tokens must hold one {BLOCK_TOKENS}-token block")
     costs = costs or ServingCosts()
-    max_len = min(MAX_LEN, blocks * BLOCK_TOKENS)
-    configs = SimEngines.uniform(n, prefix="engine", num_blocks=blocks, block_size=BLOCK_TOKENS,
-                                 tokenizer="chars", costs=costs, max_model_len=max_len)
-    arrivals: dict[str, tuple] = {}  # tag -> (matches, loads) on every engine as it arrived
-
-    engines = SimEngines(configs, speed=speed, events=kv_aware)
-    engines.start()
-    try:
-        def on_arrival(engine, tag: str, tokens: list[int]) -> None:
-            hashes = _hashes(tokens)
-            arrivals[tag] = (tuple(prefix_run(hashes, e.pool.core.index) for e in engines.engines),
-                             tuple(e.running() + e.waiting() for e in engines.engines))
-        engines.call(lambda: [setattr(e, "on_arrival", on_arrival) for e in engines.engines])
-        args: tuple[str, ...] = ()
-        if kv_aware:
-            evs = engines.events()
-            for u, e in zip(engines.urls, evs):  # one flag per engine
-                args += ("--kv-event-source", f"{u}={e['endpoint']}",
-                         "--kv-event-replay-source", f"{u}={e['replay_endpoint']}")
-            args += ("--kv-event-block-size", str(BLOCK_TOKENS), "--kv-event-model", "kvscope-sim")
-        with RealRouter("vllm" if kv_aware else router, engines.urls,
-                        policy="kv_aware" if kv_aware else "cache_aware", args=args) as rt:
-            router_log = rt
-            host, port = rt.url.removeprefix("http://").rsplit(":", 1)
-            rows = _replay(trace, host, int(port), speed, max_len, progress, timeout_s)
-            wall = rows.pop("wall_s")
-            served = engines.call(lambda: [dict(e.served) for e in engines.engines], timeout=60)
-            stats = engines.stats()
-            log_tail = router_log.log_tail(200_000)
-    finally:
-        engines.stop()
-    row = _figures(trace, router, n, capacity_tokens, speed, rows, served, stats, arrivals,
-                   decisions, wall, costs)
+    configs = router_engines(n, capacity_tokens, costs)
+    with RouterSession(router, configs, speed=speed, decisions=decisions) as session:
+        host, port = session.url.removeprefix("http://").rsplit(":", 1)
+        rows = replay(trace, host, int(port), speed, configs[0].max_len(), progress, timeout_s)
+        engines = session.engines
+        served = engines.call(lambda: [dict(e.served) for e in engines.engines], timeout=60)
+        stats = engines.stats()
+        log_tail = session.log_tail()
+    row = figures(trace, router, n, capacity_tokens, speed, rows, served, stats,
+                  session.arrivals, costs)
     row["router_fell_back_to_load"] = "load-only" in log_tail.lower()
     return row
 
 
-def _replay(trace, host: str, port: int, speed: float, max_len: int, progress, timeout_s) -> dict:
+def replay(trace, host: str, port: int, speed: float, max_len: int, progress=None,
+           timeout_s: float = 600.0, stop=None) -> dict:
+    """Send `trace` to the router at host:port at its timestamps over `speed`, as many in flight
+    as arrive (at most MAX_IN_FLIGHT); `stop` (an Event) ends it early. Returns the failures,
+    the requests too long for the engines, and the wall clock it took."""
     ids, offsets = trace.hash_ids.tolist(), trace.offsets.tolist()
     arrival = trace.arrival_s.tolist()
     inputs, outputs = trace.input_length.tolist(), trace.output_length.tolist()
@@ -142,7 +218,9 @@ def _replay(trace, host: str, port: int, speed: float, max_len: int, progress, t
                 continue
             due = t0 + (arrival[i] - arrival[0]) / speed
             wait = due - time.monotonic()
-            if wait > 0:
+            if stop is not None and (stop.wait(max(0.0, wait)) or stop.is_set()):
+                break
+            if stop is None and wait > 0:
                 time.sleep(wait)
             prompt = prompt_text(ids[offsets[i]:offsets[i + 1]], inputs[i])
             body = json.dumps({"model": "kvscope-sim", "prompt": prompt, "max_tokens": out,
@@ -156,8 +234,10 @@ def _replay(trace, host: str, port: int, speed: float, max_len: int, progress, t
     return {"failed": failed, "skipped": skipped, "wall_s": time.monotonic() - t0}
 
 
-def _figures(trace, router, n, capacity_tokens, speed, rows, served, stats, arrivals, decisions,
-             wall, costs) -> dict:
+def figures(trace, router, n, capacity_tokens, speed, rows, served, stats, arrivals,
+            costs) -> dict:
+    """A `kvscope route` row from what the engines recorded (`served`, `stats`, `arrivals`)."""
+    wall = rows["wall_s"]
     inputs = trace.input_length.tolist()
     engine_of: dict[int, int] = {}
     for e, got in enumerate(served):
@@ -181,9 +261,6 @@ def _figures(trace, router, n, capacity_tokens, speed, rows, served, stats, arri
         per_engine_requests[e] += 1
         if rec["first_token_s"] is not None:
             ttft.append(rec["first_token_s"] - rec["arrival_s"])
-        if decisions is not None:
-            decisions.add_record(i, e, "router", f"the real {router} router chose engine {e}",
-                                 matches, loads, None, best, cached, avail)
     mean = sum(per_engine_tokens) / n
     queries = sum(s["prefix_cache_queries"] for s in stats)
     engine_hits = sum(s["prefix_cache_hits"] for s in stats)
@@ -289,6 +366,9 @@ def router_main(argv: list[str]) -> int:
             if log is not None:
                 log.write_jsonl(decisions_file)
             decisions_file.close()
+    from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
+
+    row = with_bounds(row, compute_bounds(trace, bound_key("serving", args.replicas, capacity)))
     row["model"] = None if model is None else {"policy": kind.model, **{k: model[k] for k in (
         "hit_ratio", "available_hit_ratio", "imbalance", "ttft_p50_s", "ttft_p99_s")}}
     (out / "route_router.json").write_text(json.dumps(row, indent=1) + "\n")
@@ -302,6 +382,10 @@ def router_main(argv: list[str]) -> int:
                   f"{model['available_hit_ratio']:.3f} | {model['ttft_p50_s']:.2f} s | "
                   f"{model['ttft_p99_s']:.2f} s | {model['imbalance']:.2f} |")
     print(table)
+    print(f"bounds: pooled Belady {row['pooled_bound_hit_ratio']:.3f}, infinite cache "
+          f"{row['infinite_bound_hit_ratio']:.3f}; the real router reaches "
+          f"{row['of_pooled_bound']:.0%} of the pooled bound" if row["of_pooled_bound"] is not None
+          else "bounds: nothing in this trace could be hit")
     if row["router_fell_back_to_load"]:
         print(f"{PROG}: the router's log says it fell back to load-only scoring", file=sys.stderr)
     print(f"{row['routed']:,} routed, {row['failed']} failed, {row['rejected_too_long']} too long; "

@@ -196,6 +196,7 @@ class SimEngine:
         self.served: dict[str, dict] = {}  # tag -> arrival, first token, cached tokens
         self.tags: dict[int, str] = {}  # request id -> tag, until it is done
         self.on_arrival = None  # called with (engine, tag, tokens) as a tagged request arrives
+        self.on_first = None  # called with (engine, tag, cached tokens) at its first token
         self._registry = CollectorRegistry()
         self._registry.register(self)
 
@@ -280,6 +281,8 @@ class SimEngine:
         tag = self.tags.get(rid)
         if tag is not None:
             self.served[tag].update(first_token_s=at, cached=cached)
+            if self.on_first is not None:
+                self.on_first(self, tag, cached)
 
     # -- what routers read ---------------------------------------------------------------------
     def kv_usage(self) -> float:

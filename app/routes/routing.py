@@ -15,6 +15,7 @@ from ..schemas import (
     ROUTING_RUN_ID_PATTERN,
     DecisionsOut,
     RoutingIn,
+    RoutingListOut,
     RoutingOut,
     RoutingPolicyIn,
 )
@@ -35,6 +36,10 @@ def _runs(request: Request) -> RoutingRuns:
     "(`route-<id>-r<i>`), each publishing its KV events, followed by the fleet `route-<id>`; "
     "with `compare` (two policies) instead, each request goes to two such sides, "
     "`route-<id>-a` and `route-<id>-b`, one per policy. "
+    "Mode `router` replays the trace as real HTTP requests through a real router (`router`: "
+    "sglang, vllm or vllm-kv, from kvscope[routers]) in front of `replicas` simulated engines "
+    "of the server, followed by the fleet `route-<id>`; its decisions are recorded at the "
+    "engines. "
     "`action: stop` with `id` stops that run (200); a live run's pools and fleet go with it."))
 async def start_or_stop(body: RoutingIn, request: Request, response: Response) -> dict:
     runs = _runs(request)
@@ -44,11 +49,20 @@ async def start_or_stop(body: RoutingIn, request: Request, response: Response) -
         response.status_code = status.HTTP_200_OK
         return {"routing": run.view()}
     spec = body.model_dump(exclude={"action", "id"})
+    if body.mode == "router":
+        return {"routing": (await runs.start_router(spec, request.app)).view()}
     if body.mode == "live":
         spec["policy"] = None if body.compare else body.policy or body.policies[0]
         spec["speed"] = body.speed or 1.0
         return {"routing": (await runs.start_live(spec, request.app)).view()}
     return {"routing": runs.start(spec).view()}
+
+
+@router.get("", response_model=RoutingListOut, description=(
+    "The runs the server keeps (the last few finished ones, and any that is going or holds "
+    "pools or a fleet), oldest first, each as `GET /api/routing/{id}` shows it."))
+async def list_runs(request: Request) -> dict:
+    return {"runs": [run.view() for run in _runs(request).list()]}
 
 
 @router.get("/{run_id}", response_model=RoutingOut, description=(

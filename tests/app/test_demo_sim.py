@@ -91,20 +91,34 @@ def _children_of(pid: int) -> list[int]:
     return out
 
 
-def test_demo_sim_behind_a_real_router_fills_every_engine_and_stops_the_router(tmp_path):
-    proc, port, out = start_demo(tmp_path, 2, "--router", "sglang")
+def test_demo_sim_behind_a_real_router_fills_every_engine_lists_its_run_and_stops_the_router(
+        tmp_path):
+    t0 = time.monotonic()
+    proc, port, out = start_demo(tmp_path, 4, "--router", "sglang")
     try:
         base = f"http://127.0.0.1:{port}"
         routers = _children_of(proc.pid)  # the router is the demo's one child process
         assert len(routers) == 1, routers
-        end = time.monotonic() + DEADLINE
+        end = t0 + DEADLINE
         while True:
             rows = httpx.get(f"{base}/api/fleets/demo", timeout=10).json()["engines"]
-            if len(rows) == 2 and all(r["cached_blocks"] > 0 for r in rows):
+            if len(rows) == 4 and all(r["cached_blocks"] > 0 for r in rows):
                 break
             assert time.monotonic() < end, rows
             time.sleep(0.5)
         assert all(r["block_size"] == 512 for r in rows), rows
+        # the router run is listed, its decisions recorded at the engines
+        runs = httpx.get(f"{base}/api/routing", timeout=10).json()["runs"]
+        assert [(r["mode"], r["router"], r["state"], r["fleet"]) for r in runs] == \
+            [("router", "sglang", "running", "demo")], runs
+        run = runs[0]
+        assert run["done"] > 0 and len(run["replica_figures"]) == 4
+        page = httpx.get(f"{base}/api/routing/{run['id']}/decisions", params={"limit": 1000},
+                         timeout=10).json()
+        assert page["total"] > 0 and page["policy"] == "router:sglang"
+        served = {d["replica"] for d in page["decisions"]}
+        assert served <= {0, 1, 2, 3} and all(d["rule"] == "router" for d in page["decisions"])
+        assert sum(page["logs"][0]["by_replica"]) == page["total"]
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
         out.seek(0)

@@ -55,6 +55,8 @@ def test_the_route_router_cli_writes_its_row_and_decisions(tmp_path):
     assert row["model"]["policy"] == "sglang_cache_aware"
     assert len(dec.read_text().splitlines()) == 120
     assert "| real sglang router |" in r.stdout
+    assert row["hit_ratio"] <= row["pooled_bound_hit_ratio"] <= row["infinite_bound_hit_ratio"]
+    assert "pooled Belady" in r.stdout
 
 
 def test_unknown_or_missing_routers_are_one_line_and_exit_2():
