@@ -11,9 +11,9 @@ baseline and against its aim.
 Then Dynamo's own offline replay of the same trace, DynoSim (`dynamo._core.run_mocker_trace_replay`
 from ai-dynamo-runtime: Dynamo's mocker engines behind its round-robin or KV router, no NATS,
 etcd or GPU), at the same N and capacity, beside the lab's serving mode for round robin and
-`dynamo_kv` in the same run, with the lab's linear costs and with DynoSim's own (`--costs
-dynosim`): requests simulated per second, hit ratio (DynoSim's `prefix_cache_reused_ratio`) and
-TTFT p50. DynoSim's per-request choices are not seeded (ties are
+`dynamo_kv` in the same run, at the lab's default costs (DynoSim's own, `--costs dynosim`) and
+with its linear costs: requests simulated per second, hit ratio (DynoSim's
+`prefix_cache_reused_ratio`) and TTFT p50. DynoSim's per-request choices are not seeded (ties are
 random), so only its aggregates are compared.
 
     .venv/bin/python -m bench routing          (python -m bench --quick routing: a smoke test)
@@ -120,7 +120,7 @@ def dynosim_side_by_side(requests: int, n: int, capacity_tokens: int) -> list[di
             print(f"  {mode:<12} DynoSim: {d_rps:,.0f} requests/s simulated, hit {d['hit_ratio']:.3f}, "
                   f"TTFT p50 {d['ttft_p50_s']:.2f} s")
             row = {"router": mode, "policy": lab_policy, "dynosim": d}
-            for costs in ("linear", "dynosim"):
+            for costs in ("dynosim", "linear"):  # the default first
                 t0 = time.perf_counter()
                 lab = run_serving(trace, n, capacity_tokens, make_policy(lab_policy, n),
                                   ServingCosts(model=costs))

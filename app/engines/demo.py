@@ -221,6 +221,7 @@ def run_sim(args, settings, trace) -> int:
 
     from allocator.errors import KVScopeError
     from workloads.routing.real import RouterError
+    from workloads.routing.serving import ServingCosts
 
     from ..main import create_app
     from .load import LoadGenerator
@@ -252,8 +253,10 @@ def run_sim(args, settings, trace) -> int:
             print(f"{PROG}: the real {args.router} router at {router.url} in front of them",
                   flush=True)
         else:
+            # each engine token stands for SIM_TOKEN_SCALE model tokens: linear costs
             configs = SimEngines.uniform(args.sim, prefix="engine", num_blocks=ENGINE_BLOCKS,
                                          block_size=BLOCK_SIZE, token_scale=SIM_TOKEN_SCALE,
+                                         costs=ServingCosts(model="linear"),
                                          max_model_len=MAX_MODEL_LEN)
             engines = SimEngines(configs).start()
         rows = fleet_file(engines, FLEET)["engines"]

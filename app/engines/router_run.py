@@ -36,7 +36,7 @@ from allocator import InvalidRequest
 from workloads.routing.decisions import DecisionLog
 from workloads.routing.policies import BLOCK_TOKENS, prefix_run
 from workloads.routing.real import RealRouter, prompt_text, router_kind
-from workloads.routing.serving import MAX_LEN, ServingCosts
+from workloads.routing.serving import MAX_LEN, ServingCosts, add_cost_flags, costs_from_args
 
 from .sim import SimEngines
 
@@ -286,6 +286,10 @@ def figures(trace, router, n, capacity_tokens, speed, rows, served, stats, arriv
 PROG = "kvscope route --router"
 
 
+def _fmt(x) -> str:
+    return "" if x is None else f"{x:.3f}"
+
+
 def router_main(argv: list[str]) -> int:
     import argparse
     import sys
@@ -303,7 +307,8 @@ def router_main(argv: list[str]) -> int:
         "imbalance, beside the lab's model of that router on the same requests."))
     p.add_argument("--router", required=True, help=(
         "sglang or vllm (cache_aware), or vllm-kv (vllm-router's kv_aware on the engines' KV "
-        "events; the lab has no model of it yet)"))
+        "events; the lab has no model of it yet), or dynamo (Dynamo's KV router in its own "
+        "offline replay, DynoSim, over Dynamo's mocker engines: no HTTP, simulated time)"))
     p.add_argument("--trace", help="Mooncake JSONL trace (default: the bundled conversation trace)")
     p.add_argument("--replicas", type=int, default=4, help="engines (default 4)")
     p.add_argument("--capacity-tokens", type=float, default=1_000_000,
@@ -313,17 +318,19 @@ def router_main(argv: list[str]) -> int:
                    help="times real time (default: the trace in about 60 s of wall clock)")
     p.add_argument("--decisions", metavar="FILE.jsonl", help="write every decision (docs/ROUTING.md#decisions)")
     p.add_argument("--out", default="reports/route", help="output directory (route_router.json)")
-    p.add_argument("--prefill-tokens-per-s", type=float, default=20_000.0,
-                   help="prefill speed of an engine (default 20,000 tokens/s)")
-    p.add_argument("--step-base-ms", type=float, default=12.0, help="decode step at batch 0 (default 12 ms)")
-    p.add_argument("--step-seq-ms", type=float, default=0.15,
-                   help="decode step time per running request (default 0.15 ms)")
-    p.add_argument("--costs", choices=("linear", "dynosim"), default="linear",
-                   help="how the engines' time passes (as kvscope route --costs)")
+    add_cost_flags(p, "engine")
     args = p.parse_args(argv)
     try:
-        kind = router_kind("vllm" if args.router == "vllm-kv" else args.router)
         label = args.router
+        if label == "dynamo":
+            from workloads.routing.dynosim import available
+
+            why = available()
+            if why:
+                raise InvalidRequest(why)
+            kind = None
+        else:
+            kind = router_kind("vllm" if label == "vllm-kv" else label)
         if not 1 <= args.replicas <= 64:
             raise InvalidRequest(f"--replicas must be 1..64, got {args.replicas}")
         capacity = int(args.capacity_tokens)
@@ -331,11 +338,7 @@ def router_main(argv: list[str]) -> int:
             raise InvalidRequest(f"--capacity-tokens must be a whole number >= {BLOCK_TOKENS}")
         if args.limit is not None and args.limit < 1:
             raise InvalidRequest(f"--limit must be at least 1, got {args.limit}")
-        if not (math.isfinite(args.prefill_tokens_per_s) and args.prefill_tokens_per_s > 0):
-            raise InvalidRequest("--prefill-tokens-per-s must be a positive number")
-        costs = ServingCosts(prefill_token_s=1.0 / args.prefill_tokens_per_s,
-                             step_base_s=args.step_base_ms / 1000, step_seq_s=args.step_seq_ms / 1000,
-                             model=args.costs)
+        costs = costs_from_args(args)
         costs.check()
         trace = load_mooncake(args.trace, limit=args.limit)
         span = float(trace.arrival_s[-1] - trace.arrival_s[0])
@@ -348,13 +351,23 @@ def router_main(argv: list[str]) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
     try:
-        print(f"{PROG}: {len(trace):,} requests through the real {label} router "
-              f"({kind.package}) over {args.replicas} simulated engines of {capacity:,} tokens, "
-              f"at {speed:g}x real time", flush=True)
-        row = run_router(trace, router=label, n=args.replicas, capacity_tokens=capacity,
-                         speed=speed, costs=costs, decisions=log)
-        model = None if label == "vllm-kv" else run_serving(
-            trace, args.replicas, capacity, make_policy(kind.model, args.replicas), costs)
+        if kind is None:  # Dynamo's own replay, in simulated time
+            from workloads.routing.dynosim import run_dynosim
+
+            print(f"{PROG}: {len(trace):,} requests through Dynamo's KV router in DynoSim "
+                  f"(ai-dynamo-runtime) over {args.replicas} mocker engines of {capacity:,} "
+                  "tokens", flush=True)
+            row = run_dynosim(trace, args.replicas, capacity, "kv_router", log)
+            model_name = "dynamo_kv"
+        else:
+            print(f"{PROG}: {len(trace):,} requests through the real {label} router "
+                  f"({kind.package}) over {args.replicas} simulated engines of {capacity:,} "
+                  f"tokens, at {speed:g}x real time", flush=True)
+            row = run_router(trace, router=label, n=args.replicas, capacity_tokens=capacity,
+                             speed=speed, costs=costs, decisions=log)
+            model_name = None if label == "vllm-kv" else kind.model
+        model = None if model_name is None else run_serving(
+            trace, args.replicas, capacity, make_policy(model_name, args.replicas), costs)
     except (RouterError, RouterUnavailable, InvalidRequest) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, InvalidRequest) else 1
@@ -369,16 +382,17 @@ def router_main(argv: list[str]) -> int:
     from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
 
     row = with_bounds(row, compute_bounds(trace, bound_key("serving", args.replicas, capacity)))
-    row["model"] = None if model is None else {"policy": kind.model, **{k: model[k] for k in (
+    row["model"] = None if model is None else {"policy": model_name, **{k: model[k] for k in (
         "hit_ratio", "available_hit_ratio", "imbalance", "ttft_p50_s", "ttft_p99_s")}}
     (out / "route_router.json").write_text(json.dumps(row, indent=1) + "\n")
     table = (f"| | hit ratio | engines' counters | available | TTFT p50 | TTFT p99 | imbalance |\n"
              f"|---|---:|---:|---:|---:|---:|---:|\n"
-             f"| real {label} router | {row['hit_ratio']:.3f} | {row['engine_hit_ratio']:.3f} | "
-             f"{row['available_hit_ratio']:.3f} | {row['ttft_p50_s']:.2f} s | {row['ttft_p99_s']:.2f} s | "
-             f"{row['imbalance']:.2f} |")
+             f"| {'Dynamo KV router (DynoSim)' if kind is None else f'real {label} router'} | "
+             f"{row['hit_ratio']:.3f} | {_fmt(row.get('engine_hit_ratio'))} | "
+             f"{_fmt(row['available_hit_ratio'])} | {row['ttft_p50_s']:.2f} s | "
+             f"{row['ttft_p99_s']:.2f} s | {row['imbalance']:.2f} |")
     if model is not None:
-        table += (f"\n| lab model `{kind.model}` (serving mode) | {model['hit_ratio']:.3f} | | "
+        table += (f"\n| lab model `{model_name}` (serving mode) | {model['hit_ratio']:.3f} | | "
                   f"{model['available_hit_ratio']:.3f} | {model['ttft_p50_s']:.2f} s | "
                   f"{model['ttft_p99_s']:.2f} s | {model['imbalance']:.2f} |")
     print(table)
@@ -386,10 +400,11 @@ def router_main(argv: list[str]) -> int:
           f"{row['infinite_bound_hit_ratio']:.3f}; the real router reaches "
           f"{row['of_pooled_bound']:.0%} of the pooled bound" if row["of_pooled_bound"] is not None
           else "bounds: nothing in this trace could be hit")
-    if row["router_fell_back_to_load"]:
+    if row.get("router_fell_back_to_load"):
         print(f"{PROG}: the router's log says it fell back to load-only scoring", file=sys.stderr)
-    print(f"{row['routed']:,} routed, {row['failed']} failed, {row['rejected_too_long']} too long; "
-          f"requests per engine {row['replica_requests']}; {row['wall_s']:.1f} s of wall clock")
+    print(f"{row['routed']:,} routed, {row['failed']} failed, {row.get('rejected_too_long', 0)} "
+          f"too long; requests per engine {row['replica_requests']}; {row['wall_s']:.1f} s of "
+          "wall clock")
     if row["failed"]:
         print(f"{PROG}: failures: {'; '.join(row['first_failures'])}", file=sys.stderr)
     if args.decisions:

@@ -48,7 +48,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from allocator import InvalidRequest, PrefixPool
 from kvevents.pool_publisher import PoolPublisher
-from workloads.routing.serving import Replica, ServingCosts
+from workloads.routing.serving import Replica, ServingCosts, add_cost_flags, costs_from_args
 from workloads.simulator import PrefixStrategy, SimConfig
 from workloads.simulator import Request as SimRequest
 from workloads.trace import Trace
@@ -94,8 +94,8 @@ OUTPUT_TOKEN = token_id(OUTPUT_WORD)
 
 @dataclass
 class SimEngineConfig:
-    """One simulated engine. `num_blocks` blocks of `block_size` tokens; `costs` per model token,
-    `token_scale` model tokens per engine token; `max_model_len` in engine tokens (default: the
+    """One simulated engine. `num_blocks` blocks of `block_size` tokens; `costs` (by default
+    DynoSim's, per token), `token_scale` model tokens per engine token (linear costs only); `max_model_len` in engine tokens (default: the
     whole pool)."""
 
     name: str
@@ -117,6 +117,10 @@ class SimEngineConfig:
         if self.num_blocks > 1 << 22:
             raise InvalidRequest(f"num_blocks is at most {1 << 22:,}, got {self.num_blocks:,}")
         self.costs.check()
+        if self.token_scale != 1 and self.costs.model != "linear":
+            raise InvalidRequest(f"token_scale {self.token_scale} scales the linear costs; with the "
+                                 f"{self.costs.model} costs every token is a model token (use "
+                                 "costs linear, or token_scale 1)")
 
     def max_len(self) -> int:
         return self.max_model_len or self.num_blocks * self.block_size
@@ -777,12 +781,7 @@ def parse(argv: list[str]):
     p.add_argument("--token-scale", type=int, default=1,
                    help="model tokens one prompt word stands for, for the costs (default 1)")
     p.add_argument("--speed", type=float, default=1.0, help="simulated seconds per wall second (default 1)")
-    p.add_argument("--prefill-tokens-per-s", type=float, default=20_000.0,
-                   help="prefill speed per engine (default 20,000 model tokens/s)")
-    p.add_argument("--step-base-ms", type=float, default=12.0, help="decode step at batch 0 (default 12 ms)")
-    p.add_argument("--step-seq-ms", type=float, default=0.15,
-                   help="decode step time added per running request (default 0.15 ms)")
-    p.add_argument("--max-batch", type=int, default=256, help="requests running at once (default 256)")
+    add_cost_flags(p, "engine")
     p.add_argument("--fleet-file", metavar="FILE.json",
                    help="write the engines as a kvscope fleet file (kvscope serve --fleet FILE.json)")
     args = p.parse_args(argv)
@@ -792,8 +791,10 @@ def parse(argv: list[str]):
         p.error(f"--port must be 0..{65535 - args.engines}")
     if not (math.isfinite(args.speed) and args.speed > 0):
         p.error("--speed must be a positive number")
-    if not (math.isfinite(args.prefill_tokens_per_s) and args.prefill_tokens_per_s > 0):
-        p.error("--prefill-tokens-per-s must be a positive number")
+    try:
+        args.costs = costs_from_args(args)
+    except InvalidRequest as exc:
+        p.error(str(exc))
     return args
 
 
@@ -814,9 +815,7 @@ def main(argv: list[str]) -> int:
 
     args = parse(argv)
     try:
-        costs = ServingCosts(prefill_token_s=1.0 / args.prefill_tokens_per_s,
-                             step_base_s=args.step_base_ms / 1000, step_seq_s=args.step_seq_ms / 1000,
-                             max_batch=args.max_batch)
+        costs = args.costs
         configs = SimEngines.uniform(args.engines, num_blocks=args.num_blocks,
                                      block_size=args.block_size, token_scale=args.token_scale,
                                      costs=costs)

@@ -4,6 +4,7 @@ from the costs, streaming, bad input, and `kvscope sim-engines` as a process."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ from app.engines.sim import SimEngines, tokenize
 from kvevents.fleet import EngineSpec, Fleet
 from workloads.routing.serving import ServingCosts
 
-FAST = ServingCosts(prefill_token_s=0.0002, step_base_s=0.002, step_seq_s=0.0)
+FAST = ServingCosts(prefill_token_s=0.0002, step_base_s=0.002, step_seq_s=0.0, model="linear")
 
 
 def words(first: int, n: int) -> str:
@@ -118,7 +119,8 @@ def test_a_repeated_prompt_hits_its_cached_blocks_the_counters_and_a_fleet_say_s
 
 
 def test_service_times_follow_the_costs_and_a_full_batch_queues():
-    costs = ServingCosts(prefill_token_s=0.002, step_base_s=0.01, step_seq_s=0.0, max_batch=1)
+    costs = ServingCosts(prefill_token_s=0.002, step_base_s=0.01, step_seq_s=0.0, max_batch=1,
+                         model="linear")
     with SimEngines(SimEngines.uniform(1, num_blocks=64, block_size=16, costs=costs)) as se:
         with httpx.Client(base_url=se.urls[0], timeout=60) as c:
             t0 = time.monotonic()
@@ -212,11 +214,19 @@ def test_sim_engines_cli_refuses_bad_flags_in_one_line():
 
 def test_a_preempted_request_is_admitted_again_and_completes():
     """A pool too small for two long requests at once: the later one is preempted (freed,
-    queued again, its tokens recomputed at re-admission) and both complete."""
-    costs = ServingCosts(prefill_token_s=0.00001, step_base_s=0.001, step_seq_s=0.0)
+    queued again, its tokens recomputed at re-admission) and both complete. Both arrive in one
+    step of the engines' loop, so they overlap however loaded the machine is."""
+    costs = ServingCosts(prefill_token_s=0.00001, step_base_s=0.001, step_seq_s=0.0, model="linear")
     with SimEngines(SimEngines.uniform(1, num_blocks=12, block_size=16, costs=costs)) as se:
-        results = post_together(se.urls[0], [
-            {"prompt": words(1000 * i, 60), "max_tokens": 60} for i in range(2)])
+        def submit_both():
+            e = se.engines[0]
+            loop = asyncio.get_running_loop()
+            return [e.submit(tokenize(words(1000 * i, 60)), 60, loop, tag=f"r{i}")
+                    for i in range(2)]
+        pending = se.call(submit_both)
+        deadline = time.monotonic() + 60
+        while se.stats()[0]["completed"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         st = se.stats()[0]
-    assert [results[i][0] for i in (0, 1)] == [200, 200], results
+    assert all(p.done.done() and not p.done.exception() for p in pending)
     assert st["preemptions"] >= 1 and st["completed"] == 2 and st["errors"] == 0, st

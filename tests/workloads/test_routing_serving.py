@@ -26,14 +26,14 @@ def test_ttft_is_queueing_plus_the_prefill_of_uncached_tokens():
     # one replica, two identical prompts far apart: the first computes all 1100 tokens, the
     # second finds its two full blocks cached and computes 76
     rows = [(0, 1100, 3, [1, 2, 3]), (100_000, 1100, 3, [1, 2, 3])]
-    costs = ServingCosts(prefill_token_s=0.001)
+    costs = ServingCosts(prefill_token_s=0.001, model="linear")
     got = run_serving(trace_of(rows), 1, 10 * 512, make_policy("round_robin", 1), costs)
     assert got["ttft_cdf_s"][0] == pytest.approx(76 * 0.001)
     assert got["ttft_cdf_s"][-1] == pytest.approx(1100 * 0.001)
     assert got["hit_ratio"] == pytest.approx(1024 / 2200)
     assert got["available_hit_ratio"] == pytest.approx(1024 / 2200)
     faster = run_serving(trace_of(rows), 1, 10 * 512, make_policy("round_robin", 1),
-                         ServingCosts(prefill_token_s=0.0005))
+                         ServingCosts(prefill_token_s=0.0005, model="linear"))
     assert faster["ttft_cdf_s"][-1] == pytest.approx(1100 * 0.0005)
 
 
@@ -72,6 +72,9 @@ def test_serving_is_deterministic_and_checks_its_costs():
     b = run_serving(trace, 2, 30 * 512, make_policy("llmd_precise", 2))
     assert a == b
     with pytest.raises(InvalidRequest, match="prefill_token_s"):
-        run_serving(trace, 2, 30 * 512, make_policy("round_robin", 2), ServingCosts(prefill_token_s=-1))
+        run_serving(trace, 2, 30 * 512, make_policy("round_robin", 2), ServingCosts(prefill_token_s=-1, model="linear"))
+    # a linear cost given to the default (DynoSim's) model would be ignored: refused instead
+    with pytest.raises(InvalidRequest, match="model='linear'"):
+        run_serving(trace, 2, 30 * 512, make_policy("round_robin", 2), ServingCosts(step_base_s=0.5))
     with pytest.raises(InvalidRequest, match="at most"):  # refused before any pool is built
         run_serving(trace, 64, 1 << 25, make_policy("round_robin", 64))

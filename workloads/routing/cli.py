@@ -13,11 +13,10 @@ from allocator import InvalidRequest
 
 from ..cli import ProgressBar, _out_dir
 from ..mooncake import load_mooncake
-from ..simulator import COST_MODELS
 from .grid import MODES, Settings, grid, parse_executor, run_grid
 from .policies import BLOCK_TOKENS, check_policies
 from .report import markdown, write_route_report
-from .serving import ServingCosts
+from .serving import add_cost_flags, costs_from_args
 
 DEFAULT_POLICIES = ("round_robin", "least_loaded", "session", "longest_prefix",
                     "sglang_cache_aware", "dynamo_kv", "llmd_precise")
@@ -48,17 +47,7 @@ def route_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random policies (>= 0)")
     p.add_argument("--dynamo-temperature", type=float, default=0.0,
                    help="softmax temperature of dynamo_kv* (default 0: the lowest cost)")
-    p.add_argument("--prefill-tokens-per-s", type=float, default=20_000.0,
-                   help="serving: prefill speed of a replica (default 20,000 tokens/s)")
-    p.add_argument("--step-base-ms", type=float, default=12.0,
-                   help="serving: decode step time at batch 0 (default 12 ms)")
-    p.add_argument("--step-seq-ms", type=float, default=0.15,
-                   help="serving: decode step time added per running request (default 0.15 ms)")
-    p.add_argument("--max-batch", type=int, default=256,
-                   help="serving: most requests running at once per replica (default 256)")
-    p.add_argument("--costs", choices=COST_MODELS, default="linear", help=(
-        "serving: how time passes: linear (the three costs above, the default) or dynosim "
-        "(Dynamo's mocker's prefill and decode polynomials, what DynoSim replays with)"))
+    add_cost_flags(p)
     p.add_argument("--workers", type=int, help="local executor: processes (default: one per CPU)")
     p.add_argument("--list-policies", action="store_true", help="print the policy names and exit")
     p.add_argument("--no-png", action="store_true", help="skip the chart")
@@ -88,18 +77,9 @@ def _numbers(text: str, flag: str, minimum: int, what: str) -> list[int]:
 def settings_from(args: argparse.Namespace) -> Settings:
     if args.seed < 0:
         raise InvalidRequest(f"--seed must be >= 0, got {args.seed}")
-    speed = args.prefill_tokens_per_s
-    if not (math.isfinite(speed) and speed > 0):
-        raise InvalidRequest(f"--prefill-tokens-per-s must be a positive number, got {speed}")
-    for flag, value in (("--step-base-ms", args.step_base_ms), ("--step-seq-ms", args.step_seq_ms),
-                        ("--dynamo-temperature", args.dynamo_temperature)):
-        if not (math.isfinite(value) and value >= 0):
-            raise InvalidRequest(f"{flag} must be a number >= 0, got {value}")
-    if args.max_batch < 1:
-        raise InvalidRequest(f"--max-batch must be at least 1, got {args.max_batch}")
-    costs = ServingCosts(prefill_token_s=1.0 / speed, step_base_s=args.step_base_ms / 1000,
-                         step_seq_s=args.step_seq_ms / 1000, max_batch=args.max_batch,
-                         model=args.costs)
+    if not (math.isfinite(args.dynamo_temperature) and args.dynamo_temperature >= 0):
+        raise InvalidRequest(f"--dynamo-temperature must be a number >= 0, got {args.dynamo_temperature}")
+    costs = costs_from_args(args)
     return Settings(mode=args.mode, seed=args.seed, dynamo_temperature=args.dynamo_temperature,
                     costs=costs)
 

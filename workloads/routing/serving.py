@@ -3,8 +3,8 @@
 Each replica is the serving simulator (`workloads/simulator.py`) on its own prefix-caching pool
 (`allocator.PrefixPool`, 512-token blocks named by the trace's prefix tree, LRU): a request
 queues, is admitted when the batch and the pool have room, prefills only its uncached tokens
-(`prefill_token_s` per token, the batch stalls meanwhile), then decodes one token per step of
-`step_base_s + step_seq_s * batch` seconds. Before each arrival every replica is advanced to the
+(the batch stalls meanwhile), then decodes one token per step, at the costs of `ServingCosts`
+(by default Dynamo's mocker's polynomials, as DynoSim replays; or linear per-token costs). Before each arrival every replica is advanced to the
 arrival time, so the router sees real load: requests and tokens in flight, waiting queues, KV
 usage and (for the precise policies) the pools' real cache contents.
 
@@ -40,19 +40,25 @@ MAX_LEN = 131_072  # the bundled trace's prompts reach 126,195 tokens: a 128k-co
 MAX_SERVING_TOKENS = 1 << 30
 
 
+DEFAULT_COSTS = "dynosim"
+LINEAR = {"prefill_tokens_per_s": 20_000.0, "step_base_ms": 12.0, "step_seq_ms": 0.15}
+
+
 @dataclass(slots=True)
 class ServingCosts:
-    """Per-token costs of one replica (simulated seconds). The defaults are the simulator's
-    Llama-3-8B-on-one-A100 shape: prefill 20,000 tokens/s, a decode step of 12 ms plus
-    0.15 ms per running request, at most 256 running."""
+    """How a replica's time passes (simulated seconds). `model` "dynosim", the default: Dynamo's
+    mocker engine's prefill and decode polynomials, what its offline replay DynoSim runs on
+    (workloads/simulator.py `COST_MODELS`, cited there; the three per-token costs are then
+    unused). `model` "linear": a prefill of `prefill_token_s` per computed token and a decode step
+    of `step_base_s + step_seq_s * batch` (defaults: the serving simulator's
+    Llama-3-8B-on-one-A100 shape, 20,000 tokens/s, 12 ms plus 0.15 ms per running request).
+    At most `max_batch` requests run at once either way."""
 
-    prefill_token_s: float = 0.00005
-    step_base_s: float = 0.012
-    step_seq_s: float = 0.00015
+    prefill_token_s: float = 1.0 / LINEAR["prefill_tokens_per_s"]
+    step_base_s: float = LINEAR["step_base_ms"] / 1000
+    step_seq_s: float = LINEAR["step_seq_ms"] / 1000
     max_batch: int = 256
-    # "linear" (the three costs above) or "dynosim": Dynamo's mocker's timing, which DynoSim
-    # replays with (workloads/simulator.py COST_MODELS; the three costs above are then unused)
-    model: str = "linear"
+    model: str = DEFAULT_COSTS
 
     def check(self) -> None:
         for name in ("prefill_token_s", "step_base_s", "step_seq_s"):
@@ -61,11 +67,55 @@ class ServingCosts:
                 raise InvalidRequest(f"{name} must be a finite number >= 0, got {value!r}")
         if self.model not in COST_MODELS:
             raise InvalidRequest(f"unknown cost model {self.model!r}; choose from {', '.join(COST_MODELS)}")
+        if self.model != "linear":
+            linear = ServingCosts(model="linear")
+            changed = [name for name in ("prefill_token_s", "step_base_s", "step_seq_s")
+                       if getattr(self, name) != getattr(linear, name)]
+            if changed:
+                raise InvalidRequest(f"{', '.join(changed)} set the linear cost model, which "
+                                     f"model {self.model!r} does not use: give model='linear'")
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise InvalidRequest(f"max_batch must be a whole number >= 1, got {self.max_batch!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def add_cost_flags(p, what: str = "replica") -> None:
+    """The serving costs' command-line flags, one set for every CLI that simulates time."""
+    p.add_argument("--costs", choices=COST_MODELS, default=DEFAULT_COSTS, help=(
+        f"how a {what}'s time passes: dynosim (the default: Dynamo's mocker's prefill and decode "
+        "polynomials, what DynoSim replays with) or linear (the three costs below)"))
+    p.add_argument("--prefill-tokens-per-s", type=float, default=None, help=(
+        f"--costs linear: prefill speed of a {what} (default 20,000 tokens/s)"))
+    p.add_argument("--step-base-ms", type=float, default=None,
+                   help="--costs linear: decode step time at batch 0 (default 12 ms)")
+    p.add_argument("--step-seq-ms", type=float, default=None,
+                   help="--costs linear: decode step time added per running request (default 0.15 ms)")
+    p.add_argument("--max-batch", type=int, default=256,
+                   help=f"most requests running at once per {what} (default 256)")
+
+
+def costs_from_args(args) -> ServingCosts:
+    """ServingCosts from `add_cost_flags`' flags. Raises InvalidRequest (one line, what to fix)
+    for a bad value, or a linear cost given with another cost model."""
+    given = {name: getattr(args, name) for name in LINEAR if getattr(args, name) is not None}
+    if given and args.costs != "linear":
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise InvalidRequest(f"{flags} set the linear cost model: add --costs linear (the default, "
+                             f"{DEFAULT_COSTS}, is Dynamo's mocker's timing)")
+    v = {**LINEAR, **given}
+    if not (math.isfinite(v["prefill_tokens_per_s"]) and v["prefill_tokens_per_s"] > 0):
+        raise InvalidRequest(f"--prefill-tokens-per-s must be a positive number, got "
+                             f"{v['prefill_tokens_per_s']}")
+    for name in ("step_base_ms", "step_seq_ms"):
+        if not (math.isfinite(v[name]) and v[name] >= 0):
+            raise InvalidRequest(f"--{name.replace('_', '-')} must be a number >= 0, got {v[name]}")
+    if args.max_batch < 1:
+        raise InvalidRequest(f"--max-batch must be at least 1, got {args.max_batch}")
+    return ServingCosts(prefill_token_s=1.0 / v["prefill_tokens_per_s"],
+                        step_base_s=v["step_base_ms"] / 1000, step_seq_s=v["step_seq_ms"] / 1000,
+                        max_batch=args.max_batch, model=args.costs)
 
 
 class Replica(Simulator):
