@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import os
 import resource
-import tempfile
 import time
-from pathlib import Path
 
 from bench.quick import sized
-from workloads.mooncake import DEFAULT_MOONCAKE, load_mooncake
+from workloads.mooncake import load_mooncake
 from workloads.routing import make_policy, run_sequence
 from workloads.routing.cli import DEFAULT_POLICIES
+from workloads.routing.dynosim import run_dynosim
 from workloads.routing.grid import Settings, grid, run_grid, run_point
 from workloads.routing.serving import ServingCosts, run_serving
 
@@ -84,55 +83,31 @@ def run() -> dict:
             "dynosim": dynosim}
 
 
-def dynosim(trace_file: str, n: int, capacity_tokens: int, router_mode: str) -> dict:
-    """DynoSim's replay of `trace_file` over n mocker workers of `capacity_tokens` each."""
-    os.environ.setdefault("DYN_LOG", "warn")  # else it logs every decision
-    import dynamo._core as dyn
-
-    t0 = time.perf_counter()
-    out = dyn.run_mocker_trace_replay(
-        [trace_file], extra_engine_args={"engine": {"block_size": 512,
-                                                    "num_gpu_blocks": capacity_tokens // 512}},
-        num_workers=n, trace_block_size=512, router_mode=router_mode,
-        router_config=dyn.KvRouterConfig() if router_mode == "kv_router" else None)
-    wall = time.perf_counter() - t0
-    s = out.summary
-    return {"hit_ratio": s["prefix_cache_reused_ratio"], "ttft_p50_s": s["median_ttft_ms"] / 1000,
-            "requests": s["num_requests"], "wall_s": wall}
-
-
 def dynosim_side_by_side(requests: int, n: int, capacity_tokens: int) -> list[dict]:
     """DynoSim and the lab's serving mode on the first `requests` of the bundled trace."""
     trace = load_mooncake(limit=requests)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.jsonl"
-        with open(DEFAULT_MOONCAKE) as src, open(path, "w") as dst:
-            for i, line in enumerate(src):
-                if i >= requests:
-                    break
-                dst.write(line)
-        print(f"DynoSim beside the lab's serving mode: first {requests:,} requests, N={n}, "
-              f"{capacity_tokens:,} tokens per replica")
-        for lab_policy, mode in (("round_robin", "round_robin"), ("dynamo_kv", "kv_router")):
-            d = dynosim(str(path), n, capacity_tokens, mode)
-            d_rps = d["requests"] / d["wall_s"]
-            print(f"  {mode:<12} DynoSim: {d_rps:,.0f} requests/s simulated, hit {d['hit_ratio']:.3f}, "
-                  f"TTFT p50 {d['ttft_p50_s']:.2f} s")
-            row = {"router": mode, "policy": lab_policy, "dynosim": d}
-            for costs in ("dynosim", "linear"):  # the default first
-                t0 = time.perf_counter()
-                lab = run_serving(trace, n, capacity_tokens, make_policy(lab_policy, n),
-                                  ServingCosts(model=costs))
-                lab_s = time.perf_counter() - t0
-                lab_rps = len(trace) / lab_s
-                print(f"    lab {lab_policy}, {costs} costs: {lab_rps:,.0f} requests/s "
-                      f"({lab_rps / d_rps:.1f}x DynoSim), hit {lab['hit_ratio']:.3f} "
-                      f"({(lab['hit_ratio'] - d['hit_ratio']) * 100:+.1f} points), "
-                      f"TTFT p50 {lab['ttft_p50_s']:.2f} s ({lab['ttft_p50_s'] / d['ttft_p50_s']:.1f}x)")
-                row[f"lab_{costs}"] = {"hit_ratio": lab["hit_ratio"], "ttft_p50_s": lab["ttft_p50_s"],
-                                       "wall_s": lab_s}
-            rows.append(row)
+    print(f"DynoSim beside the lab's serving mode: first {requests:,} requests, N={n}, "
+          f"{capacity_tokens:,} tokens per replica")
+    for lab_policy, mode in (("round_robin", "round_robin"), ("dynamo_kv", "kv_router")):
+        d = run_dynosim(trace, n, capacity_tokens, mode)
+        d_rps = len(trace) / d["wall_s"]
+        print(f"  {mode:<12} DynoSim: {d_rps:,.0f} requests/s simulated, hit {d['hit_ratio']:.3f}, "
+              f"TTFT p50 {d['ttft_p50_s']:.2f} s")
+        row = {"router": mode, "policy": lab_policy, "dynosim": d}
+        for costs in ("dynosim", "linear"):  # the default first
+            t0 = time.perf_counter()
+            lab = run_serving(trace, n, capacity_tokens, make_policy(lab_policy, n),
+                              ServingCosts(model=costs))
+            lab_s = time.perf_counter() - t0
+            lab_rps = len(trace) / lab_s
+            print(f"    lab {lab_policy}, {costs} costs: {lab_rps:,.0f} requests/s "
+                  f"({lab_rps / d_rps:.1f}x DynoSim), hit {lab['hit_ratio']:.3f} "
+                  f"({(lab['hit_ratio'] - d['hit_ratio']) * 100:+.1f} points), "
+                  f"TTFT p50 {lab['ttft_p50_s']:.2f} s ({lab['ttft_p50_s'] / d['ttft_p50_s']:.1f}x)")
+            row[f"lab_{costs}"] = {"hit_ratio": lab["hit_ratio"], "ttft_p50_s": lab["ttft_p50_s"],
+                                   "wall_s": lab_s}
+        rows.append(row)
     return rows
 
 
