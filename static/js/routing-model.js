@@ -18,11 +18,12 @@
  * @typedef {Object} RoutingRun  the `routing` object of GET /api/routing/{id}
  * @property {string} id
  * @property {"running"|"finished"|"stopped"|"failed"} state
- * @property {"sequence"|"serving"|"live"} mode
+ * @property {"sequence"|"serving"|"live"|"router"} mode
+ * @property {string} [router]  router mode: the real router (sglang, vllm, vllm-kv)
  * @property {string} [policy]  live: the policy routing now
  * @property {string|null} [fleet]  live: the fleet mirroring its pools (null once released)
  * @property {number} [hit_ratio]  live: over every request so far
- * @property {ReplicaFigures[]} [replica_figures]  live
+ * @property {ReplicaFigures[]} [replica_figures]  live; router mode: EngineFigures
  * @property {number} done
  * @property {number} total
  * @property {string|null} current
@@ -66,6 +67,15 @@
  * @property {number} refused
  */
 
+/**
+ * @typedef {Object} EngineFigures  one simulated engine behind a real router, from its own counters
+ * @property {string} name
+ * @property {number} requests
+ * @property {number} completed
+ * @property {number} hit_ratio
+ * @property {number} cached_blocks
+ */
+
 const pct = (x) => `${(100 * x).toFixed(1)}%`;
 const count = (x) => x.toLocaleString("en-US");
 
@@ -92,12 +102,44 @@ export const LIVE_COLUMNS = [
   ["Refused", (r) => r.refused.toLocaleString("en-US")],
 ];
 
+export const ENGINE_COLUMNS = [
+  ["Engine", (r) => r.name],
+  ["Requests", (r) => r.requests.toLocaleString("en-US")],
+  ["Completed", (r) => r.completed.toLocaleString("en-US")],
+  ["Hit ratio (its counters)", (r) => pct(r.hit_ratio)],
+  ["Cached blocks", (r) => r.cached_blocks.toLocaleString("en-US")],
+];
+
+const opt = (x, f) => (x == null ? "—" : f(x));
+export const ROUTER_COLUMNS = [
+  ["Router", (r) => r.policy],
+  ["Hit ratio (decisions)", (r) => pct(r.hit_ratio)],
+  ["Engines' counters", (r) => opt(r.engine_hit_ratio, pct)],
+  ["Available hit", (r) => opt(r.available_hit_ratio, pct)],
+  ["Of pooled bound", (r) => (r.of_pooled_bound == null ? "—" : `${(100 * r.of_pooled_bound).toFixed(0)}%`)],
+  ["Imbalance", (r) => r.imbalance.toFixed(2)],
+  ["TTFT p50 (s)", (r) => r.ttft_p50_s.toFixed(2)],
+  ["TTFT p99 (s)", (r) => r.ttft_p99_s.toFixed(2)],
+];
+
 /**
  * The POST body for a start. A live run starts with the first ticked policy, at `speed` times
  * the trace's timestamps; with `compare`, it runs the first two ticked policies side by side.
- * @param {{policies: string[], replicas: string, capacity: string, limit: string, mode: string, speed?: string, compare?: boolean}} f
+ * Router mode sends the trace through the real `router` in front of simulated engines.
+ * @param {{policies: string[], replicas: string, capacity: string, limit: string, mode: string, speed?: string, compare?: boolean, router?: string}} f
  */
 export function routingBody(f) {
+  if (f.mode === "router") {
+    return {
+      action: "start",
+      mode: "router",
+      router: f.router || "sglang",
+      replicas: Number(f.replicas),
+      capacity_tokens: Number(String(f.capacity).replace(/[_,\s]/g, "")),
+      limit: Number(f.limit),
+      ...(f.speed ? { speed: Number(f.speed) } : {}),
+    };
+  }
   if (f.mode === "live") {
     return {
       action: "start",
@@ -126,6 +168,12 @@ export function columnsFor(run) {
 
 /** Headers and cells of the run's result table. @param {RoutingRun} run */
 export function resultTable(run) {
+  if (run.mode === "router") {
+    if (run.results && run.results.length) {
+      return { headers: ROUTER_COLUMNS.map((c) => c[0]), rows: run.results.map((r) => ROUTER_COLUMNS.map((c) => c[1](r))) };
+    }
+    return { headers: ENGINE_COLUMNS.map((c) => c[0]), rows: (run.replica_figures || []).map((r) => ENGINE_COLUMNS.map((c) => c[1](r))) };
+  }
   if (run.mode === "live") {
     return { headers: LIVE_COLUMNS.map((c) => c[0]), rows: (run.replica_figures || []).map((r) => LIVE_COLUMNS.map((c) => c[1](r))) };
   }
@@ -150,6 +198,19 @@ export function boundsLine(run) {
 /** The progress line: {frac, text, state}. @param {RoutingRun} run */
 export function describeRun(run) {
   const frac = run.total ? Math.min(1, run.done / run.total) : 0;
+  if (run.mode === "router") {
+    const n = run.total == null
+      ? `${run.done.toLocaleString("en-US")} requests sent`
+      : `${run.done.toLocaleString("en-US")} / ${run.total.toLocaleString("en-US")} requests`;
+    const hit = run.hit_ratio == null ? "" : `, hit ${pct(run.hit_ratio)} (engines' counters)`;
+    const text = {
+      running: `the real ${run.router} router over ${run.replicas} simulated engines: ${n}${hit}`,
+      finished: `finished: ${n} through the real ${run.router} router`,
+      stopped: `stopped: ${n} through the real ${run.router} router`,
+      failed: `failed: ${run.error || "unknown error"}`,
+    }[run.state];
+    return { frac: run.total == null ? 1 : frac, text, state: run.state };
+  }
   if (run.mode === "live") {
     const n = `${run.done.toLocaleString("en-US")} / ${run.total.toLocaleString("en-US")} requests`;
     const sides = run.compare ? run.sides || [] : [];
@@ -198,9 +259,35 @@ export function decisionLines(run) {
     .map((d) => `request ${d.request} → replica ${d.replica}${d.policy ? ` [${d.policy}]` : ""}: ${d.rule} (cached blocks [${d.matches.join(", ")}], in flight [${d.loads.join(", ")}])`);
 }
 
-/** The Fleet view's address for a live run's fleet, or null (not live, or released). @param {RoutingRun} run */
+/** The Fleet view's address for a live or router run's fleet, or null (none, or released). @param {RoutingRun} run */
 export function fleetHref(run) {
-  return run.mode === "live" && run.fleet ? `/?fleet=${encodeURIComponent(run.fleet)}#fleet` : null;
+  return (run.mode === "live" || run.mode === "router") && run.fleet
+    ? `/?fleet=${encodeURIComponent(run.fleet)}#fleet`
+    : null;
+}
+
+/**
+ * The runs select's options, newest first: {value, label} per run of GET /api/routing.
+ * @param {RoutingRun[]} runs
+ */
+export function runOptions(runs) {
+  return runs
+    .slice()
+    .reverse()
+    .map((r) => ({
+      value: r.id,
+      label: `${r.id}: ${r.mode === "router" ? `router ${r.router}` : r.mode === "live" ? `live ${(r.policies || []).join(" vs ")}` : `${r.mode}, ${(r.policies || []).length} policies`} (${r.state})`,
+    }));
+}
+
+/**
+ * Which run the view shows when it opens: the newest one still running (such as the demo's
+ * router run), else none (finished runs stay a pick away in the runs list).
+ * @param {RoutingRun[]} runs
+ */
+export function runToShow(runs) {
+  const running = runs.filter((r) => r.state === "running");
+  return running.length ? running[running.length - 1] : null;
 }
 
 // -- the decision explorer (GET /api/routing/{id}/decisions) -----------------------------------
@@ -233,6 +320,7 @@ export function decisionsQuery(f) {
 
 /** The policies whose decisions a run holds, in its order (a live run's: its sides'). @param {RoutingRun} run */
 export function decisionPolicies(run) {
+  if (run.mode === "router") return run.policies || [];
   if (run.mode === "live") return (run.sides || []).map((s) => s.label || s.policy);
   return (run.results || []).map((r) => r.policy).concat(run.current && !(run.results || []).some((r) => r.policy === run.current) ? [run.current] : []);
 }

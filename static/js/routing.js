@@ -15,6 +15,8 @@ import {
   fleetHref,
   resultTable,
   routingBody,
+  runOptions,
+  runToShow,
   sideColumns,
 } from "./routing-model.js";
 
@@ -72,7 +74,8 @@ export function createRoutingView($) {
     }
     const href = fleetHref(run);
     const live = $("#routing-live");
-    live.hidden = run.mode !== "live" || !!run.compare;
+    live.hidden = !((run.mode === "live" && !run.compare) || run.mode === "router");
+    $("#routing-switch-box").hidden = run.mode !== "live";
     const link = /** @type {HTMLAnchorElement} */ ($("#routing-fleet-link"));
     link.hidden = !href;
     if (href) {
@@ -100,7 +103,43 @@ export function createRoutingView($) {
     }
     render();
     if (run && run.state === "running") timer = window.setTimeout(poll, POLL_MS);
+    else loadRuns(); // its line in the runs list says how it ended
   }
+
+  // -- the runs the server keeps (GET /api/routing): pick one to show ---------------------------
+  const runsSel = /** @type {HTMLSelectElement} */ ($("#routing-runs"));
+
+  /** Refill the runs select; with `open`, show the newest running run (or the newest) when none is shown. */
+  async function loadRuns(open = false) {
+    let runs;
+    try {
+      runs = (await api("GET", "/api/routing")).runs;
+    } catch (e) {
+      return;
+    }
+    const opts = runOptions(runs);
+    runsSel.innerHTML = opts.length
+      ? opts.map((o) => `<option value="${escapeHtml(o.value)}">${escapeHtml(o.label)}</option>`).join("")
+      : `<option value="">none yet</option>`;
+    if (open && !run) {
+      const pick = runToShow(runs);
+      if (pick) {
+        run = pick;
+        render();
+        if (run.state === "running" && !timer) timer = window.setTimeout(poll, POLL_MS);
+      }
+    }
+    if (run) runsSel.value = run.id;
+  }
+
+  runsSel.addEventListener("change", async () => {
+    if (!runsSel.value) return;
+    if (timer) window.clearTimeout(timer);
+    timer = 0;
+    run = { ...(run || {}), id: runsSel.value };
+    await poll();
+  });
+  loadRuns(true);
 
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
@@ -113,11 +152,13 @@ export function createRoutingView($) {
       mode: form.mode.value,
       speed: form.speed.value,
       compare: form.compare.checked,
+      router: form.router.value,
     });
     try {
       run = (await api("POST", "/api/routing", body)).routing;
       error = "";
       status.textContent = `run ${run.id} started`;
+      loadRuns();
     } catch (e) {
       error = String(/** @type {Error} */ (e).message || e);
       status.textContent = error;
@@ -214,8 +255,9 @@ export function createRoutingView($) {
     $("#decision-candidates").innerHTML = tableHtml(t);
     const link = /** @type {HTMLAnchorElement} */ ($("#decision-fleet"));
     const side = run && run.mode === "live" ? (run.sides || []).find((s) => (s.label || s.policy) === dform.policy.value) : null;
-    link.hidden = !(side && side.fleet);
-    if (side && side.fleet) link.href = `/?fleet=${encodeURIComponent(side.fleet)}#fleet`;
+    const fleet = run && run.mode === "router" ? run.fleet : side && side.fleet;
+    link.hidden = !fleet;
+    if (fleet) link.href = `/?fleet=${encodeURIComponent(fleet)}#fleet`;
     $("#decision-detail").hidden = false;
   }
 

@@ -207,3 +207,39 @@ def test_the_decision_explorer_filters_pages_and_opens_a_decision(page, api, art
     page.click("#f-decisions button[type=submit]")
     assert "replica must be a whole number" in page.locator("#decisions-where").inner_text()
     assert page.console_log.errors == []
+
+
+def test_a_router_run_from_the_page_goes_through_the_real_router_and_links_its_fleet(page, api, artifacts):
+    page.goto("/#routing")
+    page.wait_for_function("window.kvscope && window.kvscope.routing", timeout=30_000)
+    page.select_option("#f-routing [name=mode]", "router")
+    page.select_option("#f-routing [name=router]", "sglang")
+    page.fill("#f-routing [name=replicas]", "2")
+    page.fill("#f-routing [name=capacity]", "300,000")
+    page.fill("#f-routing [name=limit]", "200")
+    page.fill("#f-routing [name=speed]", "20")
+    page.click("#f-routing button[type=submit]")
+    page.wait_for_function("window.kvscope.routing().state === 'finished'", timeout=120_000)
+    shown = page.evaluate("window.kvscope.routing()")
+    rid = shown["id"]
+    run = api.get(f"/api/routing/{rid}").json()["routing"]
+    assert run["mode"] == "router" and run["router"] == "sglang"
+    row = run["results"][0]
+    assert shown["table"]["headers"][:3] == ["Router", "Hit ratio (decisions)", "Engines' counters"]
+    assert shown["table"]["rows"][0][:3] == ["router:sglang", f"{100 * row['hit_ratio']:.1f}%",
+                                             f"{100 * row['engine_hit_ratio']:.1f}%"]
+    assert shown["fleet"] == f"/?fleet=route-{rid}#fleet"
+    assert page.is_visible("#routing-fleet-link") and page.is_hidden("#routing-switch-box")
+    # the runs list names it, and the explorer pages its decisions, recorded at the engines
+    page.wait_for_function(f"document.querySelector('#routing-runs').innerText.includes('{rid}: router "
+                           "sglang (finished)')", timeout=30_000)
+    page.click("#f-decisions button[type=submit]")
+    page.wait_for_function("window.kvscope.routing().explorer.rows > 0", timeout=30_000)
+    where = page.locator("#decisions-where").inner_text()
+    assert where.endswith("of 200 decisions"), where
+    page.locator("#decisions-table tbody tr").first.click()
+    assert page.is_visible("#decision-fleet")
+    page.screenshot(path=str(artifacts / "e2e-routing-router.png"), full_page=True)
+    assert api.delete(f"/api/routing/{rid}").status_code == 204
+    assert api.get("/api/fleets").json()["fleets"] == []
+    assert page.console_log.errors == []

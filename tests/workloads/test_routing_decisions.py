@@ -125,3 +125,19 @@ def test_route_cli_refuses_a_decisions_file_it_cannot_write(tmp_path, capsys):
                        "--no-png", "--quiet"])
     assert code == 2
     assert "d.jsonl" in capsys.readouterr().err
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.permutations(list(range(40))))
+def test_records_that_arrive_out_of_order_are_kept_in_request_order(order):
+    # a real router's requests reach the engines out of order; the log pages them by request
+    log = DecisionLog("router:x", 2, 1024)
+    for i in order:
+        log.add_record(i, i % 2, "router", "r", (0, 0), (0, 0), None, 0, None, 0)
+    for i in order[::2]:
+        log.captured(i, 10 * i)
+    items, total = log.page(0, 100)
+    assert total == 40 and [d["request"] for d in items] == list(range(40))
+    caught = set(order[::2])
+    assert all(d["captured_tokens"] == (10 * d["request"] if d["request"] in caught else None)
+               for d in items)

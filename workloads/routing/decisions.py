@@ -57,8 +57,8 @@ class DecisionLog:
         self.policy, self.replicas, self.capacity_tokens = policy, replicas, capacity_tokens
         self.keep = keep
         self.dropped = 0
-        self._rows: list[list] = []
-        self._at: dict[int, int] = {}  # request index -> row, for `captured` set later
+        self._rows: list[list] = []  # in request order
+        self._at: dict[int, list] = {}  # request index -> its row, for `captured` set later
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -79,9 +79,21 @@ class DecisionLog:
         row = [req.index, replica, rule_of(policy), getattr(policy, "rule", "") or "", matches,
                tuple(cluster.requests), scores_of(policy, len(matches)), best, captured, available,
                policy_name]
+        self._append(row)
+
+    def _append(self, row: list) -> None:
+        """Keep the rows in request order: a record that arrives after a later request's (a real
+        router's requests reach the engines a little out of order) is put in its place."""
         with self._lock:
-            self._at[req.index] = len(self._rows)
-            self._rows.append(row)
+            rows = self._rows
+            self._at[row[0]] = row
+            if not rows or rows[-1][0] <= row[0]:
+                rows.append(row)
+                return
+            at = len(rows) - 1
+            while at > 0 and rows[at - 1][0] > row[0]:
+                at -= 1
+            rows.insert(at, row)
 
     def add_record(self, request: int, replica: int, rule: str, why: str, matches, loads,
                    scores, best: int, captured: int | None, available: int | None) -> None:
@@ -91,15 +103,13 @@ class DecisionLog:
             return
         row = [request, replica, rule, why, tuple(matches), tuple(loads), scores, best, captured,
                available, None]
-        with self._lock:
-            self._at[request] = len(self._rows)
-            self._rows.append(row)
+        self._append(row)
 
     def captured(self, request: int, tokens: int | None) -> None:
         """Set what request `request` found cached where it was served (known after routing)."""
-        at = self._at.get(request)
-        if at is not None:
-            self._rows[at][8] = tokens
+        row = self._at.get(request)
+        if row is not None:
+            row[8] = tokens
 
     def _dict(self, row) -> dict:
         index, replica, rule, why, matches, loads, scores, best, captured, available, name = row
@@ -167,7 +177,7 @@ class DecisionLog:
                   dropped: int = 0) -> DecisionLog:
         log = cls(policy, replicas, capacity_tokens)
         log._rows = [list(r) for r in rows]
-        log._at = {r[0]: i for i, r in enumerate(log._rows)}
+        log._at = {r[0]: r for r in log._rows}
         log.dropped = dropped
         return log
 

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { boundsLine, decisionLines, describeRun, fleetHref, resultTable, routingBody, sideColumns } from "../routing-model.js";
+import { boundsLine, decisionLines, describeRun, fleetHref, resultTable, routingBody, runOptions, runToShow, sideColumns } from "../routing-model.js";
 
 const row = { policy: "dynamo_kv", hit_ratio: 0.12345, imbalance: 1.0234, duplicated_blocks: 1534,
   of_pooled_bound: 0.3349, available_hit_ratio: 0.2, ttft_p50_s: 0.5, ttft_p99_s: 4.25, throughput_rps: 3.391 };
@@ -139,4 +139,42 @@ test("an explorer page says where it is and whether there is more; a decision li
   assert.equal(c.rows[2][3], "—");
   assert.deepEqual(decisionPolicies({ mode: "sequence", results: [{ policy: "a" }], current: "b" }), ["a", "b"]);
   assert.deepEqual(decisionPolicies({ mode: "live", sides: [{ label: "a", policy: "x" }, { label: "b", policy: "y" }] }), ["a", "b"]);
+});
+
+test("a router run: its body, its engines while it goes, its row when done, its fleet", () => {
+  assert.deepEqual(
+    routingBody({ policies: ["round_robin"], replicas: "2", capacity: "300,000", limit: "150", mode: "router", router: "vllm", speed: "" }),
+    { action: "start", mode: "router", router: "vllm", replicas: 2, capacity_tokens: 300000, limit: 150 },
+  );
+  assert.equal(routingBody({ policies: [], replicas: "2", capacity: "1", limit: "1", mode: "router", router: "sglang", speed: "20" }).speed, 20);
+  const engines = [{ name: "e-0", requests: 1234, completed: 1200, hit_ratio: 0.25, cached_blocks: 1500 }];
+  const going = { mode: "router", router: "sglang", state: "running", replicas: 1, done: 300, total: 600,
+    hit_ratio: 0.25, results: [], replica_figures: engines, fleet: "route-r1", error: null };
+  assert.deepEqual(resultTable(going), {
+    headers: ["Engine", "Requests", "Completed", "Hit ratio (its counters)", "Cached blocks"],
+    rows: [["e-0", "1,234", "1,200", "25.0%", "1,500"]],
+  });
+  assert.deepEqual(describeRun(going),
+    { frac: 0.5, text: "the real sglang router over 1 simulated engines: 300 / 600 requests, hit 25.0% (engines' counters)", state: "running" });
+  // the demo's run has no end: no total, the bar full
+  assert.equal(describeRun({ ...going, total: null }).frac, 1);
+  assert.match(describeRun({ ...going, total: null }).text, /300 requests sent/);
+  assert.equal(fleetHref(going), "/?fleet=route-r1#fleet");
+  const done = { ...going, state: "finished", results: [{ ...row, policy: "router:sglang", engine_hit_ratio: 0.1229, available_hit_ratio: null }] };
+  const t = resultTable(done);
+  assert.deepEqual(t.headers.slice(0, 4), ["Router", "Hit ratio (decisions)", "Engines' counters", "Available hit"]);
+  assert.deepEqual(t.rows[0].slice(0, 5), ["router:sglang", "12.3%", "12.3%", "—", "33%"]);
+});
+
+test("the runs list: newest first, and the view opens on the newest running run, if any", () => {
+  const runs = [
+    { id: "r1", mode: "sequence", policies: ["a", "b"], state: "finished" },
+    { id: "r2", mode: "router", router: "sglang", policies: ["router:sglang"], state: "running" },
+    { id: "r3", mode: "live", policies: ["a", "b"], state: "stopped" },
+  ];
+  assert.deepEqual(runOptions(runs).map((o) => o.label),
+    ["r3: live a vs b (stopped)", "r2: router sglang (running)", "r1: sequence, 2 policies (finished)"]);
+  assert.equal(runToShow(runs).id, "r2");
+  assert.equal(runToShow(runs.filter((r) => r.state !== "running")), null);
+  assert.equal(runToShow([]), null);
 });
