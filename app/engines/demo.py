@@ -16,6 +16,7 @@ starts: a taken one stops the demo, naming the engine and the port, and nothing 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import signal
 import sys
@@ -39,6 +40,26 @@ SIM_TOKEN_SCALE = 16
 ROUTER_BLOCK = 512  # behind a real router: the trace's own blocks, one character per token
 ROUTER_MAX_PROMPT = 16_384  # tokens of a prompt the demo sends a router (32 blocks)
 FLEET = "demo"  # the fleet of all the demo's engines, the page the demo sends the user to
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Inside the block SIGTERM raises KeyboardInterrupt, so it stops the demo as Ctrl-C does;
+    `shield()` first thing in the cleanup keeps a second signal from cutting it short. Leaving
+    the block puts SIGTERM's handler back."""
+    def interrupted(signum, _frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def shield() -> None:
+    """Ignore Ctrl-C and SIGTERM from here on (the demo's cleanup, before it exits)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def engine_specs(n: int, port: int, log_dir: Path) -> list[EngineSpec]:
@@ -217,6 +238,11 @@ def demo_main(argv: list[str]) -> int:
 def run_sim(args, settings, trace) -> int:
     """The demo on `args.sim` simulated engines in this process (app/engines/sim.py), behind
     `args.router` (a real router) when given."""
+    with sigterm_as_interrupt():
+        return _serve_sim(args, settings, trace)
+
+
+def _serve_sim(args, settings, trace) -> int:
     import uvicorn
 
     from allocator.errors import KVScopeError
@@ -227,9 +253,6 @@ def run_sim(args, settings, trace) -> int:
     from .load import LoadGenerator
     from .sim import SimEngines, fleet_file
 
-    def interrupted(signum, _frame):
-        raise KeyboardInterrupt
-    previous = signal.signal(signal.SIGTERM, interrupted)
     engines = load = router = None
     try:
         if args.router:
@@ -287,8 +310,7 @@ def run_sim(args, settings, trace) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, KVScopeError) else 1
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        shield()
         if load is not None:
             load.stop()
             print(f"{PROG}: load: {load.status()}", flush=True)
@@ -299,18 +321,20 @@ def run_sim(args, settings, trace) -> int:
         elif engines is not None:
             engines.stop()
             print(f"{PROG}: stopped {args.sim} simulated engine(s)", flush=True)
-        signal.signal(signal.SIGTERM, previous)
 
 
 def run(args, settings, trace, engines: list[EngineProcess], log_dir: Path) -> int:
+    """The demo on `engines` (real vLLM processes): started, watched, stopped with it."""
+    with sigterm_as_interrupt():
+        return _serve(args, settings, trace, engines, log_dir)
+
+
+def _serve(args, settings, trace, engines: list[EngineProcess], log_dir: Path) -> int:
     import uvicorn
 
     from ..main import create_app
     from .load import LoadGenerator
 
-    def interrupted(signum, _frame):
-        raise KeyboardInterrupt
-    previous = signal.signal(signal.SIGTERM, interrupted)
     server = load = supervisor = None
     try:
         for e in engines:
@@ -340,8 +364,7 @@ def run(args, settings, trace, engines: list[EngineProcess], log_dir: Path) -> i
     except KeyboardInterrupt:
         return 130
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        shield()  # a second Ctrl-C must not cut the cleanup
         if load is not None:
             load.stop()
             print(f"{PROG}: load: {load.status()}", flush=True)
@@ -350,4 +373,3 @@ def run(args, settings, trace, engines: list[EngineProcess], log_dir: Path) -> i
         for e in engines:
             e.stop(grace=5)
         print(f"{PROG}: stopped {len(engines)} engine(s); logs in {log_dir}", flush=True)
-        signal.signal(signal.SIGTERM, previous)
