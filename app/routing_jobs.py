@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import logging
 import threading
@@ -38,6 +37,10 @@ import time
 from collections import OrderedDict
 
 from allocator.errors import Conflict, NotFound
+from workloads.mooncake import bundled_trace
+from workloads.routing.real import RouterError
+
+from .routing_router import RouterRun, check_router
 
 log = logging.getLogger("kvscope.routing")
 KEEP = 8
@@ -46,13 +49,6 @@ DECISIONS = 12  # the latest decisions a run's view explains
 
 class _Stopped(Exception):
     pass
-
-
-@functools.lru_cache(maxsize=1)
-def bundled_trace():
-    from workloads.mooncake import load_mooncake
-
-    return load_mooncake()
 
 
 class RoutingRun:
@@ -473,10 +469,6 @@ class RoutingRuns:
         its replay starts. Raises Conflict (a run is going, the fleet's name is taken, the
         router would not start), InvalidRequest (an unknown router, its package missing); then
         no run is listed and nothing is left running."""
-        from workloads.routing.real import RouterError
-
-        from .routing_router import RouterRun, check_router
-
         self._check_idle()
         check_router(spec["router"])
         if spec.get("speed") is None:  # the requests in about a minute
@@ -501,8 +493,6 @@ class RoutingRuns:
     def adopt(self, session, spec: dict, *, fleet: str, load=None):
         """List a router run someone else started and owns (`kvscope demo --sim --router`):
         its engines, router and load are theirs; it is listed as running while they are."""
-        from .routing_router import RouterRun
-
         with self._lock:
             run = RouterRun(f"r{next(self._ids)}", spec, session=session, fleet_name=fleet,
                             load=load)

@@ -24,6 +24,7 @@ import logging
 import threading
 
 from allocator.errors import Conflict, InvalidRequest, NotFound
+from workloads.mooncake import bundled_trace
 
 log = logging.getLogger("kvscope.routing")
 DECISIONS = 12  # the latest decisions a run's view explains
@@ -114,8 +115,6 @@ class RouterRun:
     def _run(self) -> None:
         from app.engines.router_run import figures, replay
         from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
-
-        from .routing_jobs import bundled_trace
 
         spec, session = self.spec, self.session
         try:

@@ -19,6 +19,7 @@ nodes, never on raw ids, and stays right even for a trace whose ids repeat under
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -217,3 +218,8 @@ def load_mooncake(path: str | Path | None = None, limit: int | None = None) -> M
         raise InvalidRequest(f"cannot read trace {str(path)!r}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise InvalidRequest(f"{path.name}: not a UTF-8 text file") from None
+@functools.lru_cache(maxsize=1)
+def bundled_trace() -> MooncakeTrace:
+    """The bundled conversation trace, loaded once per process (the server's routing runs share
+    it; a MooncakeTrace is not changed by its readers)."""
+    return load_mooncake()
