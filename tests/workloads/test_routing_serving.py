@@ -37,6 +37,17 @@ def test_ttft_is_queueing_plus_the_prefill_of_uncached_tokens():
     assert faster["ttft_cdf_s"][-1] == pytest.approx(1100 * 0.0005)
 
 
+def test_requests_admitted_together_get_their_first_tokens_in_turn():
+    # one replica: the first request is admitted alone and stalls the replica 1.1 s; the next two
+    # arrive meanwhile and are admitted together at 1.1 s, prefilled first come first served:
+    # the 300-token one has its first token after its own 300 tokens, the 200-token one after both
+    rows = [(0, 1100, 3, [1, 2, 3]), (0, 300, 3, [7]), (0, 200, 3, [8])]
+    got = run_serving(trace_of(rows), 1, 10 * 512, make_policy("round_robin", 1),
+                      ServingCosts(prefill_token_s=0.001, model="linear"))
+    assert [round(x, 6) for x in (got["ttft_cdf_s"][0], got["ttft_cdf_s"][50], got["ttft_cdf_s"][-1])] == \
+        [1.1, 1.4, 1.6]
+
+
 class Watcher:
     """Wraps a policy; records the load it saw at each decision."""
 

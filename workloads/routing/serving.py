@@ -30,7 +30,7 @@ import numpy as np
 from allocator import InvalidRequest, PrefixPool
 
 from ..mooncake import MooncakeTrace, expand
-from ..simulator import COST_MODELS, PrefixStrategy, SimConfig, Simulator
+from ..simulator import COST_MODELS, PrefixStrategy, SimConfig, Simulator, dynosim_prefill_s
 from .policies import BLOCK_TOKENS, Cluster, Policy, RouteRequest, prefix_run
 from .sequence import check_grid, no_gc, requests
 
@@ -120,9 +120,14 @@ def costs_from_args(args) -> ServingCosts:
 
 class Replica(Simulator):
     """The simulator with notifications: `first_token[rid]` is when request rid's first
-    prefill ended (the end of its admission group's prefill stall); `prefills` queues
-    (time, rid) of those first tokens for the router, which may still be behind them;
-    `on_finished(rid)` is called at completion."""
+    prefill ended; `prefills` queues (time, rid) of those first tokens for the router, which
+    may still be behind them; `on_finished(rid)` is called at completion.
+
+    Requests admitted together (an admission group: those that arrived while the replica was
+    busy, or at the same instant) are prefilled first come first served, as a chunked-prefill
+    scheduler with a token budget works through them: a request's first token comes when the
+    group's tokens up to and including its own are computed (the cost of those tokens, by the
+    cost model), not when the whole group is done; the batch still stalls for the whole group."""
 
     def __init__(self, *args, on_finished, **kw) -> None:
         super().__init__(*args, **kw)
@@ -131,15 +136,24 @@ class Replica(Simulator):
         self.prefills: deque[tuple[float, int]] = deque()
         self.on_finished = on_finished
 
+    def _prefill_s(self, tokens: int) -> float:
+        if self.cfg.cost_model == "dynosim":
+            return dynosim_prefill_s(tokens)
+        return tokens * self.cfg.prefill_token_s
+
     def _admit(self) -> None:
         before = len(self.running)
+        start = self.now
         super()._admit()
         if len(self.running) > before:
             first = self.first_token
+            done = 0  # the group's tokens computed so far, in admission order
             for r in list(self.running.values())[before:]:
+                done += r.context - r.cached
                 if r.rid not in first:
-                    first[r.rid] = self.now
-                    self.prefills.append((self.now, r.rid))
+                    at = min(self.now, start + self._prefill_s(done))
+                    first[r.rid] = at
+                    self.prefills.append((at, r.rid))
 
     def _finish(self, r) -> None:
         super()._finish(r)
