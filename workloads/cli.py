@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -17,7 +16,9 @@ from pathlib import Path
 from allocator import MODEL_PRESETS, InvalidRequest
 from allocator.vocab import POLICIES, STRATEGIES
 
+from .cliutil import ProgressBar, out_dir
 from .report import build_report, markdown, write_report
+from .routing.cli import route_main as routing_main
 from .scenarios import (
     SCENARIOS,
     compare_prefix_caching,
@@ -27,32 +28,6 @@ from .scenarios import (
 )
 from .simulator import RESERVATIONS, SimConfig, Simulator
 from .trace import load_trace
-
-
-class ProgressBar:
-    """A one-line stderr progress bar (tqdm is not a dependency). Redraws at most 10 times/s."""
-
-    def __init__(self, label: str, stream=None, width: int = 30) -> None:
-        self.label = label
-        self.stream = stream if stream is not None else sys.stderr
-        self.width = width
-        self._last = 0.0
-        self._t0 = time.perf_counter()
-        self._closed = False
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.perf_counter()
-        if self._closed or (done < total and now - self._last < 0.1):
-            return
-        self._closed = done >= total
-        self._last = now
-        frac = done / total if total else 1.0
-        fill = int(frac * self.width)
-        bar = "#" * fill + "-" * (self.width - fill)
-        end = "\n" if done >= total else ""
-        self.stream.write(f"\r{self.label:<18} [{bar}] {frac:4.0%} {done}/{total} "
-                          f"{now - self._t0:5.1f}s{end}")
-        self.stream.flush()
 
 
 def _strategies(text: str) -> list[str]:
@@ -121,19 +96,6 @@ def _failed(exc: BaseException, describe=str) -> int:
     return 2
 
 
-def _out_dir(path: str) -> Path:
-    """Check the output directory up front (without creating it), so a bad --out fails before
-    a long run: it, or the nearest part of it that exists, must be a writable directory."""
-    out = Path(path)
-    probe = out
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        why = "is not a directory" if probe.exists() and not probe.is_dir() else "is not writable"
-        raise InvalidRequest(f"cannot write to output directory {str(out)!r}: {str(probe)!r} {why}")
-    return out
-
-
 def _mkdir(out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     return out
@@ -142,7 +104,7 @@ def _mkdir(out: Path) -> Path:
 def replay_main(argv: list[str] | None = None) -> int:
     args = replay_parser().parse_args(argv)
     try:
-        out = _out_dir(args.out)
+        out = out_dir(args.out)
         report = run_replay(args)
         paths = write_report(report, out, png=not args.no_png)
     except (InvalidRequest, KeyboardInterrupt) as exc:
@@ -184,7 +146,7 @@ def scenario_main(argv: list[str] | None = None) -> int:
     out = None
     try:
         if args.out:
-            out = _out_dir(args.out)
+            out = out_dir(args.out)
         if args.seed < 0:
             raise InvalidRequest(f"--seed must be >= 0, got {args.seed}")
         if args.blocks < 8:
@@ -226,7 +188,7 @@ def policy_main(argv: list[str] | None = None) -> int:
     try:
         if args.seed < 0:
             raise InvalidRequest(f"--seed must be >= 0, got {args.seed}")
-        out = _out_dir(args.out) if args.out else None
+        out = out_dir(args.out) if args.out else None
         result = run_study(args.seed, load_trace(limit=args.limit))
     except (InvalidRequest, KeyboardInterrupt) as exc:
         return _failed(exc, _flag_message)
@@ -291,7 +253,7 @@ def prefix_main(argv: list[str] | None = None) -> int:
 
     args = prefix_parser().parse_args(argv)
     try:
-        out = _out_dir(args.out)
+        out = out_dir(args.out)
         sub_blocks(args.tokens_per_block)
         try:
             capacities = check_capacities(_int_list(args.capacity_tokens),
@@ -344,9 +306,7 @@ def prefix_main(argv: list[str] | None = None) -> int:
 
 
 def route_main(argv: list[str] | None = None) -> int:
-    from .routing.cli import route_main as main
-
-    return main(argv)
+    return routing_main(argv)
 
 
 COMMANDS = {"replay": replay_main, "scenario": scenario_main, "policy-study": policy_main,

@@ -19,16 +19,25 @@ pool is left as it was found. Cache entries written by the chat scenario stay in
 are ordinary evictable entries, and the hit-rate picture they leave is the point of the demo.
 Allocations that vanish under the workload (someone reset the pool) are counted as `lost` and
 forgotten, never an error.
+
+The Mooncake workload (`MooncakeWorkload`) is the live trace workload with `PrefixStrategy`: the
+trace's requests, with their prompt block hashes, into a prefix-caching pool, so sharing, hits
+and eviction show on the dashboard. Each admission opens a sequence by the prompt's block
+hashes (`tokens_per_block` of the pool, a divisor of 512), decode appends, completion closes and
+leaves the prompt's blocks cached. Speed 1.0 replays in real time (the trace spans about an
+hour); requests longer than the whole pool are skipped.
 """
 
 from __future__ import annotations
 
 import math
 
-from allocator import InvalidRequest, Pool
+from allocator import InvalidRequest, Pool, PrefixPool
 
+from .mooncake import load_mooncake, sub_blocks
+from .prefix_sim import prompt_hashes
 from .scenarios import Geometry, OpRunner, drive, estimate_ops, make_scenario
-from .simulator import PagedStrategy, SimConfig, Simulator
+from .simulator import PagedStrategy, PrefixStrategy, SimConfig, Simulator
 from .spec import WorkloadSpec
 from .trace import load_trace
 
@@ -196,6 +205,43 @@ class TraceWorkload(LiveWorkload):
         return strategy_report(self._sim)
 
 
+class MooncakeWorkload(TraceWorkload):
+    """Mooncake trace replay on a live prefix-caching pool (the module docstring's last part)."""
+
+    kind = "mooncake"
+
+    def __init__(self, pool: Pool, limit: int, speed: float) -> None:
+        if not isinstance(pool, PrefixPool):
+            raise InvalidRequest("the mooncake workload needs a pool with prefix caching "
+                                 '(create it with "prefix_caching": {"policy": ...})')
+        tpb = pool.tokens_per_block
+        try:
+            sub_blocks(tpb)
+        except InvalidRequest:
+            raise InvalidRequest(f"the mooncake workload needs tokens_per_block dividing 512 "
+                                 f"(the trace's block), this pool has {tpb}") from None
+        trace = load_mooncake(limit=limit)
+        capacity = pool.num_blocks * tpb
+        strategy = PrefixStrategy(pool, max(1, pool.block_bytes // tpb), capacity, tpb,
+                                  prompt_hashes(trace, tpb))
+        cfg = SimConfig(strategy="paged", tokens_per_block=tpb, pool_tokens=capacity,
+                        max_len=capacity)
+        self._sim = Simulator(trace.to_trace(), cfg, pool=pool, strategy=strategy,
+                              capacity_tokens=capacity)
+        self._target = 0.0
+        self._seen = None
+        LiveWorkload.__init__(self, pool, "mooncake", speed)
+
+    def summary(self) -> dict:
+        out = super().summary()
+        served = [r for r in self._sim.requests if r.admitted_at is not None]
+        prompts = sum(r.prompt for r in served)
+        out["prompt_tokens"] = prompts
+        out["prefill_tokens"] = sum(r.computed for r in served)
+        out["hit_ratio"] = sum(r.first_cached or 0 for r in served) / prompts if prompts else 0.0
+        return out
+
+
 def build_live_workload(pool: Pool, spec: dict | WorkloadSpec) -> LiveWorkload:
     """A workload for `pool` from a spec (see the module docstring; a dict is parsed by
     `WorkloadSpec.parse`). Raises InvalidRequest."""
@@ -204,7 +250,5 @@ def build_live_workload(pool: Pool, spec: dict | WorkloadSpec) -> LiveWorkload:
     if spec.kind == "scenario":
         return ScenarioWorkload(pool, spec.name, spec.seed, spec.speed)
     if spec.kind == "mooncake":
-        from .live_prefix import MooncakeWorkload  # imports this module: resolved at call time
-
         return MooncakeWorkload(pool, spec.limit, spec.speed)
     return TraceWorkload(pool, spec.limit, spec.speed)

@@ -3,8 +3,7 @@
 import pytest
 
 from allocator import InvalidRequest, create_pool
-from workloads.live import MAX_OPS_PER_ADVANCE
-from workloads.live_prefix import MooncakeWorkload
+from workloads.live import MAX_OPS_PER_ADVANCE, MooncakeWorkload
 
 
 def prefix_pool(blocks=16_384, tpb=16, policy="lru"):

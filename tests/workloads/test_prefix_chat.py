@@ -4,8 +4,7 @@ prefix cache serves most prompt tokens; the same ops without prefix caching serv
 from __future__ import annotations
 
 from workloads.cli import scenario_main
-from workloads.prefix_chat import prefix_chat
-from workloads.scenarios import Geometry, compare_prefix_caching, make_scenario
+from workloads.scenarios import Geometry, compare_prefix_caching, make_scenario, prefix_chat
 
 
 def turns(seed: int = 3, blocks: int = 256) -> tuple[list, dict]:

@@ -11,7 +11,7 @@ import time
 
 from allocator import InvalidRequest
 
-from ..cli import ProgressBar, _out_dir
+from ..cliutil import ProgressBar, out_dir
 from ..mooncake import load_mooncake
 from .grid import MODES, Settings, grid, parse_executor, run_grid
 from .policies import BLOCK_TOKENS, check_policies
@@ -107,7 +107,7 @@ def route_main(argv: list[str] | None = None, stream=None) -> int:
         print("\n".join(policy_names()))
         return 0
     try:
-        out = _out_dir(args.out)
+        out = out_dir(args.out)
         policies = check_policies([p.strip() for p in args.policies.split(",") if p.strip()])
         replicas = _numbers(args.replicas, "--replicas", 1, "1 replica")
         capacities = _numbers(args.capacity_tokens, "--capacity-tokens", BLOCK_TOKENS,
