@@ -302,12 +302,12 @@ def router_main(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog=PROG, description=(
         "Replay a Mooncake trace through a real router (sglang-router or vllm-router, "
-        "cache_aware) in front of N simulated engines (real prefix caches, the serving "
+        "cache_aware, or vllm-router's kv_aware) in front of N simulated engines (real prefix caches, the serving "
         "simulator's costs), and report the hit ratio from the engines' own counters, TTFT and "
         "imbalance, beside the lab's model of that router on the same requests."))
     p.add_argument("--router", required=True, help=(
         "sglang or vllm (cache_aware), or vllm-kv (vllm-router's kv_aware on the engines' KV "
-        "events; the lab has no model of it yet), or dynamo (Dynamo's KV router in its own "
+        "events; the lab's model is vllm_kv_aware), or dynamo (Dynamo's KV router in its own "
         "offline replay, DynoSim, over Dynamo's mocker engines: no HTTP, simulated time)"))
     p.add_argument("--trace", help="Mooncake JSONL trace (default: the bundled conversation trace)")
     p.add_argument("--replicas", type=int, default=4, help="engines (default 4)")
@@ -331,6 +331,7 @@ def router_main(argv: list[str]) -> int:
             kind = None
         else:
             kind = router_kind("vllm" if label == "vllm-kv" else label)
+            model_name = kind.model_of("kv_aware" if label == "vllm-kv" else "cache_aware")
         if not 1 <= args.replicas <= 64:
             raise InvalidRequest(f"--replicas must be 1..64, got {args.replicas}")
         capacity = int(args.capacity_tokens)
@@ -365,9 +366,8 @@ def router_main(argv: list[str]) -> int:
                   f"tokens, at {speed:g}x real time", flush=True)
             row = run_router(trace, router=label, n=args.replicas, capacity_tokens=capacity,
                              speed=speed, costs=costs, decisions=log)
-            model_name = None if label == "vllm-kv" else kind.model
-        model = None if model_name is None else run_serving(
-            trace, args.replicas, capacity, make_policy(model_name, args.replicas), costs)
+        model = run_serving(trace, args.replicas, capacity, make_policy(model_name, args.replicas),
+                            costs)
     except (RouterError, RouterUnavailable, InvalidRequest) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, InvalidRequest) else 1
@@ -382,7 +382,7 @@ def router_main(argv: list[str]) -> int:
     from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
 
     row = with_bounds(row, compute_bounds(trace, bound_key("serving", args.replicas, capacity)))
-    row["model"] = None if model is None else {"policy": model_name, **{k: model[k] for k in (
+    row["model"] = {"policy": model_name, **{k: model[k] for k in (
         "hit_ratio", "available_hit_ratio", "imbalance", "ttft_p50_s", "ttft_p99_s")}}
     (out / "route_router.json").write_text(json.dumps(row, indent=1) + "\n")
     table = (f"| | hit ratio | engines' counters | available | TTFT p50 | TTFT p99 | imbalance |\n"
@@ -391,10 +391,9 @@ def router_main(argv: list[str]) -> int:
              f"{row['hit_ratio']:.3f} | {_fmt(row.get('engine_hit_ratio'))} | "
              f"{_fmt(row['available_hit_ratio'])} | {row['ttft_p50_s']:.2f} s | "
              f"{row['ttft_p99_s']:.2f} s | {row['imbalance']:.2f} |")
-    if model is not None:
-        table += (f"\n| lab model `{model_name}` (serving mode) | {model['hit_ratio']:.3f} | | "
-                  f"{model['available_hit_ratio']:.3f} | {model['ttft_p50_s']:.2f} s | "
-                  f"{model['ttft_p99_s']:.2f} s | {model['imbalance']:.2f} |")
+    table += (f"\n| lab model `{model_name}` (serving mode) | {model['hit_ratio']:.3f} | | "
+              f"{model['available_hit_ratio']:.3f} | {model['ttft_p50_s']:.2f} s | "
+              f"{model['ttft_p99_s']:.2f} s | {model['imbalance']:.2f} |")
     print(table)
     print(f"bounds: pooled Belady {row['pooled_bound_hit_ratio']:.3f}, infinite cache "
           f"{row['infinite_bound_hit_ratio']:.3f}; the real router reaches "

@@ -44,19 +44,25 @@ def test_a_real_router_over_simulated_engines_adds_up_from_the_engines(router):
         assert 0 <= r["captured_tokens"] < trace.input_length[r["request"]]
 
 
-def test_the_route_router_cli_writes_its_row_and_decisions(tmp_path):
+@pytest.mark.parametrize("router, model", [("sglang", "sglang_cache_aware"),
+                                           ("vllm-kv", "vllm_kv_aware")])
+def test_the_route_router_cli_writes_its_row_and_decisions(tmp_path, router, model):
     out = tmp_path / "out"
     dec = tmp_path / "d.jsonl"
-    r = subprocess.run([sys.executable, "-m", "app.cli", "route", "--router", "sglang",
+    r = subprocess.run([sys.executable, "-m", "app.cli", "route", "--router", router,
                         "--replicas", "2", "--limit", "120", "--speed", "20", "--capacity-tokens",
                         "300000", "--decisions", str(dec), "--out", str(out)], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     row = json.loads((out / "route_router.json").read_text())
-    assert row["policy"] == "router:sglang" and row["routed"] == 120
-    assert row["model"]["policy"] == "sglang_cache_aware"
+    assert row["policy"] == f"router:{router}" and row["routed"] == 120
+    # the lab's model of that router, on the same requests in serving mode, beside it
+    assert row["model"]["policy"] == model
+    assert 0 <= row["model"]["hit_ratio"] <= row["model"]["available_hit_ratio"] + 1e-9
     assert len(dec.read_text().splitlines()) == 120
-    assert "| real sglang router |" in r.stdout
+    assert f"| real {router} router |" in r.stdout
+    assert f"| lab model `{model}` (serving mode) |" in r.stdout
+    assert "fell back to load-only" not in r.stderr
     assert row["hit_ratio"] <= row["pooled_bound_hit_ratio"] <= row["infinite_bound_hit_ratio"]
     assert "pooled Belady" in r.stdout
 

@@ -1,7 +1,8 @@
-"""The lab's cache_aware models against the real routers: sglang-router 0.3.2 and vllm-router
-0.1.17 run as subprocesses in front of real HTTP workers that hold every request open, fed
-traces one request at a time; the worker that received each request must be the one the model
-picks in sequence mode."""
+"""The lab's models against the real routers: sglang-router 0.3.2 and vllm-router 0.1.17 run as
+subprocesses in front of real HTTP workers that hold every request open, fed traces one request
+at a time; the worker that received each request must be the one the model picks in sequence
+mode. cache_aware for both; vllm-router's kv_aware too, with the workers publishing the blocks
+of each request they receive as KV events before the next request goes out."""
 
 import json
 import os
@@ -15,6 +16,7 @@ from routing_util import agent_rows, trace_of
 from allocator import InvalidRequest
 from workloads.mooncake import load_mooncake
 from workloads.routing import make_policy, run_sequence
+from workloads.routing.policies import BLOCK_TOKENS, Policy, argmin_first
 from workloads.routing.real import (
     FILLER,
     FIRST_CHAR,
@@ -35,6 +37,7 @@ from workloads.routing.real import (
 )
 from workloads.routing.sequence import requests
 from workloads.routing.sglang import VARIANTS, CacheAware
+from workloads.routing.vllm_kv import credited_blocks
 
 REQUESTS = 300  # of the bundled conversation trace
 AGENT_REQUESTS = 600  # of the synthetic agent trace (enough for its hot prompt to unbalance)
@@ -148,6 +151,103 @@ def test_instant_answers_put_everything_on_one_worker():
                 assert r.status == 200
         first = workers.urls.index(router.order[0])
         assert [a.worker for a in workers.arrivals] == [first] * 4
+
+
+# -- vllm-router's kv_aware, on KV events -----------------------------------------------------
+class KvRecorder(Recorder):
+    """Also what the model credits as cached for its pick, and whether the pick holds the most
+    of the prompt (`cache`) or less than another worker (`load`: the load outweighed it)."""
+
+    def __init__(self, policy):
+        super().__init__(policy)
+        self.credited, self.kinds = [], []
+
+    def route(self, req, cluster):
+        r = super().route(req, cluster)
+        matches = [credited_blocks(m, req.tokens) for m in cluster.matches(req)]
+        self.credited.append(BLOCK_TOKENS * matches[r])
+        self.kinds.append("load" if matches[r] < max(matches) else
+                          "cache" if matches[r] > min(matches) else "even")
+        return r
+
+
+@pytest.fixture(scope="module")
+def kv_replays(traces):
+    """The real kv_aware's replay of a trace over N workers, once per module."""
+    done = {}
+
+    def get(trace_name, n):
+        if (trace_name, n) not in done:
+            done[trace_name, n] = replay(traces[trace_name], n, "vllm", policy="kv_aware")
+        return done[trace_name, n]
+    return get
+
+
+@pytest.mark.parametrize("trace_name", ["mooncake", "agents"])
+@pytest.mark.parametrize("n", [4, 8])
+def test_the_real_kv_aware_chooses_what_its_model_chooses(n, trace_name, traces, kv_replays):
+    trace = traces[trace_name]
+    real = kv_replays(trace_name, n)
+    assert real.version == ROUTERS["vllm"].tested and real.policy == "kv_aware"
+    assert ROUTERS["vllm"].model_of("kv_aware") == "vllm_kv_aware"
+    rec = KvRecorder(make_policy("vllm_kv_aware", n))
+    run_sequence(trace, n, 1 << 40, rec)  # unbounded: the workers never remove a block
+    differ = [(i, rec.picks[i], real.picks[i], rec.rules[i])
+              for i in range(len(trace)) if rec.picks[i] != real.picks[i]]
+    assert len(differ) <= 0.01 * len(trace), (f"kv_aware N={n} {trace_name}: {len(differ)} of "
+                                              f"{len(trace)} differ; first (request, model, real, "
+                                              f"rule): {differ[:5]}")
+    # the tokens the router says it credited as cached (its debug log) are the model's
+    assert len(real.credited) == len(trace)
+    same_credit = sum(a == b for a, b in zip(rec.credited, real.credited))
+    assert same_credit >= 0.99 * len(trace), (same_credit, len(trace))
+    assert sum(real.credited) > 0
+    assert real.loads == [real.picks.count(w) for w in range(n)]
+    # both sides of the rule decided: a pick holding the most of the prompt, and a pick holding
+    # less than another worker (the load outweighed the cache)
+    kinds = Counter(rec.kinds)
+    assert kinds["cache"] > 0 and kinds["load"] > 0, kinds
+
+
+class Squared(Policy):
+    """A rule that fits requests of one size but not the router: uncached tokens x (in flight +
+    1)^2, without the pending work."""
+
+    def route(self, req, cluster):
+        costs = [(req.tokens - BLOCK_TOKENS * credited_blocks(m, req.tokens))
+                 * (cluster.requests[r] + 1) ** 2 for r, m in enumerate(cluster.matches(req))]
+        return argmin_first(costs)
+
+
+class MostCached(Policy):
+    """vllm-router's earlier kv_aware: the longest credited prefix, least loaded if none."""
+
+    def route(self, req, cluster):
+        m = [credited_blocks(x, req.tokens) for x in cluster.matches(req)]
+        if max(m) == 0:
+            return argmin_first(cluster.requests)
+        return m.index(max(m))
+
+
+def test_other_kv_rules_disagree_with_the_real_kv_aware(traces, kv_replays):
+    """The pending work and the load factor are what the router does: without the pending work,
+    or by cache alone, the model loses agreement."""
+    real = kv_replays("mooncake", 4)
+    for wrong in (Squared(4), MostCached(4)):
+        rec = Recorder(wrong)
+        run_sequence(traces["mooncake"], 4, 1 << 40, rec)
+        same = sum(a == b for a, b in zip(rec.picks, real.picks))
+        assert same < 0.9 * len(real.picks), (type(wrong).__name__, same)
+
+
+def test_kv_aware_keys_blocks_by_its_block_size_flag(traces):
+    """Told the default 16-token blocks while the workers publish 512-token ones, the router
+    credits nothing (and logs no fallback): `--kv-event-block-size` must be the engines'."""
+    trace = traces["mooncake"].head(40)
+    real = replay(trace, 2, "vllm", policy="kv_aware", args=("--kv-event-block-size", "16"))
+    rec = KvRecorder(make_policy("vllm_kv_aware", 2))
+    run_sequence(trace, 2, 1 << 40, rec)
+    assert sum(rec.credited) > 0 and real.credited == [0] * len(trace)
 
 
 # -- the launcher ------------------------------------------------------------------------------

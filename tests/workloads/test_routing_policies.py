@@ -14,6 +14,7 @@ from workloads.routing.dynamo import DynamoKv
 from workloads.routing.llmd import LlmdPrecise, prefix_scores, queue_scores
 from workloads.routing.policies import softmax_pick
 from workloads.routing.sglang import CHARS_PER_TOKEN, VARIANTS, ApproxTree, CacheAware
+from workloads.routing.vllm_kv import VllmKvAware, credited_blocks
 
 
 def test_round_robin_sends_request_i_to_replica_i_mod_n():
@@ -298,6 +299,74 @@ def test_llmd_ties_go_to_a_seeded_random_replica():
             == LlmdPrecise(4, seed=5).route(request([1]), FakeCluster(4)))
 
 
+def test_vllm_kv_aware_weighs_prefill_work_by_requests_in_flight():
+    p = make_policy("vllm_kv_aware", 3)
+    assert isinstance(p, VllmKvAware) and p.name == "vllm_kv_aware"
+    # 2,000 tokens; worker 1 holds 3 blocks (1,536 tokens cached)
+    matches = [0, 3, 0]
+    # idle workers: the least uncached work wins
+    assert p.route(request([1, 2, 3, 4], 2000, index=0), FakeCluster(3, matches=matches)) == 1
+    assert p.last_scores == [2000, 464, 2000] and p.pending == [0, 464, 0]
+    # one in flight at worker 1, 464 tokens pending: (464 + 464) * 2 = 1,856 < 2,000
+    assert p.route(request([1, 2, 3, 4], 2000, index=1),
+                   FakeCluster(3, matches=matches, requests=[0, 1, 0])) == 1
+    assert p.last_scores == [2000, 1856, 2000] and p.pending == [0, 928, 0]
+    # two in flight: (464 + 928) * 3 = 4,176; the idle workers tie at 2,000, the first wins
+    assert p.route(request([1, 2, 3, 4], 2000, index=2),
+                   FakeCluster(3, matches=matches, requests=[0, 2, 0])) == 0
+    assert p.last_scores == [2000, 4176, 2000] and p.pending == [2000, 928, 0]
+    assert p.kind == "score" and "in flight" in p.rule
+    # a request leaves the pending work when it finishes; unknown or repeated ends change nothing
+    p.finished(1, 1)
+    p.finished(1, 1)
+    p.finished(99, 0)
+    assert p.pending == [2000, 464, 0] and sorted(p.in_flight) == [0, 2]
+
+
+def test_vllm_kv_aware_credits_only_full_blocks_of_all_but_the_last_token_first_on_a_tie():
+    # a prompt of exactly three blocks, all cached on worker 0: the last block holds the last
+    # token, which is always computed, so two blocks are credited
+    assert credited_blocks(3, 1536) == 2 and credited_blocks(3, 1537) == 3
+    assert credited_blocks(5, 1600) == 3 and credited_blocks(0, 1) == 0
+    p = make_policy("vllm_kv_aware", 2)
+    assert p.route(request([1, 2, 3], 1536), FakeCluster(2, matches=[3, 0])) == 0
+    assert p.last_scores == [512, 1536]
+    # equal costs: the first worker in the router's order
+    p = make_policy("vllm_kv_aware", 3)
+    assert p.route(request([1, 2], 1024), FakeCluster(3, matches=[0, 1, 1], requests=[0, 1, 1])) == 0
+    assert p.last_scores == [1024, 1024, 1024]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 5 * 512), st.lists(st.integers(0, 6), min_size=3,
+                                                               max_size=3),
+                          st.booleans()), min_size=1, max_size=40))
+def test_vllm_kv_aware_keeps_pending_work_of_what_is_in_flight(steps):
+    """Random requests (tokens, each worker's matched blocks) and finishes: the pick always has
+    the lowest cost (the first among equals), and each worker's pending work is the uncached
+    tokens of exactly the requests routed there and not finished, as they were when routed."""
+    p = make_policy("vllm_kv_aware", 3)
+    loads = [0, 0, 0]
+    live: dict[int, tuple[int, int]] = {}
+    for i, (tokens, matches, finish) in enumerate(steps):
+        blocks = list(range(max(1, math.ceil(tokens / 512))))
+        r = p.route(request(blocks, tokens, index=i), FakeCluster(3, matches=matches,
+                                                                   requests=loads))
+        new = [tokens - 512 * credited_blocks(m, tokens) for m in matches]
+        pend = [sum(w for q, w in live.values() if q == k) for k in range(3)]
+        costs = [(new[k] + pend[k]) * (loads[k] + 1) for k in range(3)]
+        assert p.last_scores == costs and r == costs.index(min(costs))
+        assert all(1 <= new[k] <= tokens for k in range(3))
+        live[i] = (r, new[r])
+        loads[r] += 1
+        if finish:
+            j = min(live)
+            q, _ = live.pop(j)
+            loads[q] -= 1
+            p.finished(j, q)
+        assert p.pending == [sum(w for q, w in live.values() if q == k) for k in range(3)]
+
+
 def test_unknown_policy_names_the_choices():
     with pytest.raises(InvalidRequest) as exc:
         make_policy("fastest", 2)
@@ -306,7 +375,8 @@ def test_unknown_policy_names_the_choices():
         check_policies(["round_robin", "nope"])
     assert check_policies(["session", "session", "random"]) == ["session", "random"]
     assert {"round_robin", "sglang_cache_aware", "sglang_cache_aware_code", "vllm_cache_aware",
-            "dynamo_kv", "dynamo_kv_approx", "llmd_precise", "llmd_precise_minmax"} <= set(policy_names())
+            "vllm_kv_aware", "dynamo_kv", "dynamo_kv_approx", "llmd_precise",
+            "llmd_precise_minmax"} <= set(policy_names())
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,10 +1,10 @@
 """The routing lab: replay a trace through N replicas behind the routers engines use, and
 measure hit ratio against load (sequence mode) and against TTFT (serving mode).
 
-`policies.py` (the simple routers, the registry), `sglang.py`, `dynamo.py`, `llmd.py` (the
-engines' routers), `sequence.py` and `serving.py` (the two modes), `bounds.py` (the pooled-Bélády
-and infinite-cache bounds beside every result), `grid.py` (sweeps on a local process pool or
-Ray), `report.py` (route_report.json / .md / .png), `cli.py` (`kvscope route`).
+`policies.py` (the simple routers, the registry), `sglang.py`, `vllm_kv.py`, `dynamo.py`,
+`llmd.py` (the engines' routers), `sequence.py` and `serving.py` (the two modes), `bounds.py`
+(the pooled-Bélády and infinite-cache bounds beside every result), `grid.py` (sweeps on a local
+process pool or Ray), `report.py` (route_report.json / .md / .png), `cli.py` (`kvscope route`).
 """
 
 from .policies import RouteRequest, check_policies, make_policy, policy_names

@@ -13,7 +13,7 @@ A record (`DecisionLog.record(i)`, one JSON object per line in `kvscope route --
 - `candidates`: per replica, `matched_blocks` (its cached leading blocks of the request when it
   was routed: the replicas' real caches), `load` (requests in flight there: everything routed so
   far in sequence and live modes) and `score` (the policy's number for it where it has one:
-  Dynamo's cost, lower wins; llm-d's score, higher wins; else null);
+  Dynamo's and vLLM kv_aware's cost, lower wins; llm-d's score, higher wins; else null);
 - `best_matched_blocks`: the most any replica held; `available_tokens`: those blocks' prompt
   tokens (what the best choice would have found cached); `captured_tokens`: what the request
   found cached on the replica that served it (serving mode: at its first admission; null for a

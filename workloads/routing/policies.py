@@ -11,8 +11,8 @@ What "load" means depends on the mode (see `Cluster`): in serving mode it is the
 tokens routed to a replica and not yet finished; in sequence mode nothing ever finishes, so it
 is everything routed there so far.
 
-The simple policies live here; the engines' routers have a file each: `sglang.py`, `dynamo.py`,
-`llmd.py`. `make_policy(name, n, seed)` builds any of them by name.
+The simple policies live here; the engines' routers have a file each: `sglang.py`, `vllm_kv.py`,
+`dynamo.py`, `llmd.py`. `make_policy(name, n, seed)` builds any of them by name.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def policy_names() -> list[str]:
     from .dynamo import VARIANTS as DYNAMO
     from .sglang import VARIANTS as SGLANG
 
-    return [*SIMPLE, *SGLANG, *DYNAMO, "llmd_precise", "llmd_precise_minmax"]
+    return [*SIMPLE, *SGLANG, "vllm_kv_aware", *DYNAMO, "llmd_precise", "llmd_precise_minmax"]
 
 
 def make_policy(name: str, n: int, seed: int = 0, temperature: float = 0.0) -> Policy:
@@ -217,11 +217,14 @@ def make_policy(name: str, n: int, seed: int = 0, temperature: float = 0.0) -> P
     from .llmd import LlmdPrecise
     from .sglang import VARIANTS as SGLANG
     from .sglang import CacheAware
+    from .vllm_kv import VllmKvAware
 
     if name in SIMPLE:
         return SIMPLE[name](n, seed)
     if name in SGLANG:
         return CacheAware(n, seed, name=name, **SGLANG[name])
+    if name == VllmKvAware.name:
+        return VllmKvAware(n, seed)
     if name in DYNAMO:
         return DynamoKv(n, seed, temperature=temperature, **DYNAMO[name])
     if name in ("llmd_precise", "llmd_precise_minmax"):

@@ -1,7 +1,7 @@
 """The real routers: SGLang's and vLLM's router binaries in front of N workers that hold every
 request open, fed a Mooncake trace one request at a time.
 
-Two parts, usable apart:
+Three parts, usable apart:
 
 - `RealRouter(kind, worker_urls)` starts a router from its Python package as a subprocess in
   its own process group (`sglang`: `sglang-router`'s `smg launch`; `vllm`: `vllm-router`), on a
@@ -23,11 +23,17 @@ Two parts, usable apart:
   Holding requests open makes a router's load (requests in flight per worker) the requests
   routed to it so far, the lab's sequence-mode assumption; with instant answers every load is 0
   and both routers send everything to one worker.
+- `BlockEvents(urls)`: a KV-event publisher per worker (kvscope's `Publisher`, vLLM's wire),
+  for vLLM's `kv_aware`: the full blocks of each request a worker received, as `BlockStored`
+  events with the prompt's token ids (`store`), and the router's flags for them (`args`).
 
-`replay(trace, n, kind)` puts the two together and returns, per request, the worker that served
+`replay(trace, n, kind)` puts them together and returns, per request, the worker that served
 it as its position in the router's order, the index a lab policy returns (`RealReplay`), with
-when each request was sent. `agreement()` (and `python -m workloads.routing.real`) compares
-those picks with the lab's model of the router in sequence mode.
+when each request was sent. With `policy="kv_aware"` each request's blocks are published by
+the worker that received it, and the next request waits until the router's debug log shows it
+read them and decided (`RealRouter.wait_log`); the router's credited tokens come back too.
+`agreement()` (and `python -m workloads.routing.real`) compares those picks with the lab's
+model of the router in sequence mode.
 
 Prompts are made from the trace's block ids (`prompt_text`): one character per token, block
 `h` is `chr(0x10000 + h)` followed by `tokens - 1` copies of `chr(0x100000)`, so a block is the
@@ -88,13 +94,22 @@ class RouterKind:
     tested: str  # the version the lab's model is held to
     argv: tuple[str, ...]  # after sys.executable
     model: str  # the lab policy that models its cache_aware
+    kv_model: str = ""  # ... and its kv_aware, where it has one
+
+    def model_of(self, policy: str) -> str:
+        """The lab policy that models this router's `policy` (cache_aware or kv_aware)."""
+        if policy == "kv_aware" and self.kv_model:
+            return self.kv_model
+        if policy == "cache_aware":
+            return self.model
+        raise InvalidRequest(f"the lab has no model of {self.name}'s {policy!r}")
 
 
 ROUTERS = {
     "sglang": RouterKind("sglang", "sglang-router", "sglang_router", "0.3.2",
                          ("-m", "sglang_router", "launch"), "sglang_cache_aware"),
     "vllm": RouterKind("vllm", "vllm-router", "vllm_router", "0.1.17",
-                       ("-m", "vllm_router.launch_router"), "vllm_cache_aware"),
+                       ("-m", "vllm_router.launch_router"), "vllm_cache_aware", "vllm_kv_aware"),
 }
 
 
@@ -324,11 +339,13 @@ class RealRouter:
 
     def __init__(self, kind: str, worker_urls: list[str], *, policy: str = "cache_aware",
                  args: tuple[str, ...] = (), host: str = "127.0.0.1",
-                 startup_timeout_s: float = 60.0, attempts: int = 5) -> None:
+                 startup_timeout_s: float = 60.0, attempts: int = 5,
+                 rust_log: str | None = None) -> None:
         self.kind = router_kind(kind)
         self.worker_urls = list(worker_urls)
         self.policy = policy
         self.args = tuple(args)
+        self.rust_log = rust_log  # its RUST_LOG (default: the environment's, else info)
         self.host = host
         self.startup_timeout_s = startup_timeout_s
         self.attempts = attempts
@@ -338,6 +355,8 @@ class RealRouter:
         self.started_at = 0.0  # time.monotonic() when the running router was launched
         self.ready_at = 0.0  # ... and when it first listed every worker healthy
         self._log = None
+        self._read_at = 0  # bytes of the log `wait_log` has read
+        self._unread = ""  # ... and the line it has begun
 
     def command(self, port: int, metrics_port: int) -> list[str]:
         return [sys.executable, *self.kind.argv, "--host", self.host, "--port", str(port),
@@ -352,6 +371,35 @@ class RealRouter:
         self._log.seek(0)
         text = ANSI.sub("", self._log.read().decode("utf-8", "replace"))
         return text[-chars:]
+
+    def wait_log(self, lines: set[str], timeout: float) -> dict[str, str]:
+        """Until every string of `lines` has appeared in a line of the log written since the
+        last call (each call reads on from where the last stopped; a line is matched with a
+        space after its end, so `seq=1 ` does not match `seq=10`); returns the line each
+        matched. RouterError after `timeout` seconds or when the router exits."""
+        left, found = set(lines), {}
+        deadline = time.monotonic() + timeout
+        while left:
+            self._log.flush()
+            self._log.seek(self._read_at)
+            chunk = self._log.read()
+            self._read_at += len(chunk)
+            text = self._unread + chunk.decode("utf-8", "replace")
+            *done, self._unread = text.split("\n")
+            for line in done:
+                line = ANSI.sub("", line) + " "
+                for s in [s for s in left if s in line]:
+                    found[s] = line
+                    left.discard(s)
+            if not left:
+                break
+            if self.proc is None or self.proc.poll() is not None:
+                raise RouterError(f"{self.kind.name} router exited: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RouterError(f"{self.kind.name} router: no log line with {sorted(left)[0]!r} "
+                                  f"within {timeout:g} s: {self.log_tail()}")
+            time.sleep(0.002)
+        return found
 
     def start(self) -> RealRouter:
         """Start the router; a port taken by the time it binds is retried with fresh ports
@@ -378,7 +426,9 @@ class RealRouter:
         if self._log is not None:
             self._log.close()
         self._log = tempfile.TemporaryFile()
-        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info"), "NO_COLOR": "1"}
+        self._read_at, self._unread = 0, ""
+        env = {**os.environ, "RUST_LOG": self.rust_log or os.environ.get("RUST_LOG", "info"),
+               "NO_COLOR": "1"}
         self.proc = subprocess.Popen(self.command(port, metrics_port), stdin=subprocess.DEVNULL,
                                      stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
@@ -480,36 +530,171 @@ class RealReplay:
     loads: list[int] = field(default_factory=list)  # the router's loads at the end
     sent_s: list[float] = field(default_factory=list)  # request i sent, s after the launch
     ready_s: float = 0.0  # when the router first listed its workers healthy, s after the launch
+    policy: str = "cache_aware"
+    credited: list[int] = field(default_factory=list)  # kv_aware: tokens it credited, each
 
 
 def replay(trace, n: int, kind: str, *, limit: int | None = None, args: tuple[str, ...] = (),
            request_timeout_s: float = 30.0,
-           not_before_s: dict[int, float] | None = None) -> RealReplay:
+           not_before_s: dict[int, float] | None = None,
+           policy: str = "cache_aware") -> RealReplay:
     """Send `trace`'s first `limit` requests (all by default) one at a time through a fresh
     `kind` router over n fresh holding workers: each request goes out once the previous one
     reached its worker. Raises RouterError when a request does not reach a worker in time.
 
     `not_before_s[i]`: request i is not sent before that many seconds after the router was
-    ready (to let a wall-clock eviction happen between two requests, say)."""
+    ready (to let a wall-clock eviction happen between two requests, say).
+
+    `policy` `kv_aware` (vLLM's router): the workers publish KV events (`BlockEvents`): once a
+    request reached its worker, that worker stores the request's full blocks, and the next
+    request goes out once the router has read them, so the router's index is the workers'
+    caches as the lab's sequence mode has them (unbounded)."""
     from .sequence import requests as trace_requests
 
     version = router_version(kind)
+    kind_ = router_kind(kind)
     total = len(trace) if limit is None else min(limit, len(trace))
     check_open_files(total)
-    prompts = (prompt_text(r.blocks, r.tokens) for r, _ in zip(trace_requests(trace), range(total)))
-    with HoldingWorkers(n) as workers, RealRouter(kind, workers.urls, args=args) as router:
+    reqs = [r for r, _ in zip(trace_requests(trace), range(total))]
+    prompts = (prompt_text(r.blocks, r.tokens) for r in reqs)
+    with contextlib.ExitStack() as stack:
+        workers = stack.enter_context(HoldingWorkers(n))
+        on_pick = events = None
+        if policy == "kv_aware":
+            kind_.model_of(policy)  # a router with a kv_aware the lab models
+            events = stack.enter_context(BlockEvents(workers.urls))
+            args = (*events.args(), *args)
+        router = stack.enter_context(RealRouter(kind, workers.urls, args=args, policy=policy,
+                                                rust_log=KV_LOG if events else None))
+        credited: list[int] = []
+        if events is not None:
+            events.sync(router, request_timeout_s)
+
+            async def on_pick(i: int, worker: int) -> None:
+                credited.append(await asyncio.to_thread(
+                    events.store_and_wait, router, worker, reqs[i], request_timeout_s))
         position = {url: router.order.index(url) for url in workers.urls}
         picks, loads, sent = workers.call(_send(workers, router, prompts, request_timeout_s,
-                                                not_before_s or {}))
+                                                not_before_s or {}, on_pick))
         return RealReplay(kind, version, n, list(router.order),
                           [position[workers.urls[w]] for w in picks], loads, sent,
-                          router.ready_at - router.started_at)
+                          router.ready_at - router.started_at, policy, credited)
+
+
+# vllm-router's log lines that `replay` waits for and reads: each KV batch read, each decision
+KV_LOG = ("info,vllm_router_rs::kv_index::subscriber=debug,"
+          "vllm_router_rs::policies::kv_aware=debug")
+_CREDITED = re.compile(r" credited_prefix_tokens=(\d+) ")
+
+
+class BlockEvents:
+    """One KV-event publisher per worker (`urls`), in vLLM's wire (kvscope's `Publisher`: a PUB
+    socket and a replay socket on loopback), publishing what an engine with an unbounded prefix
+    cache would: `store(w, req)` stores the full blocks of `req`'s prompt that worker w does not
+    hold yet as one `BlockStored` (block hashes: the blocks' prefix-tree nodes, each chained to
+    the one before; token ids: the prompt's, `prompt_text`'s code points; medium GPU)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        from kvevents.publisher import Publisher
+
+        self.urls = list(urls)
+        self.publishers: list = []
+        try:
+            for _ in self.urls:
+                self.publishers.append(Publisher("tcp://127.0.0.1:*",
+                                                 replay_endpoint="tcp://127.0.0.1:*"))
+        except BaseException:
+            self.close()
+            raise
+        self.held: list[set[int]] = [set() for _ in self.urls]
+
+    def args(self) -> tuple[str, ...]:
+        """vllm-router's flags for these sources."""
+        out: tuple[str, ...] = ()
+        for url, pub in zip(self.urls, self.publishers):
+            out += ("--kv-event-source", f"{url}={pub.endpoint}",
+                    "--kv-event-replay-source", f"{url}={pub.replay_endpoint}")
+        return (*out, "--kv-event-block-size", str(BLOCK_TOKENS), "--kv-event-model", MODEL_ID)
+
+    @staticmethod
+    def read(url: str, seq: int) -> str:
+        """The router's log line (up to its end) saying it read batch `seq` from `url`."""
+        return f"live sequence advanced source={url} rank=0 seq={seq} "
+
+    def sync(self, router: RealRouter, timeout: float) -> None:
+        """Until the router has read a batch from every publisher (a subscriber that connects
+        after a batch went out never sees it): empty batches, each publisher's next one after
+        every 0.2 s not read."""
+        deadline = time.monotonic() + timeout
+        for url, pub in zip(self.urls, self.publishers):
+            while True:
+                seq = pub.publish([])
+                try:
+                    router.wait_log({self.read(url, seq)}, 0.2)
+                    break
+                except RouterError:
+                    if time.monotonic() > deadline:
+                        raise
+
+    def store(self, w: int, req) -> int | None:
+        """Worker w stores `req`'s full blocks it lacks; the batch's seq, None if none."""
+        from kvevents.codec import MEDIUM_GPU, Stored
+
+        full = req.blocks[:req.tokens // BLOCK_TOKENS]
+        held = self.held[w]
+        j = 0
+        while j < len(full) and full[j] in held:
+            j += 1
+        if j == len(full):
+            return None
+        new = full[j:]
+        held.update(new)
+        tokens = [ord(c) for b in new for c in block_text(b, BLOCK_TOKENS)]
+        ev = Stored(list(new), full[j - 1] if j else None, tokens, BLOCK_TOKENS, MEDIUM_GPU)
+        return self.publishers[w].publish([ev])
+
+    @staticmethod
+    def decided(url: str, tokens: int) -> str:
+        """The router's kv_aware decision line for a `tokens`-token prompt sent to `url` (it
+        logs `KV prefix decision outcome=... worker="URL" input_tokens=N new_prefill_tokens=...
+        credited_prefix_tokens=...` at debug level)."""
+        return f'" worker="{url}" input_tokens={tokens} '
+
+    def store_and_wait(self, router: RealRouter, w: int, req, timeout: float) -> int:
+        """Once `req` reached worker w: its decision line (the tokens the router credited as
+        cached, returned), and worker w's batch storing `req`'s blocks read by the router.
+        Waiting for the decision's own line keeps decisions in order (the router's log
+        threads can write two decisions' lines out of order)."""
+        url = self.urls[w]
+        want = {self.decided(url, req.tokens)}
+        seq = self.store(w, req)
+        if seq is not None:
+            want.add(self.read(url, seq))
+        lines = router.wait_log(want, timeout)
+        m = _CREDITED.search(lines[self.decided(url, req.tokens)])
+        if m is None:
+            raise RouterError(f"no credited_prefix_tokens in the router's decision line: "
+                              f"{lines[self.decided(url, req.tokens)][:300]}")
+        return int(m.group(1))
+
+    def close(self) -> None:
+        for pub in self.publishers:
+            pub.close(linger_ms=0)
+        self.publishers = []
+
+    def __enter__(self) -> BlockEvents:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 async def _send(workers: HoldingWorkers, router: RealRouter, prompts, timeout: float,
-                not_before_s: dict[int, float]) -> tuple[list[int], list[int], list[float]]:
+                not_before_s: dict[int, float],
+                on_pick=None) -> tuple[list[int], list[int], list[float]]:
     """Picks (worker indices) of `prompts`, the router's loads with all of them held, and when
-    each was sent (seconds after the router's launch)."""
+    each was sent (seconds after the router's launch). `on_pick(i, worker)` is awaited once
+    request i reached its worker, before the next goes out."""
     import aiohttp
 
     url = router.url + "/v1/completions"
@@ -552,6 +737,8 @@ async def _send(workers: HoldingWorkers, router: RealRouter, prompts, timeout: f
                     raise RouterError(f"request {i}: the workers received "
                                       f"{len(workers.arrivals)} requests or another prompt")
                 picks.append(arrival.worker)
+                if on_pick is not None:
+                    await on_pick(i, arrival.worker)
             async with session.get(router.url + "/workers") as r:
                 loads = [w.get("load", 0) for w in (await r.json())["workers"]]
         finally:
@@ -564,41 +751,51 @@ async def _send(workers: HoldingWorkers, router: RealRouter, prompts, timeout: f
 
 
 def agreement(trace, n: int, kind: str, *, limit: int | None = None,
-              wall_clock: bool = False) -> dict:
-    """`replay` and the lab's model of the router (sequence mode) on the same requests: how
-    many decisions agree, and the first that do not. The model evicts at the trace's times;
-    `wall_clock`: at the times the requests were sent, the router's clock."""
+              wall_clock: bool = False, policy: str = "cache_aware") -> dict:
+    """`replay` and the lab's model of the router's `policy` (sequence mode) on the same
+    requests: how many decisions agree, and the first that do not. The model evicts at the
+    trace's times; `wall_clock`: at the times the requests were sent, the router's clock.
+    kv_aware: also how many of the tokens the router credited as cached the model credits."""
     import dataclasses
 
     import numpy as np
 
     from .policies import make_policy
     from .sequence import run_sequence
+    from .vllm_kv import credited_blocks
 
+    model = router_kind(kind).model_of(policy)
     if limit is not None:
         trace = trace.head(min(limit, len(trace)))
     t0 = time.perf_counter()
-    real = replay(trace, n, kind)
+    real = replay(trace, n, kind, policy=policy)
     wall = time.perf_counter() - t0
     if wall_clock:
         trace = dataclasses.replace(trace, arrival_s=np.asarray(real.sent_s) - real.ready_s / 2)
-    policy = make_policy(ROUTERS[kind].model, n)
-    picks, rules = [], []
+    lab = make_policy(model, n)
+    picks, rules, credited = [], [], []
 
     class _Recorder:
         def route(self, req, cluster):
-            picks.append(policy.route(req, cluster))
-            rules.append(policy.rule)
+            picks.append(lab.route(req, cluster))
+            rules.append(lab.rule)
+            credited.append(BLOCK_TOKENS * credited_blocks(cluster.matches(req)[picks[-1]],
+                                                           req.tokens))
             return picks[-1]
 
     run_sequence(trace, n, 1 << 40, _Recorder())
     differ = [{"request": i, "model": picks[i], "real": real.picks[i], "rule": rules[i]}
               for i in range(len(picks)) if picks[i] != real.picks[i]]
-    return {"router": kind, "version": real.version, "model": ROUTERS[kind].model, "replicas": n,
-            "clock": "wall" if wall_clock else "trace",
-            "requests": len(picks), "agree": len(picks) - len(differ),
-            "agreement": 1 - len(differ) / len(picks) if picks else 1.0,
-            "router_seconds": round(wall, 1), "first_differences": differ[:10]}
+    out = {"router": kind, "version": real.version, "policy": policy, "model": model,
+           "replicas": n, "clock": "wall" if wall_clock else "trace",
+           "requests": len(picks), "agree": len(picks) - len(differ),
+           "agreement": 1 - len(differ) / len(picks) if picks else 1.0,
+           "router_seconds": round(wall, 1), "first_differences": differ[:10]}
+    if policy == "kv_aware":
+        out["credited_agree"] = sum(a == b for a, b in zip(credited, real.credited))
+        out["real_credited_tokens"] = sum(real.credited)
+        out["model_credited_tokens"] = sum(credited)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -609,6 +806,9 @@ def main(argv: list[str] | None = None) -> int:
         "Replay a Mooncake trace through a real router over holding workers and compare each "
         "decision with the lab's model of it (sequence mode)."))
     p.add_argument("--router", default="sglang", help="sglang or vllm")
+    p.add_argument("--policy", default="cache_aware", choices=("cache_aware", "kv_aware"),
+                   help="the router's policy (kv_aware: vllm's, on KV events the workers "
+                        "publish)")
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--limit", type=int, default=2000, help="first N requests (default 2000)")
     p.add_argument("--trace", help="Mooncake JSONL trace (default: the bundled conversation trace)")
@@ -620,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.replicas < 1 or args.limit < 1:
             raise InvalidRequest("--replicas and --limit must be at least 1")
         result = agreement(load_mooncake(args.trace), args.replicas, args.router,
-                           limit=args.limit, wall_clock=args.wall_clock)
+                           limit=args.limit, wall_clock=args.wall_clock, policy=args.policy)
     except (InvalidRequest, RouterError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
