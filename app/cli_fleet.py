@@ -9,12 +9,13 @@ import json
 from pydantic import ValidationError
 
 FILE_HELP = ('a JSON file {"name": "demo", "engines": [{"name": "e0", "endpoint": "tcp://host:5557", '
-             '"replay_endpoint"?, "topic"?, "metrics_url"?, "block_size"?, "dp_rank"?, "server"?}]}: '
-             "the body of POST /api/fleets")
+             '"replay_endpoint"?, "topic"?, "metrics_url"?, "block_size"?, "dp_rank"?, "server"?}], '
+             '"listen"?: {"endpoint": "tcp://127.0.0.1:5557", ...}}: the body of POST /api/fleets')
 
 
-def load_fleet_file(path: str) -> tuple[str, list[dict]]:
-    """A fleet file checked as the REST body is. Raises ValueError naming what to fix."""
+def load_fleet_file(path: str) -> tuple[str, list[dict], dict]:
+    """A fleet file checked as the REST body is: its name, engines and the options of
+    `Fleets.create` (`listen`, `max_engines`). Raises ValueError naming what to fix."""
     from .routes.fleets import FleetCreate
 
     try:
@@ -28,7 +29,12 @@ def load_fleet_file(path: str) -> tuple[str, list[dict]]:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
         raise ValueError(f"{path}: {where}: {first['msg']}") from None
-    return body.name, [e.model_dump() for e in body.engines]
+    options = {}
+    if body.listen is not None:
+        options["listen"] = body.listen.model_dump()
+    if body.max_engines is not None:
+        options["max_engines"] = body.max_engines
+    return body.name, [e.model_dump() for e in body.engines], options
 
 
 def fleet_main(argv: list[str]) -> int:
@@ -39,6 +45,17 @@ def fleet_main(argv: list[str]) -> int:
                     "matches. Engines are named e0, e1, ... in the order given.")
     p.add_argument("endpoints", nargs="*", metavar="ENDPOINT",
                    help="each engine's PUB endpoint as seen from here, e.g. tcp://gpu-0:5557")
+    p.add_argument("--listen", metavar="ENDPOINT",
+                   help="bind ENDPOINT for engines to connect to, as llm-d's indexer does (vLLM "
+                        "with --kv-events-config endpoint tcp://<this host>:5557, topic "
+                        "kv@<pod>@<model>): each topic is an engine named by its pod. A bare port "
+                        "(5557) binds loopback; name the interface to bind beyond it "
+                        "(tcp://0.0.0.0:5557): any host reaching it can then publish")
+    p.add_argument("--listen-topic", default="kv@", help="with --listen: the topic prefix taken "
+                   "(default: kv@)")
+    p.add_argument("--pod-replay-endpoint", metavar="TEMPLATE",
+                   help="with --listen: each pod's replay endpoint, {pod} standing for its name "
+                        "(e.g. tcp://{pod}.vllm:5558)")
     p.add_argument("--name", default="fleet", help="the fleet's name (default: fleet)")
     p.add_argument("--metrics-url", action="append", default=[], metavar="URL",
                    help="an engine's /metrics, once per engine in the same order (optional)")
@@ -71,8 +88,24 @@ def fleet_main(argv: list[str]) -> int:
             p.error(f"--play {args.play}: {exc}")
         return serve_with_fleet("kvscope fleet", args, args.name, [], None,
                                 {"play": args.play, "speed": args.speed})
-    if not args.endpoints:
-        p.error("give at least one ENDPOINT (or --play FILE)")
+    listen = None
+    if args.listen:
+        from kvevents.listen import loopback_endpoint
+
+        from .routes.fleets import ListenIn
+
+        try:
+            listen = ListenIn.model_validate({
+                "endpoint": loopback_endpoint(args.listen), "topic": args.listen_topic,
+                "replay_endpoint": args.pod_replay_endpoint, "block_size": args.block_size,
+            }).model_dump()
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            p.error(f"--listen: {'.'.join(str(x) for x in first['loc'])}: {first['msg']}")
+    elif args.pod_replay_endpoint:
+        p.error("--pod-replay-endpoint needs --listen")
+    if not args.endpoints and listen is None:
+        p.error("give at least one ENDPOINT (or --listen ENDPOINT, or --play FILE)")
     for opt, given in (("--metrics-url", args.metrics_url), ("--replay-endpoint", args.replay_endpoint)):
         if given and len(given) != len(args.endpoints):
             p.error(f"give {opt} once per endpoint ({len(args.endpoints)}), or not at all")
@@ -89,11 +122,12 @@ def fleet_main(argv: list[str]) -> int:
     from .routes.fleets import FleetCreate
 
     try:
-        FleetCreate.model_validate({"name": args.name, "engines": engines})
+        FleetCreate.model_validate({"name": args.name, "engines": engines, "listen": listen})
     except ValidationError as exc:
         first = exc.errors()[0]
         p.error(f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}")
-    return serve_with_fleet("kvscope fleet", args, args.name, engines, args.record)
+    return serve_with_fleet("kvscope fleet", args, args.name, engines, args.record,
+                            {"listen": listen} if listen else None)
 
 
 def serve_with_fleet(prog: str, args, name: str, engines: list[dict], record: str | None,

@@ -65,6 +65,7 @@ class EngineSpec:
     block_size: int | None = None
     dp_rank: int = 0
     server: str | None = None  # groups one server's DP ranks given as separate endpoints
+    model: str | None = None  # the model it serves (shown; a listening fleet reads it off topics)
 
     @classmethod
     def parse(cls, d: dict) -> EngineSpec:
@@ -229,6 +230,7 @@ class Fleet:
         self.block_map = BlockMap()
         self.created_at = time.time()
         self.closed = False
+        self.listener = None  # a bound endpoint engines connect to (`listen`)
         self._stop = threading.Event()
         self._monitor_thread = threading.Thread(target=self._watch, daemon=True,
                                                 name=f"fleet-{name}-monitor")
@@ -247,6 +249,31 @@ class Fleet:
         except Exception:
             self.index.discard(spec.name)
             raise
+        self.specs[spec.name] = spec
+
+    def listen(self, spec) -> None:
+        """Bind `spec.endpoint` (a `listen.ListenSpec`) and make an engine of every pod
+        publishing to it. Raises InvalidRequest (cannot bind, or already listening)."""
+        from .listen import Listener
+
+        if self.listener is not None:
+            raise InvalidRequest(f"fleet {self.name!r} already listens on {self.listener.spec.endpoint}")
+        self.listener = Listener(self, spec)
+
+    def adopt(self, link) -> None:
+        """Index an engine a shared source found (a pod on the listener). A fleet that cannot
+        take it (full, or the name taken) refuses it: nothing of it is indexed. Call where
+        changes run."""
+        if self.closed or link.removed:
+            return
+        spec = link.spec
+        try:
+            self.index.add(spec.name, server=spec.server or spec.name, dp_rank=spec.dp_rank,
+                           block_size=spec.block_size, max_blocks=spec.num_blocks)
+        except Conflict as exc:
+            link.refuse(f"not indexed: {exc}")
+            return
+        self.links[spec.name] = link
         self.specs[spec.name] = spec
 
     def remove(self, name: str) -> EngineLink | None:
@@ -399,6 +426,7 @@ class Fleet:
             spec = link.spec if link is not None else None
             row = {"name": name, "server": info.server, "dp_rank": info.dp_rank,
                    "endpoint": spec.endpoint if spec else None,
+                   "model": spec.model if spec else None,
                    "num_blocks": spec.num_blocks if spec else None,
                    "configured_block_size": info.block_size,
                    **self.index.engine_stats(name)}
@@ -420,12 +448,15 @@ class Fleet:
                 "recording": None if self.recorder is None else
                 {"path": self.recorder.path, "records": self.recorder.records},
                 "playback": None if self.playback is None else dict(self.playback),
+                "listen": None if self.listener is None else self.listener.describe(),
                 "recent_chains": self.recent_chains(),
                 "block_map": {"version": self.block_map.version, "cycles": self.block_map.cycles,
                               "computations": self.block_map.computations}}
 
     def summary(self) -> dict:
-        return {"name": self.name, "engines": len(self.index.engines), **self.index.stats()}
+        return {"name": self.name, "engines": len(self.index.engines),
+                "listen": None if self.listener is None else self.listener.spec.endpoint,
+                **self.index.stats()}
 
     # -- lifecycle --------------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -475,6 +506,8 @@ class Fleet:
             self.submit.close()  # queued batches are dropped
         links, self.links = list(self.links.values()), {}
         self._closing = links
+        if self.listener is not None:
+            self.listener.stop_soon()
         for link in links:
             link.stop_soon()
         self._stop.set()
@@ -493,6 +526,8 @@ class Fleet:
             gone = link.join(deadline) and gone
         self._monitor_thread.join(max(0.0, deadline - time.monotonic()))
         gone = gone and not self._monitor_thread.is_alive()
+        if self.listener is not None:
+            gone = self.listener.join(deadline - time.monotonic()) and gone
         if self.recorder is not None:
             self.recorder.close()
         if gone:
@@ -507,6 +542,7 @@ class Fleet:
         """Threads of this fleet still running (its links' and the monitor's)."""
         n = sum(link.alive() for link in getattr(self, "_closing", []))
         n += sum(link.alive() for link in self.links.values())
+        n += self.listener is not None and self.listener.alive()
         return n + self._monitor_thread.is_alive()
 
 

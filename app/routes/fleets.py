@@ -12,14 +12,15 @@ from allocator.errors import InvalidRequest, NotFound
 from allocator.fleet import MAX_FLEET_ENGINES
 
 from ..fleets import FleetHandle, Fleets
-from ..schemas import POOL_NAME_PATTERN, Endpoint, Strict, Topic
+from ..schemas import POOL_NAME_PATTERN, BindEndpoint, Endpoint, Strict, Topic
 
 router = APIRouter(prefix="/api/fleets", tags=["fleets"])
 MAX_MATCH_TOKENS = 1 << 20
 MAX_MATCH_HASHES = 1 << 16
 
-EngineName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$",
+EngineName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$",
                                   examples=["vllm-0"])]
+
 
 
 class EngineIn(Strict):
@@ -35,12 +36,39 @@ class EngineIn(Strict):
     dp_rank: Annotated[int, Field(ge=0, le=1023)] = 0
     server: EngineName | None = Field(None, description="groups the DP ranks of one server "
                                       "given as separate endpoints (default: the engine's name)")
+    model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+
+
+class ListenIn(Strict):
+    """Bind one endpoint that every engine's PUB connects to, as llm-d's indexer does; each
+    topic `kv@<pod>@<model>` is an engine. Binds loopback unless another interface is named
+    (`tcp://0.0.0.0:5557`): ZeroMQ has no authentication, so any host reaching the port can
+    publish into the fleet."""
+
+    endpoint: BindEndpoint = "tcp://127.0.0.1:5557"
+    topic: Topic = "kv@"
+    replay_endpoint: Endpoint | None = Field(
+        None, description="each pod's replay endpoint as seen from here, `{pod}` standing for "
+                          "the pod's name, e.g. tcp://{pod}.vllm:5558 (default: none, gaps "
+                          "are counted lost)")
+    num_blocks: Annotated[int, Field(ge=1, le=1 << 26)] | None = None
+    block_size: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
 
 
 class FleetCreate(Strict):
     name: Annotated[str, Field(pattern=POOL_NAME_PATTERN, examples=["demo"])]
-    engines: Annotated[list[EngineIn], Field(min_length=1, max_length=MAX_FLEET_ENGINES,
-                                             description=f"at most {MAX_FLEET_ENGINES}")]
+    engines: Annotated[list[EngineIn], Field(max_length=MAX_FLEET_ENGINES,
+                                             description=f"at most {MAX_FLEET_ENGINES}")] = []
+    listen: ListenIn | None = None
+    max_engines: Annotated[int, Field(ge=1, le=MAX_FLEET_ENGINES, description=(
+        "the most engines the fleet takes (default and at most "
+        f"{MAX_FLEET_ENGINES}); a listening fleet refuses pods past it"))] | None = None
+
+    @model_validator(mode="after")
+    def _some(self):
+        if not self.engines and self.listen is None:
+            raise ValueError("give 'engines', 'listen', or both")
+        return self
 
 
 class MatchIn(Strict):
@@ -93,7 +121,9 @@ async def create_fleet(body: FleetCreate, fleets: FleetsDep) -> dict:
     """Start following every engine; 409 for a taken fleet name or an engine name given twice,
     422 past the engine limit. Engines that cannot be reached yet show `unreachable` and are
     retried with backoff."""
-    handle = await fleets.create(body.name, [e.model_dump() for e in body.engines])
+    handle = await fleets.create(body.name, [e.model_dump() for e in body.engines],
+                                 listen=body.listen.model_dump() if body.listen else None,
+                                 max_engines=body.max_engines or MAX_FLEET_ENGINES)
     async with handle.lock:
         return handle.fleet.describe()
 
