@@ -62,6 +62,10 @@ def fleet_main(argv: list[str]) -> int:
     p.add_argument("--replay-endpoint", action="append", default=[], metavar="ENDPOINT",
                    help="an engine's replay endpoint, once per engine in the same order (optional)")
     p.add_argument("--topic", default="", help="the engines' topic (default: all)")
+    p.add_argument("--wire", choices=("vllm", "dynamo"), default="vllm",
+                   help="what the endpoints speak: vllm (vLLM's and SGLang's publishers, the "
+                        "default) or dynamo (Dynamo workers' ZeroMQ event plane; give "
+                        "--block-size, the workers' kv block size)")
     p.add_argument("--block-size", type=int, default=None,
                    help="tokens per block the engines were started with (checked against their events)")
     p.add_argument("--record", metavar="FILE", help="record every engine's batches, tagged with "
@@ -118,6 +122,8 @@ def fleet_main(argv: list[str]) -> int:
             e["replay_endpoint"] = args.replay_endpoint[i]
         if args.block_size:
             e["block_size"] = args.block_size
+        if args.wire != "vllm":
+            e["wire"] = args.wire
         engines.append(e)
     from .routes.fleets import FleetCreate
 

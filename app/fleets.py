@@ -81,8 +81,8 @@ class FleetHandle:
         listening fleet's pods share its one listener thread)."""
         fleet = self.fleet
         own = sum(not getattr(link, "shared", False) for link in fleet.links.values())
-        listener = fleet.listener is not None and fleet.listener.alive()
-        return own + listener + sum(link.alive() for link in fleet.closing_links())
+        sources = sum(source.alive() for source in fleet.sources())
+        return own + sources + sum(link.alive() for link in fleet.closing_links())
 
     async def aclose(self) -> None:
         await self.release()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from pydantic import Field, model_validator
@@ -37,6 +37,10 @@ class EngineIn(Strict):
     server: EngineName | None = Field(None, description="groups the DP ranks of one server "
                                       "given as separate endpoints (default: the engine's name)")
     model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    wire: Literal["vllm", "dynamo"] = Field(
+        "vllm", description="vllm: vLLM's and SGLang's ZeroMQ publisher; dynamo: a Dynamo "
+                            "worker's event plane over ZeroMQ (its PUB endpoint, from Dynamo's "
+                            "discovery; block_size: its kv block size)")
 
 
 class ListenIn(Strict):
@@ -203,16 +207,14 @@ async def match(body: MatchIn, handle: FleetDep) -> dict:
     async with handle.lock:
         index = handle.fleet.index
         if body.tokens is not None:
-            groups = {index.block_size(n) for n in index.engines}
-            if not groups - {None}:
+            if not set(handle.fleet.block_sizes().values()) - {None}:
                 raise InvalidRequest("no engine's block size is known yet (none has stored a "
                                      "block, and none was given 'block_size')")
-            engines = index.match(body.tokens, body.lora_id)
+            engines = handle.fleet.match_tokens(body.tokens, body.lora_id)
         elif body.key is not None:
             if not index.chain_of(int(body.key, 16)):
                 raise NotFound("block", body.key)
             engines = index.match_chain(int(body.key, 16))
         else:
             engines = index.match_engine_hashes(body.engine, [h & ((1 << 64) - 1) for h in body.block_hashes])
-        return {"engines": engines,
-                "block_sizes": {n: index.block_size(n) for n in index.engines}}
+        return {"engines": engines, "block_sizes": handle.fleet.block_sizes()}
