@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from pydantic import ValidationError
 
@@ -45,6 +46,13 @@ def fleet_main(argv: list[str]) -> int:
                     "matches. Engines are named e0, e1, ... in the order given.")
     p.add_argument("endpoints", nargs="*", metavar="ENDPOINT",
                    help="each engine's PUB endpoint as seen from here, e.g. tcp://gpu-0:5557")
+    p.add_argument("--namespace", help="with a nats:// URL: the Dynamo namespace to follow")
+    p.add_argument("--component", help="with a nats:// URL: the Dynamo component to follow")
+    p.add_argument("--nats-subject", help="with a nats:// URL: this subject instead of Dynamo's")
+    p.add_argument("--nats-creds", metavar="FILE", help="a NATS creds file (else KVSCOPE_NATS_*)")
+    p.add_argument("--nats-token-file", metavar="FILE", help="a file holding the NATS token")
+    p.add_argument("--nats-user", help="the NATS user (its password: --nats-password-file)")
+    p.add_argument("--nats-password-file", metavar="FILE", help="a file holding the NATS password")
     p.add_argument("--listen", metavar="ENDPOINT",
                    help="bind ENDPOINT for engines to connect to, as llm-d's indexer does (vLLM "
                         "with --kv-events-config endpoint tcp://<this host>:5557, topic "
@@ -108,8 +116,17 @@ def fleet_main(argv: list[str]) -> int:
             p.error(f"--listen: {'.'.join(str(x) for x in first['loc'])}: {first['msg']}")
     elif args.pod_replay_endpoint:
         p.error("--pod-replay-endpoint needs --listen")
-    if not args.endpoints and listen is None:
-        p.error("give at least one ENDPOINT (or --listen ENDPOINT, or --play FILE)")
+    nats = None
+    urls = [e for e in args.endpoints if e.startswith(("nats://", "tls://"))]
+    if urls:
+        if len(urls) > 1:
+            p.error("give one nats:// URL (a NATS server carries every worker of the component)")
+        args.endpoints = [e for e in args.endpoints if e not in urls]
+        nats = _nats_options(p, args, urls[0])
+    elif args.namespace or args.component:
+        p.error("--namespace and --component go with a nats:// URL")
+    if not args.endpoints and listen is None and nats is None:
+        p.error("give at least one ENDPOINT (or a nats:// URL, --listen ENDPOINT, or --play FILE)")
     for opt, given in (("--metrics-url", args.metrics_url), ("--replay-endpoint", args.replay_endpoint)):
         if given and len(given) != len(args.endpoints):
             p.error(f"give {opt} once per endpoint ({len(args.endpoints)}), or not at all")
@@ -128,12 +145,35 @@ def fleet_main(argv: list[str]) -> int:
     from .routes.fleets import FleetCreate
 
     try:
-        FleetCreate.model_validate({"name": args.name, "engines": engines, "listen": listen})
+        FleetCreate.model_validate({"name": args.name, "engines": engines, "listen": listen,
+                                    "nats": {k: v for k, v in (nats or {}).items() if k != "auth"}
+                                    if nats else None})
     except ValidationError as exc:
         first = exc.errors()[0]
         p.error(f"{'.'.join(str(x) for x in first['loc'])}: {first['msg']}")
-    return serve_with_fleet("kvscope fleet", args, args.name, engines, args.record,
-                            {"listen": listen} if listen else None)
+    options = {k: v for k, v in (("listen", listen), ("nats", nats)) if v}
+    return serve_with_fleet("kvscope fleet", args, args.name, engines, args.record, options or None)
+
+
+def _nats_options(p, args, url: str) -> dict:
+    """`nats` for Fleets.create from the command line: the component, and credentials read
+    from the files named (else the server's KVSCOPE_NATS_* settings apply)."""
+    from kvevents.nats_source import NatsAuth, _read
+
+    if not args.namespace or not args.component:
+        p.error("a nats:// URL needs --namespace and --component (the Dynamo component's)")
+    out = {"url": url, "namespace": args.namespace, "component": args.component,
+           "subject": args.nats_subject, "block_size": args.block_size}
+    try:
+        auth = NatsAuth(token=_read(args.nats_token_file), user=args.nats_user,
+                        password=_read(args.nats_password_file), creds_file=args.nats_creds)
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.nats_creds and not os.path.isfile(args.nats_creds):
+        p.error(f"--nats-creds {args.nats_creds}: no such file")
+    if auth.kind():
+        out["auth"] = auth
+    return out
 
 
 def serve_with_fleet(prog: str, args, name: str, engines: list[dict], record: str | None,

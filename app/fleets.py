@@ -19,6 +19,7 @@ from allocator.errors import Conflict, InvalidRequest, NotFound
 from allocator.fleet import MAX_FLEET_ENGINES
 from kvevents.fleet import CLOSE_DEADLINE_S, SAMPLE_EVERY_S, EngineSpec, Fleet
 from kvevents.listen import ListenSpec
+from kvevents.nats_source import NatsAuth, NatsSpec
 
 from .mirrors import LoopApplier
 
@@ -101,6 +102,7 @@ class Fleets:
         # the engine limit until its threads are gone.
         self._closing: set = set()
         self._tasks: set[asyncio.Task] = set()
+        self.nats_auth: NatsAuth | None = None  # the server's NATS credentials (settings)
 
     def __iter__(self):
         return iter(list(self._fleets.values()))
@@ -116,7 +118,8 @@ class Fleets:
 
     async def create(self, name: str, engines: list[dict], record: str | None = None,
                      max_engines: int = MAX_FLEET_ENGINES, play: str | None = None,
-                     speed: float | None = None, listen: dict | None = None) -> FleetHandle:
+                     speed: float | None = None, listen: dict | None = None,
+                     nats: dict | None = None) -> FleetHandle:
         """Start a fleet following `engines` (dicts of EngineSpec's fields) and, with `listen`
         (ListenSpec's fields), every pod publishing to that bound endpoint, recording them to
         `record`, or fed from the fleet recording `play` at `speed` times real time. Raises
@@ -138,7 +141,7 @@ class Fleets:
                            f"({self.max_fleets}); delete one first")
         if len(engines) > max_engines:
             raise InvalidRequest(f"{len(engines)} engines; a fleet takes at most {max_engines}")
-        self._room_for(len(engines) + (listen is not None))
+        self._room_for(len(engines) + (listen is not None) + (nats is not None))
         specs = [EngineSpec.parse(e) for e in engines]
         seen: set[str] = set()
         for s in specs:
@@ -155,6 +158,8 @@ class Fleets:
                     fleet.add(s)
                 if listen is not None:
                     fleet.listen(_listen_spec(listen))
+                if nats is not None:
+                    fleet.follow_nats(_nats_spec(nats, self.nats_auth))
             except Exception:
                 await asyncio.to_thread(fleet.close)
                 raise
@@ -240,6 +245,14 @@ def _listen_spec(d: dict) -> ListenSpec:
     d = dict(d)
     d["replay"] = d.pop("replay_endpoint", None)
     return ListenSpec(**d)
+
+
+def _nats_spec(d: dict, auth: NatsAuth | None) -> NatsSpec:
+    """The REST body's `nats`, with the credentials the server was given (settings or files;
+    an `auth` in `d` comes from the command line, never from a request)."""
+    d = dict(d)
+    d.setdefault("auth", auth)
+    return NatsSpec(**d)
 
 
 class _Closing:

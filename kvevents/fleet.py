@@ -248,6 +248,7 @@ class Fleet:
         self.created_at = time.time()
         self.closed = False
         self.listener = None  # a bound endpoint engines connect to (`listen`)
+        self.nats = None  # a NATS subscription to Dynamo workers' events (`follow_nats`)
         self._stop = threading.Event()
         self._monitor_thread = threading.Thread(target=self._watch, daemon=True,
                                                 name=f"fleet-{name}-monitor")
@@ -277,9 +278,23 @@ class Fleet:
             raise InvalidRequest(f"fleet {self.name!r} already listens on {self.listener.spec.endpoint}")
         self.listener = Listener(self, spec)
 
+    def follow_nats(self, spec) -> None:
+        """Subscribe to a Dynamo component's KV events on NATS (a `nats_source.NatsSpec`): every
+        worker is an engine. Raises InvalidRequest (a bad spec, already subscribed, no client)."""
+        from .nats_source import NatsSource
+
+        if self.nats is not None:
+            raise InvalidRequest(f"fleet {self.name!r} already follows {self.nats.spec.url}")
+        try:
+            self.nats = NatsSource(self, spec)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        except ImportError as exc:
+            raise InvalidRequest(f"NATS needs the nats-py client ({exc})") from None
+
     def sources(self) -> list:
-        """The shared sources (a listener) whose engines come and go."""
-        return [s for s in (self.listener,) if s is not None]
+        """The shared sources (a listener, a NATS subscription) whose engines come and go."""
+        return [s for s in (self.listener, self.nats) if s is not None]
 
     def adopt(self, link) -> None:
         """Index an engine a shared source found (a pod on the listener). A fleet that cannot
@@ -440,6 +455,15 @@ class Fleet:
         self._note_recent(engine, eid, batch.events)
 
     # -- reading ----------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """The index's figures, `recompute_tokens` in tokens also for tokens_hash-keyed engines
+        (whose blocks the index counts as one token each)."""
+        out = self.index.stats()
+        for name, bs in self.hash_keyed().items():
+            if bs and bs > 1:
+                out["recompute_tokens"] += (bs - 1) * self.index.engine_stats(name)["recompute_tokens"]
+        return out
+
     def hash_keyed(self) -> dict[str, int | None]:
         """Engines whose blocks are keyed by Dynamo's tokens_hash, with their kv block size (None:
         not configured, so a prompt cannot be hashed for them)."""
@@ -482,7 +506,7 @@ class Fleet:
                 for name in link.engine_names():
                     if name in self.index.engines:
                         self.index.set_max_blocks(self.index.engine(name).eid, n)
-        s = self.index.stats()
+        s = self.stats()
         s["at"] = time.time()
         self.samples.append(s)
 
@@ -514,12 +538,13 @@ class Fleet:
         return out
 
     def describe(self) -> dict:
-        return {"name": self.name, "engines": self.engines(), "stats": self.index.stats(),
+        return {"name": self.name, "engines": self.engines(), "stats": self.stats(),
                 "max_engines": self.index.max_engines, "created_at": self.created_at,
                 "recording": None if self.recorder is None else
                 {"path": self.recorder.path, "records": self.recorder.records},
                 "playback": None if self.playback is None else dict(self.playback),
                 "listen": None if self.listener is None else self.listener.describe(),
+                "nats": None if self.nats is None else self.nats.describe(),
                 "recent_chains": self.recent_chains(),
                 "block_map": {"version": self.block_map.version, "cycles": self.block_map.cycles,
                               "computations": self.block_map.computations}}
@@ -527,7 +552,8 @@ class Fleet:
     def summary(self) -> dict:
         return {"name": self.name, "engines": len(self.index.engines),
                 "listen": None if self.listener is None else self.listener.spec.endpoint,
-                **self.index.stats()}
+                "nats": None if self.nats is None else self.nats.spec.url,
+                **self.stats()}
 
     # -- lifecycle --------------------------------------------------------------------------------
     def _watch(self) -> None:

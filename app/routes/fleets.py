@@ -59,19 +59,41 @@ class ListenIn(Strict):
     block_size: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
 
 
+SubjectToken = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$", examples=["dynamo"])]
+
+
+class NatsIn(Strict):
+    """Follow a Dynamo component's KV events on NATS core (workers started with
+    DYN_EVENT_PLANE=nats): every worker is an engine. Credentials are the server's own
+    (KVSCOPE_NATS_TOKEN, KVSCOPE_NATS_USER and KVSCOPE_NATS_PASSWORD, KVSCOPE_NATS_CREDS, or
+    their _FILE forms), never part of a request."""
+
+    url: Annotated[str, Field(max_length=256, pattern=r"^(nats|tls)://[^\s/@]+:\d{1,5}$",
+                              examples=["nats://127.0.0.1:4222"])]
+    namespace: SubjectToken
+    component: SubjectToken
+    subject: Annotated[str, Field(pattern=r"^[A-Za-z0-9_*>.-]{1,256}$")] | None = Field(
+        None, description="instead of Dynamo's subjects, namespace.{ns}.component.{comp}"
+                          "[.endpoint.*].kv-events")
+    num_blocks: Annotated[int, Field(ge=1, le=1 << 26)] | None = None
+    block_size: Annotated[int, Field(ge=1, le=1 << 16, description="the workers' kv block size "
+                                     "(to match prompts by their tokens)")] | None = None
+
+
 class FleetCreate(Strict):
     name: Annotated[str, Field(pattern=POOL_NAME_PATTERN, examples=["demo"])]
     engines: Annotated[list[EngineIn], Field(max_length=MAX_FLEET_ENGINES,
                                              description=f"at most {MAX_FLEET_ENGINES}")] = []
     listen: ListenIn | None = None
+    nats: NatsIn | None = None
     max_engines: Annotated[int, Field(ge=1, le=MAX_FLEET_ENGINES, description=(
         "the most engines the fleet takes (default and at most "
         f"{MAX_FLEET_ENGINES}); a listening fleet refuses pods past it"))] | None = None
 
     @model_validator(mode="after")
     def _some(self):
-        if not self.engines and self.listen is None:
-            raise ValueError("give 'engines', 'listen', or both")
+        if not self.engines and self.listen is None and self.nats is None:
+            raise ValueError("give 'engines', 'listen' or 'nats' (or several)")
         return self
 
 
@@ -127,6 +149,7 @@ async def create_fleet(body: FleetCreate, fleets: FleetsDep) -> dict:
     retried with backoff."""
     handle = await fleets.create(body.name, [e.model_dump() for e in body.engines],
                                  listen=body.listen.model_dump() if body.listen else None,
+                                 nats=body.nats.model_dump() if body.nats else None,
                                  max_engines=body.max_engines or MAX_FLEET_ENGINES)
     async with handle.lock:
         return handle.fleet.describe()

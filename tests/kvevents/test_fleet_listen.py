@@ -167,8 +167,13 @@ def test_a_pod_restart_clears_that_pod_only(listening, vllm_kv):
         with fleet.lock:
             b_before = fleet.index.engine_stats("pod-b")["cached_blocks"]
         pods["pod-a"].close()
+        accepted = fleet.listener.accepted
         fresh = Pod(vllm_kv, endpoint, "kv@pod-a@m", f"ipc://{tmp}/pod-a-replay.sock", seed=9)
         pods["pod-a"] = fresh  # seq 0 again on the same topic: pod-a restarted
+        # a restart shows as the seq going back: the fresh pod's first batches must arrive
+        # (vLLM's numbering gives no other sign), so it publishes once its PUB has joined
+        wait_for(lambda: fleet.listener.accepted > accepted, what="the fresh pod's connection")
+        time.sleep(0.5)
         publish_until_applied(fleet, {"pod-a": fresh}, 2)
         wait_for(lambda: fleet.links["pod-a"].subscriber.restarts == 1, what="the restart")
         wait_for(lambda: fleet.index.engine_stats("pod-a")["cached_blocks"] == len(fresh.source.cached),
