@@ -64,6 +64,16 @@ class ListenSpec:
     replay_timeout: float = POD_REPLAY_TIMEOUT_S
 
 
+def snapshot(items) -> list:
+    """A list of a dict's or set's items that another thread may change meanwhile."""
+    for _ in range(100):
+        try:
+            return list(items)
+        except RuntimeError:  # changed size during the copy: try again
+            continue
+    return []
+
+
 def parse_topic(topic: bytes) -> tuple[str, str]:
     """(pod, model) of a topic `kv@<pod>@<model>` (the model may itself hold '@'). Raises
     ValueError with the reason."""
@@ -251,7 +261,7 @@ class Listener:
     # -- lifecycle and reading ----------------------------------------------------------------------
     def stop_soon(self) -> None:
         self._stop.set()
-        for link in list(self.pods.values()):
+        for link in snapshot(self.pods.values()):
             link.subscriber.stop_soon()  # breaks a replay wait off
 
     def join(self, timeout: float) -> bool:

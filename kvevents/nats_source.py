@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from .codec import WireError
 from .dynamo import decode_envelope
 from .dynamo_wire import DynamoWire
+from .listen import snapshot
 from .subscriber import Subscriber
 
 RECONNECT_MS = 100
@@ -342,7 +343,7 @@ class NatsSource:
         """Summed stream figures of some publishers (a worker's)."""
         out = {"batches": 0, "events": 0, "gaps": 0, "lost_batches": 0, "restarts": 0,
                "duplicates": 0, "error_count": 0, "last_batch_at": None, "last_error": None}
-        for pid in list(pids):
+        for pid in snapshot(pids):
             pub = self.publishers.get(pid)
             if pub is None:
                 continue

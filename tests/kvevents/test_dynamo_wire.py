@@ -110,6 +110,9 @@ def test_frames_and_envelopes_that_cannot_be_read_say_why():
     e = decode_envelope(unframe(frame(env)))
     assert (e.publisher_id, e.sequence, e.topic, e.published_at) == (5, 9, "kv-events", 1700000000000)
     assert decode_envelope(enc([5, 9, 1, "kv-events", e.payload])).payload == e.payload
+    later = enc({"publisher_id": 5, "sequence": 9, "published_at": 1, "topic": "kv-events",
+                 "payload": e.payload, "published_at_ns": 10, "trace": {"id": "x"}})
+    assert decode_envelope(later).payload == e.payload  # fields of later releases ignored
     for bad, kind in [(b"\x01\x00", "frames"), (b"\x02" + frame(env)[1:], "frames"),
                       (frame(env)[:-1], "frames")]:
         with pytest.raises(WireError) as info:
