@@ -53,11 +53,11 @@ def serve(argv: list[str], opening: bool = False) -> int:
         from .cli_fleet import load_fleet_file
 
         try:
-            name, engines = load_fleet_file(args.fleet)
+            name, engines, options = load_fleet_file(args.fleet)
         except ValueError as exc:
             print(f"kvscope serve: --fleet {exc}", file=sys.stderr)
             return 2
-        startup_fleets.append((name, engines, {}))
+        startup_fleets.append((name, engines, options))
     if args.publish is None and (args.publish_replay_endpoint or args.publish_topic):
         parser.error("--publish-replay-endpoint and --publish-topic need --publish")
     device = settings.device if args.device is None else args.device

@@ -18,6 +18,8 @@ import time
 from allocator.errors import Conflict, InvalidRequest, NotFound
 from allocator.fleet import MAX_FLEET_ENGINES
 from kvevents.fleet import CLOSE_DEADLINE_S, SAMPLE_EVERY_S, EngineSpec, Fleet
+from kvevents.listen import ListenSpec
+from kvevents.nats_source import NatsAuth, NatsSpec
 
 from .mirrors import LoopApplier
 
@@ -76,8 +78,12 @@ class FleetHandle:
         return False
 
     def engine_count(self) -> int:
-        """Engines whose threads still run: specs followed, or closing and not gone yet."""
-        return len(self.fleet.links) + sum(link.alive() for link in self.fleet.closing_links())
+        """Engines whose threads still run: specs followed, or closing and not gone yet (a
+        listening fleet's pods share its one listener thread)."""
+        fleet = self.fleet
+        own = sum(not getattr(link, "shared", False) for link in fleet.links.values())
+        sources = sum(source.alive() for source in fleet.sources())
+        return own + sources + sum(link.alive() for link in fleet.closing_links())
 
     async def aclose(self) -> None:
         await self.release()
@@ -96,6 +102,7 @@ class Fleets:
         # the engine limit until its threads are gone.
         self._closing: set = set()
         self._tasks: set[asyncio.Task] = set()
+        self.nats_auth: NatsAuth | None = None  # the server's NATS credentials (settings)
 
     def __iter__(self):
         return iter(list(self._fleets.values()))
@@ -111,8 +118,10 @@ class Fleets:
 
     async def create(self, name: str, engines: list[dict], record: str | None = None,
                      max_engines: int = MAX_FLEET_ENGINES, play: str | None = None,
-                     speed: float | None = None) -> FleetHandle:
-        """Start a fleet following `engines` (dicts of EngineSpec's fields), recording them to
+                     speed: float | None = None, listen: dict | None = None,
+                     nats: dict | None = None) -> FleetHandle:
+        """Start a fleet following `engines` (dicts of EngineSpec's fields) and, with `listen`
+        (ListenSpec's fields), every pod publishing to that bound endpoint, recording them to
         `record`, or fed from the fleet recording `play` at `speed` times real time. Raises
         Conflict (name taken, duplicate engine, too many fleets) or InvalidRequest (too many
         engines, an unusable endpoint, a file that is not a recording); then nothing was
@@ -132,7 +141,7 @@ class Fleets:
                            f"({self.max_fleets}); delete one first")
         if len(engines) > max_engines:
             raise InvalidRequest(f"{len(engines)} engines; a fleet takes at most {max_engines}")
-        self._room_for(len(engines))
+        self._room_for(len(engines) + (listen is not None) + (nats is not None))
         specs = [EngineSpec.parse(e) for e in engines]
         seen: set[str] = set()
         for s in specs:
@@ -147,6 +156,10 @@ class Fleets:
             try:
                 for s in specs:
                     fleet.add(s)
+                if listen is not None:
+                    fleet.listen(_listen_spec(listen))
+                if nats is not None:
+                    fleet.follow_nats(_nats_spec(nats, self.nats_auth))
             except Exception:
                 await asyncio.to_thread(fleet.close)
                 raise
@@ -225,6 +238,21 @@ class Fleets:
             except Exception:
                 log.exception("closing fleet %s failed", name)
         await self.settle()
+
+
+def _listen_spec(d: dict) -> ListenSpec:
+    """The REST body's `listen` (its `replay_endpoint` is ListenSpec's `replay`)."""
+    d = dict(d)
+    d["replay"] = d.pop("replay_endpoint", None)
+    return ListenSpec(**d)
+
+
+def _nats_spec(d: dict, auth: NatsAuth | None) -> NatsSpec:
+    """The REST body's `nats`, with the credentials the server was given (settings or files;
+    an `auth` in `d` comes from the command line, never from a request)."""
+    d = dict(d)
+    d.setdefault("auth", auth)
+    return NatsSpec(**d)
 
 
 class _Closing:

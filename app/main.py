@@ -105,6 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.housekeeper = Housekeeper(app.state.registry)
     app.state.routing_runs = RoutingRuns()
     app.state.fleets = Fleets()
+    app.state.fleets.nats_auth = settings.nats_auth
     app.state.metrics = Metrics(app.state.registry, app.state.fleets)
     install_error_handlers(app)
     for router in API_ROUTERS:

@@ -145,7 +145,7 @@ class FleetCollector:
         }
         for handle in self.fleets or ():
             fleet, name = handle.fleet, handle.name
-            s = fleet.index.stats()
+            s = fleet.stats()
             fam["unique"].add_metric([name], s["unique_blocks"])
             fam["dup"].add_metric([name], s["duplicated_blocks"])
             fam["copies"].add_metric([name], s["duplicate_copies"])

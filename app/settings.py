@@ -9,6 +9,7 @@ from functools import lru_cache
 
 from allocator import resolve_device
 from allocator.errors import InvalidRequest
+from kvevents.nats_source import NatsAuth
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -44,6 +45,13 @@ def _env_list(name: str) -> tuple[str, ...] | None:
     if raw is None:
         return None
     return tuple(item.strip().lower().rstrip("/") for item in raw.split(",") if item.strip())
+
+
+def _nats_auth() -> NatsAuth | None:
+    try:
+        return NatsAuth.from_env()
+    except ValueError as exc:
+        raise SettingsError(f"KVSCOPE_NATS_*: {exc}") from None
 
 
 def check_device(device: str, source: str) -> str:
@@ -96,6 +104,8 @@ class Settings:
     recordings_dir: str = "recordings"  # where POST .../recording writes its .kvrec files, and uploads go
     history_bytes: int = 64 * MIB  # each pool's in-memory history budget (0: no history)
     open_recordings: tuple[str, ...] = ()  # recording files served read-only (kvscope open)
+    # NATS credentials for fleets following Dynamo over NATS (KVSCOPE_NATS_*; never echoed)
+    nats_auth: NatsAuth | None = None
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -122,6 +132,7 @@ class Settings:
             head_timeout_s=_env_int("KVSCOPE_HEAD_TIMEOUT_MS", 10_000, 100) / 1000,
             recordings_dir=os.environ.get("KVSCOPE_RECORDINGS_DIR") or "recordings",
             history_bytes=_env_int("KVSCOPE_HISTORY_BYTES", 64 * MIB),
+            nats_auth=_nats_auth(),
         )
 
     def check_default_pool(self) -> None:

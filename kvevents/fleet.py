@@ -31,6 +31,7 @@ from allocator.errors import Conflict, InvalidRequest
 from allocator.fleet import MAX_FLEET_ENGINES, FleetIndex, layout_of
 
 from .codec import Removed, Stored, WireError, decode_batch
+from .dynamo_wire import DynamoWire
 from .engine_metrics import MetricsPoller
 from .follow import threaded_apply
 from .recording import Recorder, read_records
@@ -46,6 +47,7 @@ APPLY_PART_BLOCKS = 4096  # a batch is applied in parts of at most this many blo
 CLOSE_DEADLINE_S = 5.0  # how long a close waits for an engine's threads
 MAX_MAP_BLOCKS = 65_536  # an engine's map lists at most this many blocks
 TOP_PREFIXES = 12
+WIRES = ("vllm", "dynamo")
 _MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED
                    | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED)
 
@@ -65,6 +67,15 @@ class EngineSpec:
     block_size: int | None = None
     dp_rank: int = 0
     server: str | None = None  # groups one server's DP ranks given as separate endpoints
+    model: str | None = None  # the model it serves (shown; a listening fleet reads it off topics)
+    # the wire it speaks: "vllm" (vLLM's and SGLang's) or "dynamo" (a Dynamo worker's event
+    # plane, whose blocks are keyed by Dynamo's tokens_hash: `block_size` is its kv block size)
+    wire: str = "vllm"
+
+    def index_block_size(self) -> int | None:
+        """The block size the index checks the events against: tokens_hash-keyed blocks are one
+        hash each to the index, so a Dynamo engine's own block size is kept here only."""
+        return None if self.wire == "dynamo" else self.block_size
 
     @classmethod
     def parse(cls, d: dict) -> EngineSpec:
@@ -77,6 +88,8 @@ class EngineSpec:
         for key in ("name", "endpoint"):
             if not isinstance(d.get(key), str) or not d[key]:
                 raise InvalidRequest(f"engine needs '{key}' (a string)")
+        if d.get("wire", "vllm") not in WIRES:
+            raise InvalidRequest(f"wire {d['wire']!r} is not one of {list(WIRES)}")
         return cls(**d)
 
 
@@ -103,6 +116,10 @@ class _MonitoredSubscriber(Subscriber):
             self.link.monitor = mon
 
 
+class _MonitoredDynamoSubscriber(DynamoWire, _MonitoredSubscriber):
+    """A Dynamo worker's PUB socket, monitored as any engine's."""
+
+
 class EngineLink:
     """One engine spec's subscription, metrics poller and connection state."""
 
@@ -121,7 +138,8 @@ class EngineLink:
         self.ranks: dict[int, str | None] = {spec.dp_rank: spec.name}
         self.monitor = None
         self.poller = MetricsPoller(spec.metrics_url).start() if spec.metrics_url else None
-        self.subscriber = _MonitoredSubscriber(
+        kind = _MonitoredDynamoSubscriber if spec.wire == "dynamo" else _MonitoredSubscriber
+        self.subscriber = kind(
             spec.endpoint, topic=spec.topic, replay_endpoint=spec.replay_endpoint,
             on_batch=self._on_batch, on_restart=self._on_restart, ctx=fleet.ctx,
             recorder=fleet.recorder_for(spec.name))
@@ -229,6 +247,8 @@ class Fleet:
         self.block_map = BlockMap()
         self.created_at = time.time()
         self.closed = False
+        self.listener = None  # a bound endpoint engines connect to (`listen`)
+        self.nats = None  # a NATS subscription to Dynamo workers' events (`follow_nats`)
         self._stop = threading.Event()
         self._monitor_thread = threading.Thread(target=self._watch, daemon=True,
                                                 name=f"fleet-{name}-monitor")
@@ -241,12 +261,55 @@ class Fleet:
         if spec.name in self.index.engines or spec.name in self.links:
             raise Conflict(f"engine {spec.name!r} is already in fleet {self.name!r}")
         self.index.add(spec.name, server=spec.server or spec.name, dp_rank=spec.dp_rank,
-                       block_size=spec.block_size, max_blocks=spec.num_blocks)
+                       block_size=spec.index_block_size(), max_blocks=spec.num_blocks)
         try:
             self.links[spec.name] = EngineLink(self, spec)
         except Exception:
             self.index.discard(spec.name)
             raise
+        self.specs[spec.name] = spec
+
+    def listen(self, spec) -> None:
+        """Bind `spec.endpoint` (a `listen.ListenSpec`) and make an engine of every pod
+        publishing to it. Raises InvalidRequest (cannot bind, or already listening)."""
+        from .listen import Listener
+
+        if self.listener is not None:
+            raise InvalidRequest(f"fleet {self.name!r} already listens on {self.listener.spec.endpoint}")
+        self.listener = Listener(self, spec)
+
+    def follow_nats(self, spec) -> None:
+        """Subscribe to a Dynamo component's KV events on NATS (a `nats_source.NatsSpec`): every
+        worker is an engine. Raises InvalidRequest (a bad spec, already subscribed, no client)."""
+        from .nats_source import NatsSource
+
+        if self.nats is not None:
+            raise InvalidRequest(f"fleet {self.name!r} already follows {self.nats.spec.url}")
+        try:
+            self.nats = NatsSource(self, spec)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        except ImportError as exc:
+            raise InvalidRequest(f"NATS needs the nats-py client ({exc})") from None
+
+    def sources(self) -> list:
+        """The shared sources (a listener, a NATS subscription) whose engines come and go."""
+        return [s for s in (self.listener, self.nats) if s is not None]
+
+    def adopt(self, link) -> None:
+        """Index an engine a shared source found (a pod on the listener). A fleet that cannot
+        take it (full, or the name taken) refuses it: nothing of it is indexed. Call where
+        changes run."""
+        if self.closed or link.removed:
+            return
+        spec = link.spec
+        try:
+            self.index.add(spec.name, server=spec.server or spec.name, dp_rank=spec.dp_rank,
+                           block_size=spec.index_block_size(), max_blocks=spec.num_blocks)
+        except Conflict as exc:
+            link.refuse(f"not indexed: {exc}")
+            return
+        self.links[spec.name] = link
         self.specs[spec.name] = spec
 
     def remove(self, name: str) -> EngineLink | None:
@@ -295,6 +358,8 @@ class Fleet:
                     if first:
                         link.refused_batches += 1
                     return
+            elif self._takes_rank(link, rank):
+                name = spec.name
             else:
                 name = f"{spec.name}:dp{rank}"
                 if name in self.index.engines or len(self.index.engines) >= self.index.max_engines:
@@ -302,7 +367,7 @@ class Fleet:
                         link.refused_batches += 1
                     return
                 self.index.add(name, server=spec.server or spec.name, dp_rank=rank,
-                               block_size=spec.block_size, max_blocks=spec.num_blocks)
+                               block_size=spec.index_block_size(), max_blocks=spec.num_blocks)
                 link.ranks[rank] = name
             if name not in self.index.engines:
                 return  # removed meanwhile
@@ -314,6 +379,20 @@ class Fleet:
 
         for i, events in enumerate(parts):
             self.submit(lambda events=events, i=i: change(events, i == 0, i == len(parts) - 1))
+
+    def _takes_rank(self, link, rank: int) -> bool:
+        """A Dynamo worker's events name its DP rank: the engine of its spec takes the rank its
+        first batch names (the spec's `dp_rank` is a default there), so a worker of rank 3
+        is one engine, not an empty rank 0 and a `:dp3`."""
+        spec = link.spec
+        if spec.wire != "dynamo" or len(link.ranks) != 1 or spec.name not in self.index.engines:
+            return False
+        info = self.index.engine(spec.name)
+        if self.index.engine_stats(spec.name)["batches"]:
+            return False
+        link.ranks = {rank: spec.name}
+        info.dp_rank = rank
+        return True
 
     def play(self, path: str, speed: float | None = None, stop: threading.Event | None = None) -> dict:
         """Feed a fleet recording back, batch by batch to the engine each one names (an engine
@@ -376,6 +455,46 @@ class Fleet:
         self._note_recent(engine, eid, batch.events)
 
     # -- reading ----------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """The index's figures, `recompute_tokens` in tokens also for tokens_hash-keyed engines
+        (whose blocks the index counts as one token each)."""
+        out = self.index.stats()
+        for name, bs in self.hash_keyed().items():
+            if bs and bs > 1:
+                out["recompute_tokens"] += (bs - 1) * self.index.engine_stats(name)["recompute_tokens"]
+        return out
+
+    def hash_keyed(self) -> dict[str, int | None]:
+        """Engines whose blocks are keyed by Dynamo's tokens_hash, with their kv block size (None:
+        not configured, so a prompt cannot be hashed for them)."""
+        return {n: link.spec.block_size for link in self.links.values()
+                if link.spec.wire == "dynamo" for n in link.engine_names() if n in self.index.engines}
+
+    def block_sizes(self) -> dict[str, int | None]:
+        """Tokens per block of every engine (a Dynamo engine's as configured)."""
+        out = {n: self.index.block_size(n) for n in self.index.engines}
+        out.update(self.hash_keyed())
+        return out
+
+    def match_tokens(self, tokens: list[int], lora_id: int | None = None) -> dict[str, int]:
+        """Each engine's longest cached prefix of `tokens`, in blocks: engines keyed by token
+        ids as the index matches them, Dynamo's by the tokens_hash chain of the prompt's blocks
+        at their block size (0 for one whose block size is not known). Call where changes run."""
+        from .dynamo import HASH_KEYED_BLOCK_SIZE, tokens_hashes
+
+        out = self.index.match(tokens, lora_id)
+        keyed = self.hash_keyed()
+        by_size: dict[int, int] = {}
+        for name, bs in keyed.items():
+            out[name] = 0
+            if bs:
+                by_size[bs] = by_size.get(bs, 0) | (1 << self.index.engine(name).eid)
+        for bs, mask in by_size.items():
+            got = self.index.match_tokens(tokens_hashes(tokens, bs), HASH_KEYED_BLOCK_SIZE, None, mask)
+            for eid, n in got.items():
+                out[self.index.name_of(eid)] = n
+        return out
+
     def sample(self) -> None:
         """Append the figures now to `samples` (the page's duplication and missed reuse over
         time), and bound each engine by the KV block count its /metrics report (when its spec
@@ -387,7 +506,7 @@ class Fleet:
                 for name in link.engine_names():
                     if name in self.index.engines:
                         self.index.set_max_blocks(self.index.engine(name).eid, n)
-        s = self.index.stats()
+        s = self.stats()
         s["at"] = time.time()
         self.samples.append(s)
 
@@ -399,9 +518,13 @@ class Fleet:
             spec = link.spec if link is not None else None
             row = {"name": name, "server": info.server, "dp_rank": info.dp_rank,
                    "endpoint": spec.endpoint if spec else None,
+                   "model": spec.model if spec else None,
+                   "wire": spec.wire if spec else "vllm",
                    "num_blocks": spec.num_blocks if spec else None,
                    "configured_block_size": info.block_size,
                    **self.index.engine_stats(name)}
+            if spec is not None and spec.wire == "dynamo":
+                _dynamo_row(row, spec)
             row["stream"] = link.health() if link is not None else {"state": "recorded"}
             poller = link.poller if link is not None and spec.name == name else None
             row["metrics"] = _engine_metrics(poller)
@@ -415,17 +538,22 @@ class Fleet:
         return out
 
     def describe(self) -> dict:
-        return {"name": self.name, "engines": self.engines(), "stats": self.index.stats(),
+        return {"name": self.name, "engines": self.engines(), "stats": self.stats(),
                 "max_engines": self.index.max_engines, "created_at": self.created_at,
                 "recording": None if self.recorder is None else
                 {"path": self.recorder.path, "records": self.recorder.records},
                 "playback": None if self.playback is None else dict(self.playback),
+                "listen": None if self.listener is None else self.listener.describe(),
+                "nats": None if self.nats is None else self.nats.describe(),
                 "recent_chains": self.recent_chains(),
                 "block_map": {"version": self.block_map.version, "cycles": self.block_map.cycles,
                               "computations": self.block_map.computations}}
 
     def summary(self) -> dict:
-        return {"name": self.name, "engines": len(self.index.engines), **self.index.stats()}
+        return {"name": self.name, "engines": len(self.index.engines),
+                "listen": None if self.listener is None else self.listener.spec.endpoint,
+                "nats": None if self.nats is None else self.nats.spec.url,
+                **self.stats()}
 
     # -- lifecycle --------------------------------------------------------------------------------
     def _watch(self) -> None:
@@ -475,6 +603,8 @@ class Fleet:
             self.submit.close()  # queued batches are dropped
         links, self.links = list(self.links.values()), {}
         self._closing = links
+        for source in self.sources():
+            source.stop_soon()
         for link in links:
             link.stop_soon()
         self._stop.set()
@@ -493,6 +623,8 @@ class Fleet:
             gone = link.join(deadline) and gone
         self._monitor_thread.join(max(0.0, deadline - time.monotonic()))
         gone = gone and not self._monitor_thread.is_alive()
+        for source in self.sources():
+            gone = source.join(deadline - time.monotonic()) and gone
         if self.recorder is not None:
             self.recorder.close()
         if gone:
@@ -507,7 +639,17 @@ class Fleet:
         """Threads of this fleet still running (its links' and the monitor's)."""
         n = sum(link.alive() for link in getattr(self, "_closing", []))
         n += sum(link.alive() for link in self.links.values())
+        n += sum(source.alive() for source in self.sources())
         return n + self._monitor_thread.is_alive()
+
+
+def _dynamo_row(row: dict, spec: EngineSpec) -> None:
+    """A Dynamo engine's row: its blocks are one tokens_hash each to the index, so its block
+    size is the configured one, and they are keyed by that hash."""
+    row["configured_block_size"] = row["block_size"] = spec.block_size
+    if row["keyed_by"] == "tokens":
+        row["keyed_by"] = "tokens_hash"
+    row["recompute_tokens"] = row["recompute_tokens"] * (spec.block_size or 1)
 
 
 def _parts(events: list) -> list[list]:

@@ -174,6 +174,11 @@ class Subscriber:
         if seq < 0:
             self._error("frames", f"live message with seq {seq}")
             return
+        self.sequenced(seq, payload)
+
+    def sequenced(self, seq: int, payload: bytes) -> None:
+        """One live message's seq (>= 0) and payload: applied in order, gaps replayed or
+        counted, restarts and jumps followed (see the class docstring)."""
         self.state = "live"
         held, self._held = self._held, None
         if seq - (-1 if self.last_live is None else self.last_live) > self.max_gap:
@@ -219,26 +224,34 @@ class Subscriber:
     def _apply(self, seq: int, payload: bytes) -> None:
         self.last_seq = seq
         if self.recorder is not None:
-            try:
-                self.recorder.write(time.time(), seq, self.topic.encode(), payload)
-            except (OSError, ValueError) as exc:
-                self._error("internal", f"recording: {exc}")
+            self._record(seq, payload)
         try:
-            batch = decode_batch(payload, self.max_events)
+            batches = self.decode(payload)
         except WireError as exc:
             self._error(exc.kind, f"batch {seq}: {exc}")
             return
-        if batch.unknown:
-            self.errors["unknown_type"] += batch.unknown
-        if batch.malformed:
-            self.errors["malformed_event"] += batch.malformed
-        if batch.problems:
-            self.last_error = f"batch {seq}: {batch.problems[0]}"
-            self.last_error_at = time.time()
         self.batches += 1
-        self.events += len(batch.events)
         self.last_batch_at = time.time()
-        self._call(self._on_batch, seq, batch)
+        for batch in batches:
+            if batch.unknown:
+                self.errors["unknown_type"] += batch.unknown
+            if batch.malformed:
+                self.errors["malformed_event"] += batch.malformed
+            if batch.problems:
+                self.last_error = f"batch {seq}: {batch.problems[0]}"
+                self.last_error_at = time.time()
+            self.events += len(batch.events)
+            self._call(self._on_batch, seq, batch)
+
+    def decode(self, payload: bytes) -> list[Batch]:
+        """A payload as the batches it holds (vLLM's: one). Raises WireError."""
+        return [decode_batch(payload, self.max_events)]
+
+    def _record(self, seq: int, payload: bytes) -> None:
+        try:
+            self.recorder.write(time.time(), seq, self.topic.encode(), payload)
+        except (OSError, ValueError) as exc:
+            self._error("internal", f"recording: {exc}")
 
     def _call(self, fn, *args) -> None:
         try:

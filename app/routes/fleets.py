@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from pydantic import Field, model_validator
@@ -12,14 +12,15 @@ from allocator.errors import InvalidRequest, NotFound
 from allocator.fleet import MAX_FLEET_ENGINES
 
 from ..fleets import FleetHandle, Fleets
-from ..schemas import POOL_NAME_PATTERN, Endpoint, Strict, Topic
+from ..schemas import POOL_NAME_PATTERN, BindEndpoint, Endpoint, Strict, Topic
 
 router = APIRouter(prefix="/api/fleets", tags=["fleets"])
 MAX_MATCH_TOKENS = 1 << 20
 MAX_MATCH_HASHES = 1 << 16
 
-EngineName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$",
+EngineName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$",
                                   examples=["vllm-0"])]
+
 
 
 class EngineIn(Strict):
@@ -35,12 +36,65 @@ class EngineIn(Strict):
     dp_rank: Annotated[int, Field(ge=0, le=1023)] = 0
     server: EngineName | None = Field(None, description="groups the DP ranks of one server "
                                       "given as separate endpoints (default: the engine's name)")
+    model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    wire: Literal["vllm", "dynamo"] = Field(
+        "vllm", description="vllm: vLLM's and SGLang's ZeroMQ publisher; dynamo: a Dynamo "
+                            "worker's event plane over ZeroMQ (its PUB endpoint, from Dynamo's "
+                            "discovery; block_size: its kv block size)")
+
+
+class ListenIn(Strict):
+    """Bind one endpoint that every engine's PUB connects to, as llm-d's indexer does; each
+    topic `kv@<pod>@<model>` is an engine. Binds loopback unless another interface is named
+    (`tcp://0.0.0.0:5557`): ZeroMQ has no authentication, so any host reaching the port can
+    publish into the fleet."""
+
+    endpoint: BindEndpoint = "tcp://127.0.0.1:5557"
+    topic: Topic = "kv@"
+    replay_endpoint: Endpoint | None = Field(
+        None, description="each pod's replay endpoint as seen from here, `{pod}` standing for "
+                          "the pod's name, e.g. tcp://{pod}.vllm:5558 (default: none, gaps "
+                          "are counted lost)")
+    num_blocks: Annotated[int, Field(ge=1, le=1 << 26)] | None = None
+    block_size: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
+
+
+SubjectToken = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$", examples=["dynamo"])]
+
+
+class NatsIn(Strict):
+    """Follow a Dynamo component's KV events on NATS core (workers started with
+    DYN_EVENT_PLANE=nats): every worker is an engine. Credentials are the server's own
+    (KVSCOPE_NATS_TOKEN, KVSCOPE_NATS_USER and KVSCOPE_NATS_PASSWORD, KVSCOPE_NATS_CREDS, or
+    their _FILE forms), never part of a request."""
+
+    url: Annotated[str, Field(max_length=256, pattern=r"^(nats|tls)://[^\s/@]+:\d{1,5}$",
+                              examples=["nats://127.0.0.1:4222"])]
+    namespace: SubjectToken
+    component: SubjectToken
+    subject: Annotated[str, Field(pattern=r"^[A-Za-z0-9_*>.-]{1,256}$")] | None = Field(
+        None, description="instead of Dynamo's subjects, namespace.{ns}.component.{comp}"
+                          "[.endpoint.*].kv-events")
+    num_blocks: Annotated[int, Field(ge=1, le=1 << 26)] | None = None
+    block_size: Annotated[int, Field(ge=1, le=1 << 16, description="the workers' kv block size "
+                                     "(to match prompts by their tokens)")] | None = None
 
 
 class FleetCreate(Strict):
     name: Annotated[str, Field(pattern=POOL_NAME_PATTERN, examples=["demo"])]
-    engines: Annotated[list[EngineIn], Field(min_length=1, max_length=MAX_FLEET_ENGINES,
-                                             description=f"at most {MAX_FLEET_ENGINES}")]
+    engines: Annotated[list[EngineIn], Field(max_length=MAX_FLEET_ENGINES,
+                                             description=f"at most {MAX_FLEET_ENGINES}")] = []
+    listen: ListenIn | None = None
+    nats: NatsIn | None = None
+    max_engines: Annotated[int, Field(ge=1, le=MAX_FLEET_ENGINES, description=(
+        "the most engines the fleet takes (default and at most "
+        f"{MAX_FLEET_ENGINES}); a listening fleet refuses pods past it"))] | None = None
+
+    @model_validator(mode="after")
+    def _some(self):
+        if not self.engines and self.listen is None and self.nats is None:
+            raise ValueError("give 'engines', 'listen' or 'nats' (or several)")
+        return self
 
 
 class MatchIn(Strict):
@@ -93,7 +147,10 @@ async def create_fleet(body: FleetCreate, fleets: FleetsDep) -> dict:
     """Start following every engine; 409 for a taken fleet name or an engine name given twice,
     422 past the engine limit. Engines that cannot be reached yet show `unreachable` and are
     retried with backoff."""
-    handle = await fleets.create(body.name, [e.model_dump() for e in body.engines])
+    handle = await fleets.create(body.name, [e.model_dump() for e in body.engines],
+                                 listen=body.listen.model_dump() if body.listen else None,
+                                 nats=body.nats.model_dump() if body.nats else None,
+                                 max_engines=body.max_engines or MAX_FLEET_ENGINES)
     async with handle.lock:
         return handle.fleet.describe()
 
@@ -173,16 +230,14 @@ async def match(body: MatchIn, handle: FleetDep) -> dict:
     async with handle.lock:
         index = handle.fleet.index
         if body.tokens is not None:
-            groups = {index.block_size(n) for n in index.engines}
-            if not groups - {None}:
+            if not set(handle.fleet.block_sizes().values()) - {None}:
                 raise InvalidRequest("no engine's block size is known yet (none has stored a "
                                      "block, and none was given 'block_size')")
-            engines = index.match(body.tokens, body.lora_id)
+            engines = handle.fleet.match_tokens(body.tokens, body.lora_id)
         elif body.key is not None:
             if not index.chain_of(int(body.key, 16)):
                 raise NotFound("block", body.key)
             engines = index.match_chain(int(body.key, 16))
         else:
             engines = index.match_engine_hashes(body.engine, [h & ((1 << 64) - 1) for h in body.block_hashes])
-        return {"engines": engines,
-                "block_sizes": {n: index.block_size(n) for n in index.engines}}
+        return {"engines": engines, "block_sizes": handle.fleet.block_sizes()}
