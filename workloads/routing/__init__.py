@@ -7,7 +7,8 @@ measure hit ratio against load (sequence mode) and against TTFT (serving mode).
 process pool or Ray), `report.py` (route_report.json / .md / .png), `cli.py` (`kvscope route`).
 """
 
-from .policies import RouteRequest, check_policies, make_policy, policy_names
+from .policies import RouteRequest
+from .registry import check_policies, make_policy, policy_names
 from .sequence import run_sequence
 
 __all__ = ["RouteRequest", "check_policies", "make_policy", "policy_names", "run_sequence"]

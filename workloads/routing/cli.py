@@ -14,7 +14,8 @@ from allocator import InvalidRequest
 from ..cliutil import ProgressBar, out_dir
 from ..mooncake import load_mooncake
 from .grid import MODES, Settings, grid, parse_executor, run_grid
-from .policies import BLOCK_TOKENS, check_policies
+from .policies import BLOCK_TOKENS
+from .registry import check_policies, policy_names
 from .report import markdown, write_route_report
 from .serving import add_cost_flags, costs_from_args
 
@@ -100,7 +101,6 @@ def write_decisions(rows: list[dict], f) -> int:
 
 
 def route_main(argv: list[str] | None = None, stream=None) -> int:
-    from .policies import policy_names
 
     args = route_parser().parse_args(argv)
     if args.list_policies:

@@ -29,7 +29,7 @@ from allocator import InvalidRequest
 from ..mooncake import MooncakeTrace
 from .bounds import BoundKey, bound_key, compute_bounds, with_bounds
 from .decisions import DecisionLog
-from .policies import make_policy
+from .registry import make_policy
 from .sequence import check_grid, run_sequence
 from .serving import MAX_SERVING_TOKENS, ServingCosts, run_serving
 

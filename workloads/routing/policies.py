@@ -22,8 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from allocator import InvalidRequest
-
 BLOCK_TOKENS = 512  # the Mooncake trace's block size: one hash_id per 512 prompt tokens
 
 
@@ -199,48 +197,6 @@ class LongestPrefix(Policy):
 
 
 SIMPLE = {cls.name: cls for cls in (RoundRobin, Random, LeastLoaded, PowerOfTwo, Session, LongestPrefix)}
-
-
-def policy_names() -> list[str]:
-    """Every policy name `make_policy` accepts, variants included."""
-    from .dynamo import VARIANTS as DYNAMO
-    from .sglang import VARIANTS as SGLANG
-
-    return [*SIMPLE, *SGLANG, "vllm_kv_aware", *DYNAMO, "llmd_precise", "llmd_precise_minmax"]
-
-
-def make_policy(name: str, n: int, seed: int = 0, temperature: float = 0.0) -> Policy:
-    """The policy called `name` for `n` replicas (`temperature`: Dynamo's softmax temperature).
-    Raises InvalidRequest naming the choices."""
-    from .dynamo import VARIANTS as DYNAMO
-    from .dynamo import DynamoKv
-    from .llmd import LlmdPrecise
-    from .sglang import VARIANTS as SGLANG
-    from .sglang import CacheAware
-    from .vllm_kv import VllmKvAware
-
-    if name in SIMPLE:
-        return SIMPLE[name](n, seed)
-    if name in SGLANG:
-        return CacheAware(n, seed, name=name, **SGLANG[name])
-    if name == VllmKvAware.name:
-        return VllmKvAware(n, seed)
-    if name in DYNAMO:
-        return DynamoKv(n, seed, temperature=temperature, **DYNAMO[name])
-    if name in ("llmd_precise", "llmd_precise_minmax"):
-        return LlmdPrecise(n, seed, minmax=name == "llmd_precise_minmax")
-    raise InvalidRequest(f"unknown policy {name!r}; choose from {', '.join(policy_names())}")
-
-
-def check_policies(names: list[str]) -> list[str]:
-    """The names, deduplicated in order. Raises InvalidRequest for an unknown one or none."""
-    known = policy_names()
-    out = list(dict.fromkeys(names))
-    bad = [p for p in out if p not in known]
-    if bad or not out:
-        raise InvalidRequest(f"unknown policy {', '.join(map(repr, bad)) or '(none given)'}; "
-                             f"choose from {', '.join(known)}")
-    return out
 
 
 def prefix_run(blocks: list[int], cache) -> int:

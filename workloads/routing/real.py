@@ -70,7 +70,12 @@ from dataclasses import dataclass, field
 
 from allocator import InvalidRequest
 
+from ..mooncake import load_mooncake
 from .policies import BLOCK_TOKENS
+from .registry import make_policy
+from .sequence import requests as trace_requests
+from .sequence import run_sequence
+from .vllm_kv import credited_blocks
 
 FIRST_CHAR = 0x10000  # block h starts with chr(FIRST_CHAR + h): planes 1-15, four UTF-8 bytes
 FILLER = chr(0x100000)  # the rest of every block (plane 16, four UTF-8 bytes too)
@@ -549,7 +554,6 @@ def replay(trace, n: int, kind: str, *, limit: int | None = None, args: tuple[st
     request reached its worker, that worker stores the request's full blocks, and the next
     request goes out once the router has read them, so the router's index is the workers'
     caches as the lab's sequence mode has them (unbounded)."""
-    from .sequence import requests as trace_requests
 
     version = router_version(kind)
     kind_ = router_kind(kind)
@@ -760,9 +764,6 @@ def agreement(trace, n: int, kind: str, *, limit: int | None = None,
 
     import numpy as np
 
-    from .policies import make_policy
-    from .sequence import run_sequence
-    from .vllm_kv import credited_blocks
 
     model = router_kind(kind).model_of(policy)
     if limit is not None:
@@ -800,7 +801,6 @@ def agreement(trace, n: int, kind: str, *, limit: int | None = None,
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m workloads.routing.real`: the agreement of a real router with its model."""
-    from ..mooncake import load_mooncake
 
     p = argparse.ArgumentParser(prog="python -m workloads.routing.real", description=(
         "Replay a Mooncake trace through a real router over holding workers and compare each "
