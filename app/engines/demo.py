@@ -180,8 +180,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--log-dir", default=None, help="where the engines' logs go (default: a new temp folder)")
     p.add_argument("--log-level", default="warning")
     p.add_argument("--router", default=None, help=(
-        "with --sim: the real router in front of the engines, sglang or vllm (cache_aware, from "
-        "kvscope[routers]); the load goes to it as text prompts (default: round robin here)"))
+        "with --sim: the real router in front of the engines, sglang or vllm (cache_aware) or "
+        "vllm-kv (vllm-router's kv_aware on the engines' KV events), from "
+        "kvscope[routers]; the load goes to it as text prompts (default: round robin here)"))
     args = p.parse_args(argv)
     if args.router is not None and args.sim is None:
         p.error("--router needs --sim (the vLLM demo's engines are fed round robin)")
@@ -256,9 +257,9 @@ def _serve_sim(args, settings, trace) -> int:
     engines = load = router = None
     try:
         if args.router:
-            from workloads.routing.real import router_kind
+            from ..routing_router import check_router
 
-            router_kind(args.router)  # unknown or not installed: one line, nothing started
+            check_router(args.router)  # unknown or not installed: one line, nothing started
         if args.router:
             # behind a real router: the lab's text prompts, 512-token blocks of one character
             # per token, as `kvscope route --router` sends them; every decision logged at the
