@@ -62,9 +62,10 @@ DEBUG_TESTS := tests/allocator/test_core_differential.py tests/allocator/test_po
 
 test-debug-core: install
 	$(PY) -c "import Cython" 2>/dev/null || $(PIP) install -q "Cython>=3.0"
-	rm -rf $(DEBUG_CORE) && mkdir -p $(DEBUG_CORE)/allocator
+	rm -rf $(DEBUG_CORE) && mkdir -p $(DEBUG_CORE)
 	cp setup.py $(DEBUG_CORE)/
-	cp allocator/*.py allocator/*.pyx allocator/*.pxd allocator/*.pxi $(DEBUG_CORE)/allocator/
+	tar -cf - --exclude=__pycache__ --exclude='*.so' --exclude='*.c' --exclude='*.html' allocator \
+		| tar -xf - -C $(DEBUG_CORE)
 	cd $(DEBUG_CORE) && KVSCOPE_CYTHON_DEBUG=1 $(abspath $(PY)) setup.py -q build_ext --inplace >/dev/null
 	PYTHONPATH=$(abspath $(DEBUG_CORE)) $(PY) -P -c "import allocator; assert '/$(DEBUG_CORE)/' in allocator.__file__, allocator.__file__"
 	PYTHONPATH=$(abspath $(DEBUG_CORE)) $(PY) -P -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(DEBUG_TESTS)

@@ -13,9 +13,7 @@ Pure core: imports only the standard library, numpy and torch (never a web frame
 
 from __future__ import annotations
 
-from .blockmap import CACHED, FREE, PINNED, SHARED, USED, BlockMap
 from .cache import Entry, KVCache, PutResult
-from .contiguous import ContiguousPool
 from .errors import (
     Conflict,
     CorruptState,
@@ -28,16 +26,18 @@ from .errors import (
     TooLarge,
     positive_int,
 )
-from .events import EventLog
-from .geometry import MODEL_PRESETS, ModelGeometry, get_model
 from .history import History, HistoryView, OutsideHistory
 from .mirror import MirrorPool
-from .paged import PagedPool
-from .pool import Allocation, DefragReport, Pool
+from .pools.blockmap import CACHED, FREE, PINNED, SHARED, USED, BlockMap
+from .pools.contiguous import ContiguousPool
+from .pools.events import EventLog
+from .pools.geometry import MODEL_PRESETS, ModelGeometry, get_model
+from .pools.paged import PagedPool
+from .pools.pool import Allocation, DefragReport, Pool
+from .pools.spec import CacheSpec, PoolSpec
+from .pools.storage import BlockStorage, resolve_device
+from .pools.tiered import DEFAULT_TIERS, TieredPool
 from .prefix import PrefixPool, SequenceInfo
-from .spec import CacheSpec, PoolSpec
-from .storage import BlockStorage, resolve_device
-from .tiered import DEFAULT_TIERS, TieredPool
 from .vocab import (
     EVENT_FIELDS,
     FITS,

@@ -71,7 +71,7 @@ cdef class Entry:
             "data_bytes": self.data_bytes,
         }
         if pool is not None:
-            from .pool import runs_of
+            from .pools.pool import runs_of
             out["blocks"] = runs_of(pool.block_ids(self.id))
         return out
 

@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable
 
 from ._core import CacheCore, Entry, KeyIndex, PutResult
-from .blockmap import CACHED, PINNED
 from .errors import (
     Conflict,
     CorruptState,
@@ -18,7 +17,8 @@ from .errors import (
     positive_int,
 )
 from .policies import POLICIES
-from .pool import Pool
+from .pools.blockmap import CACHED, PINNED
+from .pools.pool import Pool
 from .vocab import EVICTION_REASONS
 
 MAX_KEY_LENGTH = 256

@@ -9,9 +9,9 @@ import pickle
 
 import numpy as np
 
-from .blockmap import NO_OWNER
-from .events import BLOCK_FIELDS, block_list, event_dict
 from .history import HistoryView, Replayer
+from .pools.blockmap import NO_OWNER
+from .pools.events import BLOCK_FIELDS, block_list, event_dict
 from .vocab import EVENT_FIELDS
 
 # Where the pool's segment starts in the snapshot's address space (any page-aligned value).

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._core import map_summary, replay_columns, rows_of_columns2, validate_columns
-from .blockmap import CACHED, FREE, NO_OWNER, PINNED, SHARED, STATE_NAMES, USED
 from .errors import Conflict, NotFound
-from .events import event_dict, packed_list
-from .metrics import fragmentation_stats
+from .pools.blockmap import CACHED, FREE, NO_OWNER, PINNED, SHARED, STATE_NAMES, USED
+from .pools.events import event_dict, packed_list
+from .pools.metrics import fragmentation_stats
 from .vocab import EVICTION_REASONS
 
 DEFAULT_HISTORY_BYTES = 64 << 20

@@ -8,9 +8,9 @@ from time import time as _now
 
 import numpy as np
 
-from .blockmap import CACHED, NO_OWNER
 from .errors import InvalidRequest
-from .pool import Pool
+from .pools.blockmap import CACHED, NO_OWNER
+from .pools.pool import Pool
 
 NO_PARENT = -1
 

@@ -491,7 +491,7 @@ class RecordedEvents:
         return [r for r in self._rows if r[0] > seq]
 
     def after(self, seq: int = 0, limit: int = 1000, kinds=None, block_ids: bool = True) -> list[dict]:
-        from .events import event_dict
+        from .pools.events import event_dict
 
         out = []
         for row in self._rows:
@@ -516,7 +516,7 @@ class RecordedPool:
 
     def __init__(self, path: str | Path, name: str | None = None,
                  preread: tuple[dict, HistoryView] | None = None) -> None:
-        from .blockmap import BlockMap
+        from .pools.blockmap import BlockMap
 
         meta, view = preread or read_recording(path)
         self.path = str(path)

@@ -18,11 +18,12 @@ from dataclasses import asdict, dataclass
 class StrategyInfo:
     """An allocation strategy: what a client may ask for, and what its numbers mean.
 
-    `impl` is `module:Class` inside `allocator` (imported on first use, so that this module
-    stays import-free). `options` are the create options only this strategy takes (another
-    strategy refuses them). `compare`: run by default in the page's Compare view. `scatter_fails`: whether free space scattered in pieces can fail a
-    request; on a paged pool any free block serves any request, so its "external fragmentation"
-    is only scatter, and its `stranded_free_bytes` stat is always 0.
+    `impl` is `module:Class` inside `allocator` (`pools.paged:PagedPool`; imported on first use,
+    so that this module stays import-free). `options` are the create options only this strategy
+    takes (another strategy refuses them). `compare`: run by default in the page's Compare view.
+    `scatter_fails`: whether free space scattered in pieces can fail a request; on a paged pool
+    any free block serves any request, so its "external fragmentation" is only scatter, and its
+    `stranded_free_bytes` stat is always 0.
     """
 
     name: str
@@ -83,12 +84,12 @@ def _by_name(*items):
 
 
 STRATEGY_INFO: dict[str, StrategyInfo] = _by_name(
-    StrategyInfo("paged", "paged", "paged:PagedPool", scatter_fails=False, compare=True,
+    StrategyInfo("paged", "paged", "pools.paged:PagedPool", scatter_fails=False, compare=True,
                  description="fixed-size blocks from a free stack; any free block serves any request"),
-    StrategyInfo("contiguous", "contiguous", "contiguous:ContiguousPool", scatter_fails=True,
+    StrategyInfo("contiguous", "contiguous", "pools.contiguous:ContiguousPool", scatter_fails=True,
                  options=("fit",), compare=True,
                  description="one contiguous extent per allocation, placed by a fit rule"),
-    StrategyInfo("tiered", "tiered", "tiered:TieredPool", scatter_fails=True, options=("tiers",),
+    StrategyInfo("tiered", "tiered", "pools.tiered:TieredPool", scatter_fails=True, options=("tiers",),
                  description="small / medium / large block pools in one tensor"),
 )
 STRATEGIES: tuple[str, ...] = tuple(STRATEGY_INFO)
@@ -179,7 +180,7 @@ EVENT_KINDS: dict[str, EventKind] = _by_name(
     # The blocks of allocation `id` took state code `state` (the cache pins and unpins).
     EventKind("state", ("id", "state", "block_ids"), "cache"),
 )
-# Field names of each event kind, after the common (seq, ts, type) (allocator/events.py reads it).
+# Field names of each event kind, after the common (seq, ts, type) (allocator/pools/events.py reads it).
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {k.name: k.fields for k in EVENT_KINDS.values()}
 
 # The page's event-log filter, in display order: group -> (label, shown by default).

@@ -14,7 +14,7 @@ from pathlib import Path
 from fastapi.encoders import jsonable_encoder
 
 from allocator.errors import Conflict, InvalidRequest, KVScopeError, NotFound
-from allocator.events import event_dict
+from allocator.pools.events import event_dict
 from allocator.recording import (
     RecordedPool,
     Recorder,

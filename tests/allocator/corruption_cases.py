@@ -28,7 +28,7 @@ import traceback
 import numpy as np
 
 from allocator import CorruptState, KVCache, NotFound, OutOfMemory, PrefixOutOfMemory, create_pool
-from allocator.paged import PagedPool
+from allocator.pools.paged import PagedPool
 from allocator.prefix import PrefixPool
 
 I32_EDGES = (-1, 2**31 - 1, -(2**31))

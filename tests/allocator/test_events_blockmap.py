@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from kvtest_util import FakeClock
 
 from allocator import CACHED, FREE, PINNED, USED, EventLog, KVCache, create_pool
-from allocator.blockmap import CHUNK
+from allocator.pools.blockmap import CHUNK
 
 
 def test_event_ring_is_bounded_with_monotonic_seq() -> None:

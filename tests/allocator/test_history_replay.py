@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from allocator import KVCache, NotFound, OutOfMemory, OutsideHistory, create_pool
-from allocator.blockmap import CACHED, PINNED, USED
 from allocator.history import PAGE_BLOCKS, History, Replayer, _unique_bytes, map_runs
+from allocator.pools.blockmap import CACHED, PINNED, USED
 
 BLOCK = 16
 UNITS = 96

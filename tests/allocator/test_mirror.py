@@ -139,7 +139,7 @@ def test_other_medium_is_not_the_gpu_cache():
 
 def test_allocator_never_imports_the_wire():
     root = Path(__file__).resolve().parents[2] / "allocator"
-    for path in root.glob("*.py"):
+    for path in root.glob("**/*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

@@ -19,7 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvtest_util import crc, free_runs_of, histogram, payload, pool_snapshot
 
 from allocator import NotFound, OutOfMemory, create_pool
-from allocator.pool import runs_of
+from allocator.pools.pool import runs_of
 
 BLOCK = 16
 UNITS = 64

@@ -16,7 +16,7 @@ from allocator import (
     PrefixOutOfMemory,
     create_pool,
 )
-from allocator.blockmap import CACHED, FREE, USED
+from allocator.pools.blockmap import CACHED, FREE, USED
 from allocator.prefix import block_hash, root_hash
 
 BS = 4

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocator import InvalidRequest, KVCache, Pool, PoolSpec, create_pool, positive_int, vocab
-from allocator.blockmap import BlockMap
-from allocator.events import EventLog
 from allocator.policies import POLICIES as POLICY_CLASSES
+from allocator.pools.blockmap import BlockMap
+from allocator.pools.events import EventLog
 
 
 def test_every_strategy_names_a_pool_class_that_says_it_is_that_strategy():

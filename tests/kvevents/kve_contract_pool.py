@@ -8,7 +8,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from allocator.errors import OutOfMemory
-from allocator.events import EventLog
+from allocator.pools.events import EventLog
 
 
 @dataclass

@@ -6,10 +6,10 @@ from bisect import bisect_left, insort
 
 import numpy as np
 
+from ..errors import InvalidRequest
+from ..vocab import FITS
 from .blockmap import FREE, NO_OWNER
-from .errors import InvalidRequest
 from .pool import Pool, free_mismatch
-from .vocab import FITS
 
 
 class ContiguousPool(Pool):

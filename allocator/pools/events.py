@@ -6,8 +6,8 @@ from array import array
 
 import numpy as np
 
-from ._core import EventRing
-from .vocab import EVENT_FIELDS  # field names of each kind, after the common (seq, ts, type)
+from .._core import EventRing
+from ..vocab import EVENT_FIELDS  # field names of each kind, after the common (seq, ts, type)
 
 # Fields holding block ids. Stored in the cheapest form that packs fast (allocator/history.py
 # pickles events; arrays and ranges pickle ~30x slower than bytes): an int for one block, bytes

@@ -9,8 +9,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .blockmap import CACHED, FREE, NO_OWNER, PINNED, STATE_NAMES, USED, BlockMap
-from .errors import (
+from ..errors import (
     CorruptState,
     ExceedsCapacity,
     InvalidRequest,
@@ -19,12 +18,13 @@ from .errors import (
     block_state,
     positive_int,
 )
+from ..history import DEFAULT_HISTORY_BYTES, History
+from ..vocab import STRATEGY_INFO
+from .blockmap import CACHED, FREE, NO_OWNER, PINNED, STATE_NAMES, USED, BlockMap
 from .events import EventLog, stored_ids
 from .geometry import ModelGeometry, size_in_bytes
-from .history import DEFAULT_HISTORY_BYTES, History
 from .metrics import fragmentation_stats
 from .storage import BlockStorage
-from .vocab import STRATEGY_INFO
 
 
 @dataclass(slots=True)

@@ -10,10 +10,9 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from .errors import InvalidRequest, TooLarge, positive_int
-from .geometry import ModelGeometry, get_model
-from .history import DEFAULT_HISTORY_BYTES
-from .vocab import (
+from ..errors import InvalidRequest, TooLarge, positive_int
+from ..history import DEFAULT_HISTORY_BYTES
+from ..vocab import (
     DEFAULT_TOKENS_PER_BLOCK,
     FITS,
     POLICIES,
@@ -21,6 +20,7 @@ from .vocab import (
     STRATEGIES,
     STRATEGY_INFO,
 )
+from .geometry import ModelGeometry, get_model
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +125,11 @@ class PoolSpec:
         """The strategy's Pool subclass, from its vocabulary entry (`module:Class`); with prefix
         caching, the PrefixPool."""
         if self.prefix_policy is not None:
-            from .prefix import PrefixPool
+            from ..prefix import PrefixPool
 
             return PrefixPool
         module, _, cls = STRATEGY_INFO[self.strategy].impl.partition(":")
-        return getattr(importlib.import_module(f"{__package__}.{module}"), cls)
+        return getattr(importlib.import_module(f"allocator.{module}"), cls)
 
     def build(self):
         """The pool (and its cache, when the spec has one). Raises InvalidRequest."""
@@ -145,7 +145,7 @@ class PoolSpec:
             tokens_per_block=self.tokens_per_block, event_capacity=self.event_capacity,
             history_bytes=self.history_bytes, **options)
         if self.cache is not None:
-            from .cache import KVCache
+            from ..cache import KVCache
 
             KVCache(pool, self.cache.capacity_bytes, self.cache.policy)
         return pool

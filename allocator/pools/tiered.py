@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._core import FreeStack
+from .._core import FreeStack
+from ..errors import InvalidRequest
 from .blockmap import FREE, NO_OWNER
-from .errors import InvalidRequest
 from .pool import Pool, free_mismatch, pair_runs
 
 # Block size of each tier in units (the pool's block_bytes) and its share of the units. The

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._core import PagedCore
+from .._core import PagedCore
+from ..errors import NotFound, block_state
 from .blockmap import FREE, NO_OWNER, USED
-from .errors import NotFound, block_state
 from .events import stored_ids
 from .pool import Pool, free_mismatch, pair_runs
 

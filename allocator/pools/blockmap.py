@@ -6,9 +6,9 @@ code stamps its arrays directly; this module names its constants.
 
 from __future__ import annotations
 
-from ._core import BlockMap
-from .errors import ALLOCATION_STATES
-from .vocab import BLOCK_STATES, STATE_NAMES
+from .._core import BlockMap
+from ..errors import ALLOCATION_STATES
+from ..vocab import BLOCK_STATES, STATE_NAMES
 
 # State codes (allocator/vocab.py names them; the codes are the stream's wire format).
 FREE, USED, CACHED, PINNED, SHARED = (BLOCK_STATES[n] for n in ("free", "used", "cached", "pinned", "shared"))

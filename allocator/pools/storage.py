@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 # Moves of runs smaller than this on average go through batched gather/scatter: one slice copy
 # per run costs a few microseconds of dispatch, which dominates for small blocks.
