@@ -13,7 +13,7 @@ Pure core: imports only the standard library, numpy and torch (never a web frame
 
 from __future__ import annotations
 
-from .cache import Entry, KVCache, PutResult
+from .cache.cache import Entry, KVCache, PutResult
 from .errors import (
     Conflict,
     CorruptState,

@@ -102,7 +102,7 @@ include "_keyindex.pxi"
 
 cdef class CacheCore:
     """The per-operation path of KVCache (its base class): put, victim choice, eviction and
-    drop, compiled. KVCache (allocator/cache.py) adds validation messages, refresh/resize,
+    drop, compiled. KVCache (allocator/cache/cache.py) adds validation messages, refresh/resize,
     TTL sweeps, listing and check(); the state is shared through these attributes.
 
     Victim order: expired (TTL) entries first, then lowest priority first, then the policy

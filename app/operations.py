@@ -16,7 +16,7 @@ the checks it needs, and the results are plain dicts (no response models, no dat
 from __future__ import annotations
 
 from allocator import KVCache, Pool, PrefixPool, SequenceInfo
-from allocator.cache import Entry, PutResult
+from allocator.cache.cache import Entry, PutResult
 from allocator.errors import Conflict, NotFound
 
 # -- checks -------------------------------------------------------------------------------------

@@ -145,7 +145,7 @@ class PoolSpec:
             tokens_per_block=self.tokens_per_block, event_capacity=self.event_capacity,
             history_bytes=self.history_bytes, **options)
         if self.cache is not None:
-            from ..cache import KVCache
+            from ..cache.cache import KVCache
 
             KVCache(pool, self.cache.capacity_bytes, self.cache.policy)
         return pool

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_model import MODEL_POLICIES
 
-from allocator.policies import POLICIES
+from allocator.cache.policies import POLICIES
 
 KEYS = [f"k{i}" for i in range(40)]  # more than 16, so the slot arrays grow mid-run
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocator import InvalidRequest, KVCache, Pool, PoolSpec, create_pool, positive_int, vocab
-from allocator.policies import POLICIES as POLICY_CLASSES
+from allocator.cache.policies import POLICIES as POLICY_CLASSES
 from allocator.pools.blockmap import BlockMap
 from allocator.pools.events import EventLog
 

@@ -6,8 +6,8 @@ import heapq
 import time
 from collections.abc import Callable
 
-from ._core import CacheCore, Entry, KeyIndex, PutResult
-from .errors import (
+from .._core import CacheCore, Entry, KeyIndex, PutResult
+from ..errors import (
     Conflict,
     CorruptState,
     ExceedsCapacity,
@@ -16,10 +16,10 @@ from .errors import (
     OutOfMemory,
     positive_int,
 )
+from ..pools.blockmap import CACHED, PINNED
+from ..pools.pool import Pool
+from ..vocab import EVICTION_REASONS
 from .policies import POLICIES
-from .pools.blockmap import CACHED, PINNED
-from .pools.pool import Pool
-from .vocab import EVICTION_REASONS
 
 MAX_KEY_LENGTH = 256
 

@@ -12,7 +12,7 @@ reference they are tested against lives in tests/allocator/policy_model.py.
 
 from __future__ import annotations
 
-from ._core import FIFO, LFU, LRU, S3FIFO
+from .._core import FIFO, LFU, LRU, S3FIFO
 
 POLICIES: dict[str, type] = {"lru": LRU, "fifo": FIFO, "lfu": LFU, "s3fifo": S3FIFO}
 

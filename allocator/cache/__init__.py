@@ -1,0 +1,1 @@
+"""The keyed KV cache over a pool (`KVCache`) and its eviction policies."""
