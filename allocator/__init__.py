@@ -27,7 +27,6 @@ from .errors import (
     positive_int,
 )
 from .history import History, HistoryView, OutsideHistory
-from .mirror import MirrorPool
 from .pools.blockmap import CACHED, FREE, PINNED, SHARED, USED, BlockMap
 from .pools.contiguous import ContiguousPool
 from .pools.events import EventLog
@@ -37,7 +36,8 @@ from .pools.pool import Allocation, DefragReport, Pool
 from .pools.spec import CacheSpec, PoolSpec
 from .pools.storage import BlockStorage, resolve_device
 from .pools.tiered import DEFAULT_TIERS, TieredPool
-from .prefix import PrefixPool, SequenceInfo
+from .prefix.mirror import MirrorPool
+from .prefix.prefix import PrefixPool, SequenceInfo
 from .vocab import (
     EVENT_FIELDS,
     FITS,

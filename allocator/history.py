@@ -591,7 +591,7 @@ def pool_geometry(pool) -> dict:
                         for t in pool.tiers]
     if pool.strategy == "contiguous":
         geo["fit"] = pool.fit
-    if hasattr(pool, "prefix_stats"):  # a PrefixPool (allocator/prefix.py imports this module)
+    if hasattr(pool, "prefix_stats"):  # a PrefixPool (allocator/prefix/prefix.py imports this module)
         # idle cached blocks are not used there; a KV cache's CACHED allocations would be
         # told from them only by records the history does not keep
         geo["prefix_caching"] = {"policy": pool.policy, "kv_cache": pool.cache is not None}

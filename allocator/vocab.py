@@ -97,7 +97,7 @@ STRATEGIES: tuple[str, ...] = tuple(STRATEGY_INFO)
 # Strategies whose pool follows an outside source instead of allocating: read-only, created with
 # their own option, never in Compare nor in the allocation strategies above.
 SOURCE_STRATEGY_INFO: dict[str, StrategyInfo] = _by_name(
-    StrategyInfo("mirror", "mirror (read-only)", "mirror:MirrorPool", scatter_fails=False,
+    StrategyInfo("mirror", "mirror (read-only)", "prefix.mirror:MirrorPool", scatter_fails=False,
                  options=("mirror",),
                  description="a live vLLM/SGLang engine's prefix cache, from its KV events, on "
                              "logical slots (the events carry no physical block ids)"),

@@ -240,7 +240,7 @@ def recording_main(argv: list[str]) -> int:
         spec = {"name": args.name or "recording", "strategy": "mirror", "num_blocks": args.num_blocks}
         return _serve("kvscope recording", args,
                       [(spec, {"playback": args.file, "speed": args.speed})])
-    from allocator.mirror import MirrorPool
+    from allocator.prefix.mirror import MirrorPool
     from kvevents.recording import replay_into
 
     try:

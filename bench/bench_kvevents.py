@@ -33,7 +33,7 @@ if __package__ in (None, ""):
 import msgspec
 import zmq
 
-from allocator.mirror import MirrorPool
+from allocator.prefix.mirror import MirrorPool
 from bench.quick import sized
 from kvevents.codec import KVEventBatch, Removed, Stored, decode_batch, encode_batch
 from kvevents.publisher import Publisher

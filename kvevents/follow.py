@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from allocator.mirror import MirrorPool
+from allocator.prefix.mirror import MirrorPool
 
 from .codec import Cleared
 from .subscriber import Subscriber

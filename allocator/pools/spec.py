@@ -49,7 +49,7 @@ class PoolSpec:
     tiers: tuple[dict, ...] | None = None
     event_capacity: int = 10_000
     cache: CacheSpec | None = None
-    prefix_policy: str | None = None  # set: a prefix-caching paged pool (allocator/prefix.py)
+    prefix_policy: str | None = None  # set: a prefix-caching paged pool (allocator/prefix/prefix.py)
     history_bytes: int | None = DEFAULT_HISTORY_BYTES  # 0 or None: no history (allocator/history.py)
 
     @property
@@ -125,7 +125,7 @@ class PoolSpec:
         """The strategy's Pool subclass, from its vocabulary entry (`module:Class`); with prefix
         caching, the PrefixPool."""
         if self.prefix_policy is not None:
-            from ..prefix import PrefixPool
+            from ..prefix.prefix import PrefixPool
 
             return PrefixPool
         module, _, cls = STRATEGY_INFO[self.strategy].impl.partition(":")

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from allocator import STATE_NAMES
 from allocator.errors import InvalidRequest
-from allocator.mirror import forest_of
+from allocator.prefix.mirror import forest_of
 
 from .. import mirrors, operations
 from ..deps import CacheDep, HubDep, PoolDep, RegistryDep, run_locked

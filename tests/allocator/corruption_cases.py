@@ -29,7 +29,7 @@ import numpy as np
 
 from allocator import CorruptState, KVCache, NotFound, OutOfMemory, PrefixOutOfMemory, create_pool
 from allocator.pools.paged import PagedPool
-from allocator.prefix import PrefixPool
+from allocator.prefix.prefix import PrefixPool
 
 I32_EDGES = (-1, 2**31 - 1, -(2**31))
 BB = 64

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from allocator.prefix import block_hash, root_hash
+from allocator.prefix.prefix import block_hash, root_hash
 
 
 class ModelOOM(Exception):

@@ -17,7 +17,7 @@ from allocator import (
     create_pool,
 )
 from allocator.pools.blockmap import CACHED, FREE, USED
-from allocator.prefix import block_hash, root_hash
+from allocator.prefix.prefix import block_hash, root_hash
 
 BS = 4
 

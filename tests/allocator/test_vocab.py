@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -21,6 +22,12 @@ def test_every_strategy_names_a_pool_class_that_says_it_is_that_strategy():
         assert issubclass(cls, Pool) and cls.strategy == name
         assert spec.build().stats()["scatter_fails"] is vocab.STRATEGY_INFO[name].scatter_fails
 
+
+def test_every_source_strategy_impl_names_a_pool_class_that_says_it_is_that_strategy():
+    for info in vocab.SOURCE_STRATEGY_INFO.values():
+        module, _, name = info.impl.partition(":")
+        cls = getattr(importlib.import_module(f"allocator.{module}"), name)
+        assert issubclass(cls, Pool) and cls.strategy == info.name
 
 def test_every_policy_in_the_vocabulary_has_a_class_and_no_class_is_unnamed():
     assert set(POLICY_CLASSES) == set(vocab.POLICIES)

@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from allocator.mirror import MirrorPool
+from allocator.prefix.mirror import MirrorPool
 from app.engines.server import free_ports, group_alive
 from kvevents.follow import follow, threaded_apply
 

@@ -10,7 +10,7 @@ from kve_metrics_http import metrics_server
 from kve_source import RefPrefixCache, to_engine
 from test_real_publishers import wait_for
 
-from allocator.mirror import MirrorPool
+from allocator.prefix.mirror import MirrorPool
 from kvevents.follow import follow
 from kvevents.publisher import Publisher
 

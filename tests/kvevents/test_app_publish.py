@@ -7,7 +7,7 @@ import random
 
 from test_real_publishers import wait_for
 
-from allocator.mirror import MirrorPool
+from allocator.prefix.mirror import MirrorPool
 from kvevents.follow import follow
 
 

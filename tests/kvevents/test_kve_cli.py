@@ -142,7 +142,7 @@ def test_prefix_publish_is_a_live_engine(tmp_path):
     import random
 
     from allocator import create_pool
-    from allocator.mirror import MirrorPool
+    from allocator.prefix.mirror import MirrorPool
     from kvevents.follow import follow
     from workloads import mooncake
 

@@ -9,7 +9,7 @@ import msgspec
 import zmq
 from test_real_publishers import wait_for
 
-from allocator.mirror import MirrorPool
+from allocator.prefix.mirror import MirrorPool
 from kvevents.codec import Removed, Stored, encode_batch, seq_bytes
 from kvevents.follow import follow
 

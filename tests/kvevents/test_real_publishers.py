@@ -7,7 +7,7 @@ import time
 import pytest
 from kve_source import RefPrefixCache, to_engine
 
-from allocator.mirror import MirrorPool
+from allocator.prefix.mirror import MirrorPool
 from kvevents.follow import follow
 from kvevents.subscriber import Subscriber
 

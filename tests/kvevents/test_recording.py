@@ -8,7 +8,7 @@ import time
 import pytest
 from kve_source import RefPrefixCache
 
-from allocator.mirror import MirrorPool
+from allocator.prefix.mirror import MirrorPool
 from kvevents.codec import WireError, encode_batch
 from kvevents.recording import Recorder, read, replay_into
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kve_source import RefPrefixCache
 
-from allocator.mirror import MirrorPool
+from allocator.prefix.mirror import MirrorPool
 from kvevents.codec import Cleared, encode_batch, seq_bytes
 from kvevents.subscriber import Subscriber
 

@@ -14,7 +14,7 @@ from kve_contract_pool import ContractPrefixPool
 from kve_zmq import connect_joined
 from test_real_publishers import wait_for
 
-from allocator.mirror import MirrorPool
+from allocator.prefix.mirror import MirrorPool
 from kvevents.follow import follow
 from kvevents.pool_publisher import PoolPublisher
 from kvevents.trace_source import run_live_source

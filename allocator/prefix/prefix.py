@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._prefix import HIST_BOUNDS, POLICY_CODES, PrefixCore, block_hash, root_hash
-from .errors import Conflict, InvalidRequest, NotFound, PrefixOutOfMemory
-from .pools.blockmap import CACHED, FREE, NO_OWNER, PINNED, SHARED, STATE_NAMES, USED
-from .pools.pool import Pool
-from .vocab import PREFIX_POLICIES
+from .._prefix import HIST_BOUNDS, POLICY_CODES, PrefixCore, block_hash, root_hash
+from ..errors import Conflict, InvalidRequest, NotFound, PrefixOutOfMemory
+from ..pools.blockmap import CACHED, FREE, NO_OWNER, PINNED, SHARED, STATE_NAMES, USED
+from ..pools.pool import Pool
+from ..vocab import PREFIX_POLICIES
 
 assert set(PREFIX_POLICIES) == set(POLICY_CODES), "the vocabulary and the core disagree on policies"
 MAX_SALT_CHARS = 256

@@ -8,9 +8,9 @@ from time import time as _now
 
 import numpy as np
 
-from .errors import InvalidRequest
-from .pools.blockmap import CACHED, NO_OWNER
-from .pools.pool import Pool
+from ..errors import InvalidRequest
+from ..pools.blockmap import CACHED, NO_OWNER
+from ..pools.pool import Pool
 
 NO_PARENT = -1
 

@@ -1,0 +1,2 @@
+"""Prefix caching: the pool that shares cached prefix blocks between sequences
+(`PrefixPool`) and the read-only mirror of a live engine's prefix cache (`MirrorPool`)."""
