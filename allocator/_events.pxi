@@ -81,8 +81,8 @@ cdef class EventRing:
             self._names.append(name)
             self._fields.append(tuple(names))
             layout = COMPILED_LAYOUTS.get(name)
-            # the history's fields (allocator/history.py) follow the compiled ones: block ids
-            # from the id ring, the state code (aux), the free's requested bytes (v[2])
+            # the history's fields (allocator/history/history.py) follow the compiled ones:
+            # block ids from the id ring, the state code (aux), the free's requested bytes (v[2])
             if layout is not None and len(layout) > len(names):
                 raise ValueError(f"event kind {name!r} has fields {names}; its compiled layout "
                                  f"{layout!r} in allocator/_events.pxi must name each of them")
@@ -559,7 +559,7 @@ cdef class EventRing:
         return self.count
 
 
-# -- reading exported columns (allocator/history.py keeps them as its segments) ----------------
+# -- reading exported columns (allocator/history/history.py keeps them as its segments) ------
 cdef inline Py_ssize_t _decode_ids(const int32_t *enc, Py_ssize_t ne, int32_t *out) noexcept:
     """Expand `ne` encoded entries (see EventRing.export) into `out`; returns the id count."""
     cdef Py_ssize_t i = 0, n = 0, r

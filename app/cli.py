@@ -64,7 +64,7 @@ def serve(argv: list[str], opening: bool = False) -> int:
     settings = dataclasses.replace(settings, host=args.host, port=args.port, device=device)
     if opening:
         from allocator.errors import KVScopeError
-        from allocator.recording import read_recording
+        from allocator.history.recording import read_recording
 
         for path in args.files:
             try:

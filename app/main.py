@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from allocator.recording import RecordedPool
+from allocator.history.recording import RecordedPool
 
 from . import __version__
 from .errors import InternalErrorMiddleware, install_error_handlers

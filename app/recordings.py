@@ -14,8 +14,7 @@ from pathlib import Path
 from fastapi.encoders import jsonable_encoder
 
 from allocator.errors import Conflict, InvalidRequest, KVScopeError, NotFound
-from allocator.pools.events import event_dict
-from allocator.recording import (
+from allocator.history.recording import (
     RecordedPool,
     Recorder,
     Verdicts,
@@ -24,6 +23,7 @@ from allocator.recording import (
     open_untrusted,
     read_recording,
 )
+from allocator.pools.events import event_dict
 
 FLUSH_S = 0.5  # at most this much (plus one flush's time) is lost when the server is killed
 SUFFIX = ".kvrec"

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from allocator import MirrorPool, Pool, PoolSpec
 from allocator.errors import Conflict, ExceedsCapacity, NotFound, TooLarge
-from allocator.history import DEFAULT_HISTORY_BYTES
+from allocator.history.history import DEFAULT_HISTORY_BYTES
 
 from .settings import Settings, total_pool_cap
 

@@ -24,7 +24,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from allocator import KVCache, create_pool
-from allocator.series import history_series
+from allocator.history.series import history_series
 from bench.quick import sized
 
 BLOCK = 256

@@ -8,7 +8,7 @@ import time
 
 from allocator import KVCache, create_pool
 from allocator.errors import KVScopeError
-from allocator.recording import Recorder
+from allocator.history.recording import Recorder
 from allocator.vocab import DEFAULT_TOKENS_PER_BLOCK, SCENARIO_INFO, SCENARIOS, STRATEGIES
 
 from .live import build_live_workload

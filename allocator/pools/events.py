@@ -9,9 +9,10 @@ import numpy as np
 from .._core import EventRing
 from ..vocab import EVENT_FIELDS  # field names of each kind, after the common (seq, ts, type)
 
-# Fields holding block ids. Stored in the cheapest form that packs fast (allocator/history.py
-# pickles events; arrays and ranges pickle ~30x slower than bytes): an int for one block, bytes
-# of native int32 ids, a list of ints, a range, or (start, stop) for a range once packed.
+# Fields holding block ids. Stored in the cheapest form that packs fast
+# (allocator/history/history.py pickles events; arrays and ranges pickle ~30x slower than bytes):
+# an int for one block, bytes of native int32 ids, a list of ints, a range, or (start, stop) for
+# a range once packed.
 # `after()` hands out plain lists.
 BLOCK_FIELDS = frozenset(("block_ids", "freed_ids", "shared_ids", "cached_ids", "used_ids"))
 # A prefix-caching pool's core records the id, hash and token runs of its prefix events as native
@@ -85,7 +86,7 @@ class EventLog(EventRing):
 
     Invariant: `seq` of the newest event == `last_seq`; events older than the ring's capacity are
     dropped (readers see a gap in seq, never a reordering) unless a history (`sink`,
-    allocator/history.py) drained them first. `record(kind, *values)` takes the kind's
+    allocator/history/history.py) drained them first. `record(kind, *values)` takes the kind's
     EVENT_FIELDS in order; `after()` turns events into dicts only when someone reads them.
     The compiled pool records its numeric events (allocate, free) without any Python object.
     """

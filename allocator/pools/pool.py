@@ -18,7 +18,7 @@ from ..errors import (
     block_state,
     positive_int,
 )
-from ..history import DEFAULT_HISTORY_BYTES, History
+from ..history.history import DEFAULT_HISTORY_BYTES, History
 from ..vocab import STRATEGY_INFO
 from .blockmap import CACHED, FREE, NO_OWNER, PINNED, STATE_NAMES, USED, BlockMap
 from .events import EventLog, stored_ids
@@ -178,8 +178,8 @@ class Pool(ABC):
             "ooms_capacity": 0,
             "ooms_fragmentation": 0,
         }
-        # Every event since creation, packed with keyframes (allocator/history.py); None or 0
-        # bytes turns it off (simulators that only want numbers).
+        # Every event since creation, packed with keyframes (allocator/history/history.py); None
+        # or 0 bytes turns it off (simulators that only want numbers).
         self.history = History(self, history_bytes) if history_bytes else None
 
     # -- sizes -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import importlib
 from dataclasses import dataclass
 
 from ..errors import InvalidRequest, TooLarge, positive_int
-from ..history import DEFAULT_HISTORY_BYTES
+from ..history.history import DEFAULT_HISTORY_BYTES
 from ..vocab import (
     DEFAULT_TOKENS_PER_BLOCK,
     FITS,
@@ -49,8 +49,8 @@ class PoolSpec:
     tiers: tuple[dict, ...] | None = None
     event_capacity: int = 10_000
     cache: CacheSpec | None = None
-    prefix_policy: str | None = None  # set: a prefix-caching paged pool (allocator/prefix/prefix.py)
-    history_bytes: int | None = DEFAULT_HISTORY_BYTES  # 0 or None: no history (allocator/history.py)
+    prefix_policy: str | None = None  # set: a prefix-caching paged pool (prefix/prefix.py)
+    history_bytes: int | None = DEFAULT_HISTORY_BYTES  # 0 or None: no history (history/history.py)
 
     @property
     def capacity_bytes(self) -> int:

@@ -9,9 +9,9 @@ from starlette.concurrency import run_in_threadpool
 
 from allocator import STATE_NAMES
 from allocator.errors import Conflict, InvalidRequest, KVScopeError
-from allocator.history import HistoryView, map_runs
-from allocator.recording import RecordedPool
-from allocator.series import DEFAULT_POINTS, MAX_POINTS, history_series
+from allocator.history.history import HistoryView, map_runs
+from allocator.history.recording import RecordedPool
+from allocator.history.series import DEFAULT_POINTS, MAX_POINTS, history_series
 
 from ..auth import check_token
 from ..deps import PoolDep
@@ -138,7 +138,7 @@ async def export(
     """`memory_viz`: a pickle (protocol 4) shaped like `torch.cuda.memory._snapshot()` (one
     segment for the pool, `alloc` / `free_completed` traces) that `python -m
     torch.cuda._memory_viz trace_plot FILE -o out.html` renders. `csv`: one row per event."""
-    from allocator.exports import events_csv, memory_snapshot
+    from allocator.history.exports import events_csv, memory_snapshot
 
     view = history_view(handle)
     name = handle.name

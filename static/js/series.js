@@ -12,7 +12,7 @@ export const SERIES_POINTS = 300;
 export const SERIES_MIN_INTERVAL_MS = 400;
 
 /**
- * @typedef {Object} SeriesBody  GET /api/pools/{pool}/history/series (allocator/series.py FIELDS)
+ * @typedef {Object} SeriesBody  GET /api/pools/{pool}/history/series (allocator/history/series.py FIELDS)
  * @property {number} from_seq
  * @property {number} to_seq
  * @property {{seq:number[], ts:(number|null)[], utilization:number[], internal_fragmentation:number[],

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocator import KVCache, create_pool
-from allocator.history import UNREPLAYED_KINDS, Keyframe, Replayer, Segment
+from allocator.history.history import UNREPLAYED_KINDS, Keyframe, Replayer, Segment
 
 BLOCK = 16
 

@@ -22,7 +22,7 @@ import pytest
 from torch.cuda import _memory_viz as mv
 
 from allocator import KVCache, OutOfMemory, create_pool
-from allocator.exports import CSV_COLUMNS, events_csv, memory_snapshot, memory_snapshot_dict
+from allocator.history.exports import CSV_COLUMNS, events_csv, memory_snapshot, memory_snapshot_dict
 
 BLOCK = 64
 

@@ -11,7 +11,7 @@ from kvtest_util import block_past_the_map, prefix_churn
 
 from allocator import KVCache, OutOfMemory, create_pool
 from allocator.errors import Conflict, InvalidRequest
-from allocator.recording import ReadOnly, RecordedPool, Recorder, read_recording
+from allocator.history.recording import ReadOnly, RecordedPool, Recorder, read_recording
 
 BLOCK = 32
 
@@ -124,7 +124,7 @@ def test_a_kv_event_recording_is_named_with_the_command_that_reads_it(tmp_path) 
 def test_an_untrusted_recording_whose_keyframe_is_not_the_maps_size_is_refused(tmp_path, blob) -> None:
     import zlib
 
-    from allocator.recording import open_untrusted
+    from allocator.history.recording import open_untrusted
 
     pool = create_pool("paged", num_blocks=16, block_bytes=BLOCK, device="cpu")
     rec = Recorder(pool, tmp_path / "k.kvrec")
@@ -169,7 +169,7 @@ def test_a_pickle_declaring_more_than_it_holds_is_refused_before_anything_is_all
     import pickle
     import struct
 
-    from allocator.history import Segment, check_pickle, safe_loads
+    from allocator.history.history import Segment, check_pickle, safe_loads
 
     def claiming(op: bytes, size: int) -> bytes:
         return b"\x80\x05" + op + struct.pack("<Q", size) + b"abc."
@@ -216,8 +216,8 @@ def test_verdicts_check_a_file_once_while_it_is_unchanged_and_again_once_it_chan
     """A file judged (trusted as written, or checked whole) is opened as it is while its size,
     mtime and inode stay; changed, it is checked whole again; a damaged one is refused with the
     kept reason, and after it is mended it opens."""
-    from allocator.history import History
-    from allocator.recording import Verdicts
+    from allocator.history.history import History
+    from allocator.history.recording import Verdicts
 
     pool = create_pool("contiguous", num_blocks=64, block_bytes=BLOCK, device="cpu", event_capacity=8)
     pool.history = History(pool, max_bytes=1 << 26, keyframe_every=16)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from allocator import KVCache, NotFound, OutOfMemory, OutsideHistory, create_pool
-from allocator.history import PAGE_BLOCKS, History, Replayer, _unique_bytes, map_runs
+from allocator.history.history import PAGE_BLOCKS, History, Replayer, _unique_bytes, map_runs
 from allocator.pools.blockmap import CACHED, PINNED, USED
 
 BLOCK = 16
@@ -331,7 +331,7 @@ def test_cache_figures_at_past_points(strategy, tmp_path) -> None:
     """The past stats' `cache` section (all but refusals) equals what the live cache said, at
     every point from the first keyframe that saw the cache, through hits, misses, evictions,
     pins, policy switches, raw allocations in CACHED state and a recording of it all."""
-    from allocator.recording import Recorder, read_recording
+    from allocator.history.recording import Recorder, read_recording
 
     pool = create_pool(strategy, num_blocks=UNITS, block_bytes=BLOCK, device="cpu",
                        fit="first" if strategy == "contiguous" else None, event_capacity=8)

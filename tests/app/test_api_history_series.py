@@ -10,7 +10,7 @@ import httpx
 import pytest
 from apputil import Server, assert_error
 
-from allocator.series import MAX_POINTS
+from allocator.history.series import MAX_POINTS
 
 POOL = "/api/pools/s1"
 

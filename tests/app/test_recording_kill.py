@@ -12,8 +12,8 @@ import time
 import httpx
 from apputil import Server, assert_error
 
-from allocator.history import map_runs
-from allocator.recording import read_recording
+from allocator.history.history import map_runs
+from allocator.history.recording import read_recording
 
 
 def test_sigkill_mid_recording_loses_at_most_the_last_second(tmp_path):

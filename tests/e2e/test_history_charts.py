@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from allocator import create_pool
-from allocator.recording import Recorder
+from allocator.history.recording import Recorder
 
 from .conftest import (
     BYPASS_CSP,

@@ -145,7 +145,7 @@ def test_the_pool_tab_lists_a_bad_recording_file_with_why_and_shows_file_text_as
     import sqlite3
 
     from allocator import create_pool
-    from allocator.recording import Recorder
+    from allocator.history.recording import Recorder
 
     recs = tmp_path / "recs"
     recs.mkdir()

@@ -66,7 +66,7 @@ def test_speed_and_stop(tmp_path):
 
 def test_a_pool_history_recording_is_named_with_the_command_that_opens_it(tmp_path):
     from allocator import create_pool
-    from allocator.recording import Recorder as HistoryRecorder
+    from allocator.history.recording import Recorder as HistoryRecorder
 
     pool = create_pool("paged", num_blocks=16, block_bytes=64, device="cpu")
     rec = HistoryRecorder(pool, tmp_path / "history.kvrec")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from allocator.recording import read_recording
+from allocator.history.recording import read_recording
 
 ROOT = Path(__file__).resolve().parents[2]
 

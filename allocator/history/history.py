@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._core import map_summary, replay_columns, rows_of_columns2, validate_columns
-from .errors import Conflict, NotFound
-from .pools.blockmap import CACHED, FREE, NO_OWNER, PINNED, SHARED, STATE_NAMES, USED
-from .pools.events import event_dict, packed_list
-from .pools.metrics import fragmentation_stats
-from .vocab import EVICTION_REASONS
+from .._core import map_summary, replay_columns, rows_of_columns2, validate_columns
+from ..errors import Conflict, NotFound
+from ..pools.blockmap import CACHED, FREE, NO_OWNER, PINNED, SHARED, STATE_NAMES, USED
+from ..pools.events import event_dict, packed_list
+from ..pools.metrics import fragmentation_stats
+from ..vocab import EVICTION_REASONS
 
 DEFAULT_HISTORY_BYTES = 64 << 20
 # Events between keyframes: EVENTS_PER_KEYFRAME_BLOCK per block of the pool (one per four blocks

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 from .history import HistoryView, stats_of
 
 # At most this many points per series: a point costs one stats_of (a pass over the map, ~1 ms

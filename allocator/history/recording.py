@@ -9,9 +9,9 @@ import sqlite3
 import time
 from pathlib import Path
 
-from .errors import Conflict, InvalidRequest
+from ..errors import Conflict, InvalidRequest
+from ..vocab import FITS, STRATEGIES
 from .history import History, HistoryView, Keyframe, Segment, pool_geometry
-from .vocab import FITS, STRATEGIES
 
 FORMAT = "kvscope-recording"
 VERSION = 1
@@ -339,8 +339,8 @@ def check_rows(view: HistoryView, each=None) -> None:
     the first keyframe, known kinds of at most their fields' length, and the whole history
     replayed from the first keyframe (what any `at_seq` later replays, it replays here first).
     `each(row)`: the caller's own check of a row. Raises whatever a bad row raises."""
+    from ..vocab import EVENT_FIELDS
     from .history import Replayer
-    from .vocab import EVENT_FIELDS
 
     rep = Replayer(view.keyframes[0])
     expected = view.first_seq + 1
@@ -491,7 +491,7 @@ class RecordedEvents:
         return [r for r in self._rows if r[0] > seq]
 
     def after(self, seq: int = 0, limit: int = 1000, kinds=None, block_ids: bool = True) -> list[dict]:
-        from .pools.events import event_dict
+        from ..pools.events import event_dict
 
         out = []
         for row in self._rows:
@@ -516,7 +516,7 @@ class RecordedPool:
 
     def __init__(self, path: str | Path, name: str | None = None,
                  preread: tuple[dict, HistoryView] | None = None) -> None:
-        from .pools.blockmap import BlockMap
+        from ..pools.blockmap import BlockMap
 
         meta, view = preread or read_recording(path)
         self.path = str(path)

@@ -9,10 +9,10 @@ import pickle
 
 import numpy as np
 
+from ..pools.blockmap import NO_OWNER
+from ..pools.events import BLOCK_FIELDS, block_list, event_dict
+from ..vocab import EVENT_FIELDS
 from .history import HistoryView, Replayer
-from .pools.blockmap import NO_OWNER
-from .pools.events import BLOCK_FIELDS, block_list, event_dict
-from .vocab import EVENT_FIELDS
 
 # Where the pool's segment starts in the snapshot's address space (any page-aligned value).
 BASE_ADDRESS = 0x7F00_0000_0000
