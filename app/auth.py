@@ -56,10 +56,6 @@ def token_error(status: int) -> ApiError:
     return ApiError(403, "forbidden", "wrong bearer token")
 
 
-async def require_token(request: Request) -> None:
-    """Router dependency kept for routers that name it; app/security.py already checked."""
-
-
 async def check_token(request: Request) -> None:
     """Refuse the request unless it carries the token (when one is set). Raises ApiError 401/403."""
     status = token_problem(request.app.state.settings.token, request.headers.get("authorization"))

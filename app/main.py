@@ -99,7 +99,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.instance = Instance.new()
     app.state.registry = Registry(settings)
-    app.state.instance = Instance.new()
     app.state.hub = Hub(settings.stream_interval_s, app.state.instance, settings)
     app.state.recordings = Recordings(settings.recordings_dir, app.state.registry, settings.max_blocks)
     app.state.housekeeper = Housekeeper(app.state.registry)

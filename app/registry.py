@@ -26,11 +26,13 @@ class PoolHandle:
 
     The handle owns the pool (and through it the cache built on it), the workload running on it
     and, while the pool is registered, its stream; routes call its methods rather than reach in.
-    `lock` is held by exactly three things: the workload runner around each `advance`, a data
-    upload (PUT .../data) around writing the body it awaited into the entry, and a mirror's
-    applier (app/mirrors.py) around applying the batches its subscriber thread handed over. None
-    awaits while holding it, so it orders them only should one ever do so. Other handlers do not take it: they
-    call the synchronous core with no await in between, so the event loop serializes them.
+    `lock` keeps one thing at a time on the pool: every route that names the pool (`PoolDep`,
+    app/deps.py, held while the route runs, so its O(pool) work may run in a worker thread), the
+    workload runner around each `advance`, a data upload (PUT .../data) around writing the body
+    it awaited, a mirror's applier (app/mirrors.py) around applying its subscriber's batches, a
+    stream client's join (its snapshot) and a routing run around serving a request on a
+    cluster's pool. The stream's tick and the TTL sweep do not wait for it: they skip a pool
+    whose lock is held and read it next time.
     """
 
     name: str

@@ -547,11 +547,6 @@ class BatchIn(Strict):
     stop_on_error: bool = False
 
 
-class OpResult(BaseModel):
-    ok: bool
-    error: dict | None = None
-
-
 class BatchOut(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"results": [{"ok": True, "id": 1, "requested_bytes": 65536, "allocated_bytes": 65536,
