@@ -14,7 +14,7 @@ import pytest
 from allocator._core import FreeStack, LinkedList, RefCounts
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvtest_util import pool_snapshot
+from support.kvtest_util import pool_snapshot
 
 from allocator import (
     BlockMap,

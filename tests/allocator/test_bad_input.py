@@ -5,7 +5,7 @@ from __future__ import annotations
 import tracemalloc
 
 import pytest
-from kvtest_util import FakeClock, payload, pool_snapshot
+from support.kvtest_util import FakeClock, payload, pool_snapshot
 
 from allocator import (
     Conflict,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvtest_util import pool_snapshot
+from support.kvtest_util import pool_snapshot
 
 from allocator import InvalidRequest, NotFound, OutOfMemory, create_pool
 from allocator.vocab import STRATEGIES  # every strategy meets the same contract

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from kvtest_util import FakeClock, crc, payload, pool_snapshot
+from support.kvtest_util import FakeClock, crc, payload, pool_snapshot
 
 from allocator import InvalidRequest, KVCache, NotFound, OutOfMemory, create_pool
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvtest_util import FakeClock
+from support.kvtest_util import FakeClock
 
 from allocator import CACHED, FREE, PINNED, USED, EventLog, KVCache, create_pool
 from allocator.pools.blockmap import CHUNK

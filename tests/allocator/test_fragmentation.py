@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kvtest_util import payload
+from support.kvtest_util import payload
 
 from allocator import OutOfMemory, create_pool
 

@@ -7,7 +7,7 @@ import sqlite3
 
 import numpy as np
 import pytest
-from kvtest_util import block_past_the_map, prefix_churn
+from support.kvtest_util import block_past_the_map, prefix_churn
 
 from allocator import KVCache, OutOfMemory, create_pool
 from allocator.errors import Conflict, InvalidRequest

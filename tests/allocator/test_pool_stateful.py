@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from kvtest_util import crc, free_runs_of, histogram, payload, pool_snapshot
+from support.kvtest_util import crc, free_runs_of, histogram, payload, pool_snapshot
 
 from allocator import NotFound, OutOfMemory, create_pool
 from allocator.pools.pool import runs_of

@@ -6,7 +6,7 @@ import random
 import tracemalloc
 
 import pytest
-from kvtest_util import pool_snapshot
+from support.kvtest_util import pool_snapshot
 
 from allocator import (
     SHARED,

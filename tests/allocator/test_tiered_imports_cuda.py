@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from kvtest_util import payload
+from support.kvtest_util import payload
 
 from allocator import OutOfMemory, TieredPool, create_pool
 

@@ -1,15 +1,9 @@
-"""Fixtures for the server tests (the helpers live in apputil.py)."""
+"""Fixtures for the server tests (the helpers live in tests/support/apputil.py)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-from apputil import Server, make_client
-
-# The allocator tests' helpers (kvtest_util: recordings to damage, churn drivers) are shared.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "allocator"))
+from support.apputil import Server, make_client
 
 
 @pytest.fixture(autouse=True)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from apputil import JSON, assert_error, make_client, state_of
 from starlette.routing import Mount
 from starlette.websockets import WebSocketDisconnect
+from support.apputil import JSON, assert_error, make_client, state_of
 
 from app.routing_index import flat_routes
 

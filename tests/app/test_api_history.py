@@ -8,7 +8,7 @@ import io
 import pickle
 import random
 
-from apputil import assert_error
+from support.apputil import assert_error
 
 POOL = "/api/pools/h1"
 
@@ -106,7 +106,7 @@ def test_a_pool_without_history_says_so(client):
 
 
 def test_recording_routes_refuse_clearly_and_record_in_order(tmp_path):
-    from apputil import make_client
+    from support.apputil import make_client
 
     with make_client(recordings_dir=str(tmp_path)) as client:
         make_pool(client, "paged")

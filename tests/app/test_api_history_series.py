@@ -8,7 +8,7 @@ import random
 
 import httpx
 import pytest
-from apputil import Server, assert_error
+from support.apputil import Server, assert_error
 
 from allocator.history.series import MAX_POINTS
 

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from apputil import assert_error, make_client
+from support.apputil import assert_error, make_client
 
 from app import cli
 from app.settings import Settings, get_settings
@@ -265,7 +265,7 @@ def test_invented_http_methods_and_paths_do_not_grow_the_metrics():
     no route matches is `unmatched`, whatever a client sends (here over real HTTP): a second
     round of 300 new methods and paths adds no line to /metrics."""
     import httpx
-    from apputil import SMALL, LiveApp
+    from support.apputil import SMALL, LiveApp
 
     from app.main import create_app
     from app.settings import Settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from apputil import assert_error, assert_ok_check, make_client, state_of
+from support.apputil import assert_error, assert_ok_check, make_client, state_of
 
 BASE = "/api/pools/mc"
 SPEC = {"name": "mc", "num_blocks": 16_384, "block_bytes": 16, "tokens_per_block": 16,

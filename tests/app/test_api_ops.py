@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from apputil import assert_error, assert_ok_check, state_of
+from support.apputil import assert_error, assert_ok_check, state_of
 
 OPS = "/api/pools/default/ops"
 

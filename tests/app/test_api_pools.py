@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from apputil import JSON, assert_error, assert_ok_check, state_of
+from support.apputil import JSON, assert_error, assert_ok_check, state_of
 
 
 def test_default_pool_exists_and_is_paged_with_a_cache(client):

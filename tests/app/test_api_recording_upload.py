@@ -15,7 +15,7 @@ import struct
 
 import httpx
 import pytest
-from apputil import Server, assert_error
+from support.apputil import Server, assert_error
 
 from allocator import create_pool
 from allocator.history.recording import Recorder

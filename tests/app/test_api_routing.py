@@ -7,7 +7,7 @@ import socket
 import time
 
 import pytest
-from apputil import assert_error
+from support.apputil import assert_error
 
 from workloads.mooncake import load_mooncake
 from workloads.routing import make_policy, run_sequence

@@ -8,7 +8,7 @@ import os
 import time
 
 import pytest
-from apputil import assert_error
+from support.apputil import assert_error
 
 from workloads.mooncake import load_mooncake
 from workloads.routing.bounds import bound_key, compute_bounds

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from apputil import JSON, assert_error, assert_ok_check, make_client, state_of
+from support.apputil import JSON, assert_error, assert_ok_check, make_client, state_of
 
 BASE = "/api/pools/px"
 SPEC = {"name": "px", "num_blocks": 8, "block_bytes": 64, "tokens_per_block": 4, "device": "cpu",

@@ -11,7 +11,7 @@ import time
 import types
 
 import pytest
-from apputil import assert_error, assert_ok_check, state_of
+from support.apputil import assert_error, assert_ok_check, state_of
 
 from allocator.errors import InvalidRequest
 

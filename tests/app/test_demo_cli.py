@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import httpx
-from apputil import ROOT, SMALL, LiveApp, free_port
+from support.apputil import ROOT, SMALL, LiveApp, free_port
 
 from app.engines.demo import engine_specs, fleet_link, register
 from app.main import create_app

@@ -11,7 +11,7 @@ import sys
 import time
 
 import httpx
-from apputil import ROOT, free_port
+from support.apputil import ROOT, free_port
 
 DEADLINE = 60.0
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from apputil import SMALL
 from hypothesis import HealthCheck, settings
+from support.apputil import SMALL
 
 from app.main import create_app
 from app.settings import Settings

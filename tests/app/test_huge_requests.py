@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from apputil import JSON, assert_error, assert_ok_check, state_of
+from support.apputil import JSON, assert_error, assert_ok_check, state_of
 
 from app.schemas import MAX_BYTES, MAX_TOKENS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from apputil import JSON, SMALL, LiveApp, assert_error
+from support.apputil import JSON, SMALL, LiveApp, assert_error
 
 from app.main import create_app
 from app.security import SecurityMiddleware

@@ -11,7 +11,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def spec():
-    from apputil import make_client
+    from support.apputil import make_client
 
     with make_client() as c:
         return c.get("/openapi.json").json()

@@ -4,7 +4,7 @@ way, with the same error code, and changes the core the same way."""
 from __future__ import annotations
 
 import pytest
-from apputil import JSON, make_client, state_of
+from support.apputil import JSON, make_client, state_of
 
 POOL = "/api/pools/default"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from apputil import ROOT, Server
+from support.apputil import ROOT, Server
 
 pytestmark = pytest.mark.timeout(1500)
 

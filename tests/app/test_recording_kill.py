@@ -10,7 +10,7 @@ import signal
 import time
 
 import httpx
-from apputil import Server, assert_error
+from support.apputil import Server, assert_error
 
 from allocator.history.history import map_runs
 from allocator.history.recording import read_recording

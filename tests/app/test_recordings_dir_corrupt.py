@@ -12,8 +12,8 @@ import sqlite3
 
 import httpx
 import pytest
-from apputil import Server, assert_error, make_client
-from kvtest_util import block_past_the_map, prefix_churn
+from support.apputil import Server, assert_error, make_client
+from support.kvtest_util import block_past_the_map, prefix_churn
 
 from allocator import create_pool
 from allocator.history.history import History

@@ -8,8 +8,8 @@ import threading
 
 import httpx
 import pytest
-from apputil import JSON, SMALL, assert_error, make_client, state_of
 from starlette.websockets import WebSocketDisconnect
+from support.apputil import JSON, SMALL, assert_error, make_client, state_of
 
 from app.main import create_app
 from app.settings import Settings

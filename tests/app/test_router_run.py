@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from apputil import ROOT
+from support.apputil import ROOT
 
 from app.engines.router_run import run_router
 from workloads.mooncake import load_mooncake

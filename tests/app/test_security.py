@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from apputil import JSON, Server, assert_error, make_client, state_of
 from starlette.websockets import WebSocketDisconnect
+from support.apputil import JSON, Server, assert_error, make_client, state_of
 
 from app.security import allowed_hosts_for
 

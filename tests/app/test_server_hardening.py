@@ -12,7 +12,7 @@ import time
 
 import httpx
 import pytest
-from apputil import Server
+from support.apputil import Server
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.sync.client import connect
 

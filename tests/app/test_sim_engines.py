@@ -15,7 +15,7 @@ import time
 
 import httpx
 import pytest
-from apputil import ROOT
+from support.apputil import ROOT
 
 from app.engines.sim import SimEngines, tokenize
 from kvevents.fleet import EngineSpec, Fleet

@@ -5,20 +5,16 @@ answering as the REST match does, an unreachable engine shown as such; and under
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from support.kve_source import RefPrefixCache
+
+from kvevents.publisher import Publisher
 
 from .conftest import ROOT
 from .test_csp import wait_until
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kvevents"))
-from kve_source import RefPrefixCache  # noqa: E402
-
-from kvevents.publisher import Publisher  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

@@ -3,18 +3,14 @@ lost events and bad input raised as alerts, prefix-cache events in the log."""
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from support.kve_source import RefPrefixCache
+
+from kvevents.publisher import Publisher
 
 from .conftest import make_pool, open_pool
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kvevents"))
-from kve_source import RefPrefixCache  # noqa: E402
-
-from kvevents.publisher import Publisher  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

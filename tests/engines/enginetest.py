@@ -1,7 +1,7 @@
 """Helpers of the engine tests: an engine driver process (engine_driver.py) and a kvscope mirror
 following it, compared after every step.
 
-Imported by name (`from enginetest import ...`), like tests/app/apputil.py."""
+Imported by name (`from enginetest import ...`: tests/engines is on the path, conftest.py)."""
 
 from __future__ import annotations
 

@@ -6,18 +6,14 @@ through `/v1/completions`."""
 from __future__ import annotations
 
 import random
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
+from support.apputil import make_client
 
 from app.engines.server import EngineFailed, EngineProcess, EngineSpec, free_ports, rss_bytes
 from kvevents.engine_metrics import parse, summarize
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-from apputil import make_client  # noqa: E402
 
 pytestmark = pytest.mark.engines
 

@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from kve_engines import load
-
-# The server tests' helpers (apputil: in-process client, error-shape assertions) are shared.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import threading
 
 import msgspec
 import pytest
-from kve_source import RefPrefixCache, signed
+from support.kve_source import RefPrefixCache, signed
 
 from kvevents.codec import Removed
 

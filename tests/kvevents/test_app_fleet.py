@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from apputil import ROOT, HealthProbe, Server, assert_error, make_client
 from kve_metrics_http import metrics_server
-from kve_source import RefPrefixCache, chain_hash, signed
+from support.apputil import ROOT, HealthProbe, Server, assert_error, make_client
+from support.kve_source import RefPrefixCache, chain_hash, signed
 from test_app_mirror import METRICS
 from test_fleet_publishers import bind_on_free_pairs, held_prefix
 from test_real_publishers import DEADLINE, Engine, wait_for

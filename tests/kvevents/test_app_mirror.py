@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from apputil import assert_error, make_client
 from kve_metrics_http import metrics_server
-from kve_source import RefPrefixCache, to_engine
+from support.apputil import assert_error, make_client
+from support.kve_source import RefPrefixCache, to_engine
 from test_real_publishers import wait_for
 
 from allocator.prefix.mirror import MirrorPool
@@ -117,7 +117,7 @@ def test_unreadable_metrics_url_names_it(ipc):
 
 def test_mirror_republishes_and_a_second_mirror_agrees(ipc):
     """engine -> kvscope mirror (publish) -> another mirror: the chain keeps the set."""
-    from apputil import free_port
+    from support.apputil import free_port
 
     src_pub = Publisher(ipc("src"), replay_endpoint=ipc("src-replay"), topic="a")
     src = RefPrefixCache(seed=11)

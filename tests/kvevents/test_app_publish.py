@@ -29,7 +29,7 @@ def events_set(client, name) -> set[int]:
 
 
 def test_rest_prefix_pool_publishes_to_a_router_mirror():
-    from apputil import free_port, make_client
+    from support.apputil import free_port, make_client
 
     rng = random.Random(2)
     stems = [[rng.randrange(1000) for _ in range(4 * k)] for k in (2, 3, 5)]

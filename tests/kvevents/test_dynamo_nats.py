@@ -219,7 +219,7 @@ def test_nats_auth_from_settings_and_files(tmp_path):
 
 
 def test_nats_fleets_over_rest_and_bad_requests(server, monkeypatch):
-    from apputil import assert_error, make_client
+    from support.apputil import assert_error, make_client
 
     from app.settings import Settings
 

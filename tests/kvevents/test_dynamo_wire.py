@@ -280,7 +280,7 @@ def test_a_new_publisher_on_the_socket_is_a_restart_and_gaps_are_counted_lost(tm
 
 
 def test_dynamo_engines_over_rest(tmp_path):
-    from apputil import assert_error, make_client
+    from support.apputil import assert_error, make_client
 
     with make_client() as client:
         r = client.post("/api/fleets", json={"name": "d", "engines": [

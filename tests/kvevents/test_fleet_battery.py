@@ -15,8 +15,8 @@ import weakref
 import httpx
 import msgspec
 import zmq
-from apputil import HealthProbe, Server, make_client
 from kve_metrics_http import metrics_server
+from support.apputil import HealthProbe, Server, make_client
 
 from kvevents.codec import (
     MAX_BATCH_BLOCKS,

@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from kve_source import RefPrefixCache
+from support.kve_source import RefPrefixCache
 from test_kve_cli import Cli, run
 from test_real_publishers import DEADLINE, Engine
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import zmq
-from kve_source import RefPrefixCache
+from support.kve_source import RefPrefixCache
 from test_fleet_publishers import held_prefix
 from test_real_publishers import DEADLINE, REPLAY_TIMEOUT, Engine, wait_for
 
@@ -153,7 +153,7 @@ def test_replay_answers_without_topic_frames_still_land_on_the_pod_asked(listeni
 
 
 def _to(mod, events):
-    from kve_source import to_engine
+    from support.kve_source import to_engine
 
     return to_engine(mod, events, "vllm")
 
@@ -295,7 +295,7 @@ def test_topics_that_do_not_parse_say_why(topic):
 
 # -- over REST and the command line --------------------------------------------------------------
 def test_listening_fleet_over_rest_matches_each_pod_and_forgets_a_removed_one(tmp_path, vllm_kv):
-    from apputil import make_client
+    from support.apputil import make_client
 
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     with make_client() as client:
@@ -341,7 +341,7 @@ def test_listening_fleet_over_rest_matches_each_pod_and_forgets_a_removed_one(tm
 
 
 def test_listening_fleet_bad_requests_are_4xx():
-    from apputil import assert_error, make_client
+    from support.apputil import assert_error, make_client
 
     port = free_port()
     with make_client() as client:

@@ -9,7 +9,7 @@ import time
 import msgspec
 import pytest
 import zmq
-from kve_source import RefPrefixCache, chain_hash, to_engine
+from support.kve_source import RefPrefixCache, chain_hash, to_engine
 from test_real_publishers import DEADLINE, Engine, publish_and_wait, wait_for
 
 from kvevents.fleet import EngineSpec, Fleet

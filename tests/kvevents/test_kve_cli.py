@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import httpx
-from apputil import free_port
-from kve_source import RefPrefixCache, to_engine
+from support.apputil import free_port
+from support.kve_source import RefPrefixCache, to_engine
 from test_real_publishers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from kve_source import RefPrefixCache, to_engine
+from support.kve_source import RefPrefixCache, to_engine
 
 from allocator.prefix.mirror import MirrorPool
 from kvevents.follow import follow

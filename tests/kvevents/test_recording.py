@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from kve_source import RefPrefixCache
+from support.kve_source import RefPrefixCache
 
 from allocator.prefix.mirror import MirrorPool
 from kvevents.codec import WireError, encode_batch

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kve_source import RefPrefixCache
+from support.kve_source import RefPrefixCache
 
 from allocator.prefix.mirror import MirrorPool
 from kvevents.codec import Cleared, encode_batch, seq_bytes

@@ -9,8 +9,8 @@ import pytest
 import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kve_source import RefPrefixCache
 from kve_zmq import connect_joined
+from support.kve_source import RefPrefixCache
 
 from kvevents.codec import (
     HASH_MASK,

@@ -2,7 +2,7 @@
 real uvicorn serving an app the test built (LiveApp), and assertions on the error shape and on
 state left unchanged.
 
-Imported by name (`from apputil import ...`): every test folder has a `conftest` module, so
+Imported as `support.apputil` (tests/support): every test folder has a `conftest` module, so
 importing helpers from "conftest" picks whichever folder pytest loaded last."""
 
 from __future__ import annotations
