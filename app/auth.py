@@ -14,6 +14,7 @@ import hmac
 
 from fastapi import Request
 
+from .deps import services_of
 from .errors import ApiError
 
 MUTATING = frozenset({"POST", "PUT", "DELETE", "PATCH"})
@@ -58,6 +59,6 @@ def token_error(status: int) -> ApiError:
 
 async def check_token(request: Request) -> None:
     """Refuse the request unless it carries the token (when one is set). Raises ApiError 401/403."""
-    status = token_problem(request.app.state.settings.token, request.headers.get("authorization"))
+    status = token_problem(services_of(request).settings.token, request.headers.get("authorization"))
     if status:
         raise token_error(status)

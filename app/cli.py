@@ -17,6 +17,7 @@ def serve(argv: list[str], opening: bool = False) -> int:
     from .http_protocol import SERVER_OPTIONS, KVScopeH11Protocol
     from .main import create_app
     from .security import WILDCARD_BINDS, is_loopback_bind
+    from .services import Startup
     from .settings import SettingsError, check_device, get_settings
 
     try:
@@ -87,16 +88,16 @@ def serve(argv: list[str], opening: bool = False) -> int:
     except SettingsError as exc:
         print(f"kvscope serve: {exc}", file=sys.stderr)
         return 2
-    app = create_app(settings)
-    app.state.startup_fleets = startup_fleets
+    startup = Startup(fleets=startup_fleets)
     if args.publish is not None:
         from .cli_events import default_publish_spec
 
         try:
-            app.state.startup_pools = [(default_publish_spec(settings, args), {})]
+            startup.pools = [(default_publish_spec(settings, args), {})]
         except ValueError as exc:
             print(f"kvscope serve: {exc}", file=sys.stderr)
             return 2
+    app = create_app(settings, startup)
     KVScopeH11Protocol.head_timeout_s = settings.head_timeout_s
     # Everything imported so far (torch, numpy, FastAPI: hundreds of thousands of objects) lives
     # as long as the process; freezing it keeps the cyclic GC's full collections from rescanning

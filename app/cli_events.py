@@ -10,9 +10,9 @@ import json
 import sys
 
 
-def serve_dashboard(prog: str, args, setup) -> int:
-    """Serve the dashboard on args.host/args.port; `setup(app)` registers what it shows before
-    the server starts and returns the page's query string (e.g. `?pool=engine`)."""
+def serve_dashboard(prog: str, args, startup, query: str) -> int:
+    """Serve the dashboard on args.host/args.port holding `startup` (app/services.py `Startup`:
+    the pools and fleets it shows), and print the page's address with `query` (`?pool=engine`)."""
     import uvicorn
 
     from .main import create_app
@@ -25,8 +25,7 @@ def serve_dashboard(prog: str, args, setup) -> int:
         return 2
     settings = dataclasses.replace(settings, host=args.host or settings.host,
                                    port=args.port or settings.port)
-    app = create_app(settings)
-    query = setup(app)
+    app = create_app(settings, startup)
     print(f"{prog}: dashboard at http://{settings.host}:{settings.port}/{query}", flush=True)
     gc.freeze()
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
@@ -34,12 +33,10 @@ def serve_dashboard(prog: str, args, setup) -> int:
     return 0
 
 
-def _serve(prog: str, args, startup: list) -> int:
-    def setup(app) -> str:
-        app.state.startup_pools = startup
-        return f"?pool={startup[0][0]['name']}"
+def _serve(prog: str, args, pools: list) -> int:
+    from .services import Startup
 
-    return serve_dashboard(prog, args, setup)
+    return serve_dashboard(prog, args, Startup(pools=pools), f"?pool={pools[0][0]['name']}")
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:

@@ -179,9 +179,7 @@ def _nats_options(p, args, url: str) -> dict:
 def serve_with_fleet(prog: str, args, name: str, engines: list[dict], record: str | None,
                      options: dict | None = None) -> int:
     from .cli_events import serve_dashboard
+    from .services import Startup
 
-    def setup(app) -> str:
-        app.state.startup_fleets = [(name, engines, {"record": record, **(options or {})})]
-        return f"?fleet={name}"
-
-    return serve_dashboard(prog, args, setup)
+    startup = Startup(fleets=[(name, engines, {"record": record, **(options or {})})])
+    return serve_dashboard(prog, args, startup, f"?fleet={name}")

@@ -11,34 +11,64 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated, TypeVar
 
 from fastapi import Depends, Path, Request
+from starlette.requests import HTTPConnection
 
 from allocator import KVCache, PrefixPool
 from allocator.errors import NotFound
 
+from .fleets import Fleets
 from .operations import cache_of, prefix_pool_of
+from .recordings import Recordings
 from .registry import PoolHandle, Registry
+from .routing_jobs import RoutingRuns
 from .schemas import POOL_NAME_PATTERN, Key
+from .services import Services
 from .settings import Settings
 from .stream import Hub
 
 T = TypeVar("T")
 
 
+def services_of(conn: HTTPConnection) -> Services:
+    """The server's services (app/services.py), from a request or a websocket."""
+    return conn.app.state.services
+
+
+async def get_services(request: Request) -> Services:
+    return services_of(request)
+
+
 async def get_registry(request: Request) -> Registry:
-    return request.app.state.registry
+    return services_of(request).registry
 
 
 async def get_hub(request: Request) -> Hub:
-    return request.app.state.hub
+    return services_of(request).hub
 
 
 async def get_app_settings(request: Request) -> Settings:
-    return request.app.state.settings
+    return services_of(request).settings
 
 
+async def get_fleets(request: Request) -> Fleets:
+    return services_of(request).fleets
+
+
+async def get_recordings(request: Request) -> Recordings:
+    return services_of(request).recordings
+
+
+async def get_routing_runs(request: Request) -> RoutingRuns:
+    return services_of(request).routing_runs
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
 RegistryDep = Annotated[Registry, Depends(get_registry)]
 HubDep = Annotated[Hub, Depends(get_hub)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+FleetsDep = Annotated[Fleets, Depends(get_fleets)]
+RecordingsDep = Annotated[Recordings, Depends(get_recordings)]
+RoutingRunsDep = Annotated[RoutingRuns, Depends(get_routing_runs)]
 PoolName = Annotated[str, Path(pattern=POOL_NAME_PATTERN, description="pool name", examples=["default"])]
 EntryKey = Annotated[Key, Path(description="cache key", examples=["session-1"])]
 

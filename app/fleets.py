@@ -4,7 +4,7 @@ plus a task sampling its figures once a second for the page's charts.
 
 In-process use (what `kvscope serve --fleet` and `kvscope demo` do):
 
-    handle = await app.state.fleets.create("demo", [{"name": "e0", "endpoint": "tcp://..."}])
+    handle = await services.fleets.create("demo", [{"name": "e0", "endpoint": "tcp://..."}])
 """
 
 from __future__ import annotations

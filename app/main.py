@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -13,17 +13,13 @@ from allocator.history.recording import RecordedPool
 
 from . import __version__
 from .errors import InternalErrorMiddleware, install_error_handlers
-from .fleets import Fleets
 from .head import HeadMiddleware
-from .housekeeping import Housekeeper
-from .instance import Instance
 from .limits import BodyLimitMiddleware
-from .metrics import LatencyMiddleware, Metrics
+from .metrics import LatencyMiddleware
 from .openapi import install_openapi
 from .pages import mount_static
 from .pages import router as pages_router
-from .recordings import Recordings, pool_name_for
-from .registry import Registry
+from .recordings import pool_name_for
 from .routes import (
     allocations,
     entries,
@@ -39,10 +35,9 @@ from .routes import (
     stream,
     workload,
 )
-from .routing_jobs import RoutingRuns
 from .security import SecurityMiddleware
+from .services import Services, Startup
 from .settings import Settings, get_settings
-from .stream import Hub
 
 API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router, meta.router,
                sequences.router, history.router, recordings.router, prefix.router, routing.router,
@@ -61,32 +56,35 @@ def default_pool_spec(settings: Settings) -> dict:
 
 @asynccontextmanager
 async def lifespan(app: FastAPI):
-    registry: Registry = app.state.registry
-    hub: Hub = app.state.hub
-    startup = getattr(app.state, "startup_pools", None)  # set by `kvscope mirror | recording`
-    if startup is not None:
+    services: Services = app.state.services
+    registry, hub, startup = services.registry, services.hub, services.startup
+    if startup.pools is not None:  # `kvscope mirror | recording`, `serve --publish`
         from .mirrors import start_pool
 
-        for spec, options in startup:
+        for spec, options in startup.pools:
             await start_pool(registry, hub, spec, **options)
     elif "default" not in registry:
-        hub.attach(registry.create(default_pool_spec(app.state.settings)))
-    for path in app.state.settings.open_recordings:  # kvscope open FILE
+        hub.attach(registry.create(default_pool_spec(services.settings)))
+    for path in services.settings.open_recordings:  # kvscope open FILE
         pool = RecordedPool(path, pool_name_for(Path(path).stem))
         hub.attach(registry.adopt(pool.name, pool))
-    for name, engines, options in getattr(app.state, "startup_fleets", ()):  # serve --fleet
-        await app.state.fleets.create(name, engines, **options)
-    app.state.housekeeper.start()
+    for name, engines, options in startup.fleets:  # serve --fleet, kvscope fleet, the demo
+        await services.fleets.create(name, engines, **options)
+    for session, spec, fleet, load in startup.router_runs:  # the demo's router run
+        services.routing_runs.adopt(session, spec, fleet=fleet, load=load)
+    services.housekeeper.start()
     yield
-    await app.state.fleets.close_all()
-    app.state.recordings.stop_all()
-    app.state.routing_runs.stop_all()
-    await app.state.housekeeper.stop()
+    await services.fleets.close_all()
+    services.recordings.stop_all()
+    services.routing_runs.stop_all()
+    await services.housekeeper.stop()
     for handle in registry:
         await hub.detach(handle, reason="server shutting down")
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, startup: Startup | None = None) -> FastAPI:
+    """The server: its services built from `settings` (default: the environment's), holding
+    what `startup` names once it starts (default: the default pool)."""
     settings = settings or get_settings()
     app = FastAPI(
         title="kvscope",
@@ -96,16 +94,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         docs_url=None,  # served by app/pages.py from the vendored Swagger UI, not a CDN
         redoc_url=None,
     )
-    app.state.settings = settings
-    app.state.instance = Instance.new()
-    app.state.registry = Registry(settings)
-    app.state.hub = Hub(settings.stream_interval_s, app.state.instance, settings)
-    app.state.recordings = Recordings(settings.recordings_dir, app.state.registry, settings.max_blocks)
-    app.state.housekeeper = Housekeeper(app.state.registry)
-    app.state.routing_runs = RoutingRuns()
-    app.state.fleets = Fleets()
-    app.state.fleets.nats_auth = settings.nats_auth
-    app.state.metrics = Metrics(app.state.registry, app.state.fleets)
+    services = app.state.services = Services.build(settings, startup)
     install_error_handlers(app)
     for router in API_ROUTERS:
         app.include_router(router)  # the token: app/security.py, for every route at once
@@ -116,14 +105,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/healthz", tags=["ops"], description=(
         "Liveness, and which server process answers: `instance_id` changes when the server "
         "restarts (pools, history and workloads are in memory only and start afresh)."))
-    async def healthz(request: Request) -> dict:
-        return {"ok": True, **request.app.state.instance.describe()}
+    async def healthz() -> dict:
+        return {"ok": True, **services.instance.describe()}
 
     @app.get("/metrics", tags=["ops"], response_class=Response)
-    async def metrics(request: Request) -> Response:
-        return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    async def metrics() -> Response:
+        return Response(generate_latest(services.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    install_openapi(app)
+    install_openapi(app, token_required=bool(settings.token))
     # Added innermost first: InternalError (outermost) -> Security -> Latency -> BodyLimit ->
     # Head -> InternalError -> the app. The inner one answers a route's unexpected exception
     # as every other answer is (security headers, latency by status, HEAD without a body);
@@ -132,7 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(HeadMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_body=settings.max_body,
                        wider={recordings.UPLOAD_PATH: settings.max_upload})
-    app.add_middleware(LatencyMiddleware, metrics=app.state.metrics)
+    app.add_middleware(LatencyMiddleware, metrics=services.metrics)
     app.add_middleware(SecurityMiddleware, settings=settings)
     app.add_middleware(InternalErrorMiddleware)
     return app

@@ -123,14 +123,15 @@ def complete(schema: dict, token_required: bool = True) -> dict:
     return schema
 
 
-def install_openapi(app: FastAPI) -> None:
-    """Replace `app.openapi` with one that completes the generated description once."""
+def install_openapi(app: FastAPI, token_required: bool) -> None:
+    """Replace `app.openapi` with one that completes the generated description once
+    (`token_required`: the server asks for a bearer token)."""
 
     def openapi() -> dict:
         if app.openapi_schema is None:
             app.openapi_schema = complete(get_openapi(
                 title=app.title, version=app.version, description=app.description, routes=app.routes),
-                token_required=bool(app.state.settings.token))
+                token_required=token_required)
         return app.openapi_schema
 
     app.openapi = openapi

@@ -17,6 +17,7 @@ from fastapi.templating import Jinja2Templates
 from workloads.routing import policy_names
 
 from . import __version__
+from .deps import services_of
 from .errors import ApiError
 from .stream import META, PROTOCOL_VERSION
 
@@ -51,7 +52,7 @@ async def index(request: Request) -> HTMLResponse:
         raise ApiError(404, "not_found", "the dashboard page is not installed")
     return templates.TemplateResponse(request, "index.html", {
         "protocol": PROTOCOL_VERSION,
-        "token_required": bool(request.app.state.settings.token),
+        "token_required": bool(services_of(request).settings.token),
         "version": __version__,
         "meta": META,
         "routing_policies": policy_names(),

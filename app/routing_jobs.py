@@ -122,7 +122,7 @@ class RoutingRun:
         """The run's decision logs by the name `GET .../decisions?policy=` takes."""
         return {log.policy: log for log in list(self.logs)}
 
-    async def release(self, app) -> None:
+    async def release(self, services) -> None:
         self.stop()
 
     def view(self) -> dict:
@@ -230,13 +230,13 @@ class LiveRun:
     def holds(self) -> bool:
         return any(side.pools or side.fleet is not None for side in self.sides)
 
-    def check_names(self, app) -> None:
+    def check_names(self, services) -> None:
         """Raises Conflict when a pool or fleet name the run needs is taken (nothing is made)."""
         taken = []
         for side in self.sides:
             pools, fleet = side.names(self.spec["replicas"])
-            taken += [f"pool {n!r}" for n in pools if n in app.state.registry]
-            if fleet in app.state.fleets:
+            taken += [f"pool {n!r}" for n in pools if n in services.registry]
+            if fleet in services.fleets:
                 taken.append(f"fleet {fleet!r}")
         if taken:
             verb = "exists" if len(taken) == 1 else "exist"
@@ -244,31 +244,31 @@ class LiveRun:
                            f"but {', '.join(taken)} {verb}: delete {'it' if len(taken) == 1 else 'them'} "
                            "or start the run again (it takes the next id)")
 
-    async def setup(self, app) -> None:
+    async def setup(self, services) -> None:
         """Create each side's pools (each publishing on a loopback port) and the fleet following
         them. Raises Conflict when a name is taken (then nothing is made), or what the registry
         or the fleets raise (Conflict, TooLarge, InvalidRequest); then whatever this run made
         is removed again (and nothing else)."""
-        self.check_names(app)
+        self.check_names(services)
         try:
             for side in self.sides:
-                await self._setup_side(side, app)
+                await self._setup_side(side, services)
         except BaseException:
-            await self._remove(app)
+            await self._remove(services)
             raise
 
-    async def _setup_side(self, side: LiveSide, app) -> None:
+    async def _setup_side(self, side: LiveSide, services) -> None:
         from workloads.routing.live import PoolCluster
         from workloads.routing.policies import BLOCK_TOKENS
 
         from .mirrors import start_pool
 
-        spec, settings = self.spec, app.state.settings
-        side._registry, side._fleets = app.state.registry, app.state.fleets
+        spec, settings = self.spec, services.settings
+        side._registry, side._fleets = services.registry, services.fleets
         blocks = spec["capacity_tokens"] // BLOCK_TOKENS
         pool_names, fleet_name = side.names(spec["replicas"])
         for name in pool_names:
-            handle = await start_pool(app.state.registry, app.state.hub, {
+            handle = await start_pool(services.registry, services.hub, {
                 "name": name, "strategy": "paged", "num_blocks": blocks,
                 "block_bytes": settings.default_block_bytes, "tokens_per_block": BLOCK_TOKENS,
                 "prefix_caching": {"policy": "lru"},
@@ -282,7 +282,7 @@ class LiveRun:
             engines.append({"name": f"r{i}", "endpoint": pub.endpoint,
                             "replay_endpoint": pub.replay_endpoint, "num_blocks": blocks,
                             "block_size": BLOCK_TOKENS})
-        side.fleet_handle = await app.state.fleets.create(fleet_name, engines)
+        side.fleet_handle = await services.fleets.create(fleet_name, engines)
         self._check_not_stopped()
         side.cluster = PoolCluster([h.pool for h in side.handles])
 
@@ -354,27 +354,27 @@ class LiveRun:
             async with side.handles[r].lock:
                 side.log.captured(req.index, side.cluster.serve(req, r))
 
-    async def release(self, app) -> None:
+    async def release(self, services) -> None:
         """Stop the feed, then remove the pools (and with them their publishers) and the fleets."""
         self.stop()
         if self.thread.is_alive():
             await asyncio.to_thread(self.thread.join, 10)
         elif self.thread.ident is None and self.state == "running":  # stopped while set up
             self.state = "stopped"
-        await self._remove(app)
+        await self._remove(services)
 
-    async def _remove(self, app) -> None:
+    async def _remove(self, services) -> None:
         """Remove the pools and fleets this run made that the server still holds: by object,
         so a pool or fleet of the user's that took one of their names is left alone."""
         for side in self.sides:
             fleet, side.fleet_handle = side.fleet_handle, None
             if fleet is not None:
                 with contextlib.suppress(NotFound):
-                    await app.state.fleets.delete(fleet.name, handle=fleet)
+                    await services.fleets.delete(fleet.name, handle=fleet)
             handles, side.handles = side.handles, []
             for handle in handles:
                 try:
-                    await app.state.registry.delete(handle.name, app.state.hub,
+                    await services.registry.delete(handle.name, services.hub,
                                                     reason="routing run released", handle=handle)
                 except Exception:
                     log.exception("removing pool %s of routing run %s failed", handle.name, self.id)
@@ -447,7 +447,7 @@ class RoutingRuns:
                 raise Conflict(f"pool {handle.name!r} is a replica of live routing run "
                                f"{run.id!r}; stop the run first")
 
-    async def start_live(self, spec: dict, app) -> LiveRun:
+    async def start_live(self, spec: dict, services) -> LiveRun:
         """Start a live run (its pools and fleet made before it is listed). Raises Conflict
         (a run is going, a name is taken, the server is full), TooLarge, InvalidRequest; then
         no run is listed and nothing the run did not make is touched."""
@@ -455,7 +455,7 @@ class RoutingRuns:
         run = LiveRun(f"r{next(self._ids)}", spec, asyncio.get_running_loop())
         self._runs[run.id] = run  # listed while it is set up, so no second run starts meanwhile
         try:
-            await run.setup(app)
+            await run.setup(services)
         except BaseException:
             del self._runs[run.id]
             raise
@@ -464,7 +464,7 @@ class RoutingRuns:
         run.thread.start()
         return run
 
-    async def start_router(self, spec: dict, app):
+    async def start_router(self, spec: dict, services):
         """Start a router run (app/routing_router.py): its engines, router and fleet made before
         its replay starts. Raises Conflict (a run is going, the fleet's name is taken, the
         router would not start), InvalidRequest (an unknown router, its package missing); then
@@ -478,7 +478,7 @@ class RoutingRuns:
         run = RouterRun(f"r{next(self._ids)}", spec)
         self._runs[run.id] = run  # listed while it is set up, so no second run starts meanwhile
         try:
-            await run.setup(app)
+            await run.setup(services)
         except RouterError as exc:
             del self._runs[run.id]
             raise Conflict(f"the {spec['router']} router would not start: {exc}") from None
@@ -503,10 +503,10 @@ class RoutingRuns:
         """The runs the server keeps, oldest first."""
         return list(self._runs.values())
 
-    async def delete(self, run_id: str, app) -> None:
+    async def delete(self, run_id: str, services) -> None:
         """Stop the run, release what it holds and forget it. Raises NotFound."""
         run = self.get(run_id)
-        await run.release(app)
+        await run.release(services)
         self._runs.pop(run_id, None)
 
     def get(self, run_id: str) -> RoutingRun:

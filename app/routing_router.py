@@ -82,7 +82,7 @@ class RouterRun:
         return self.session.log if self.session is not None else None
 
     # -- set up (REST) ---------------------------------------------------------------------------
-    async def setup(self, app) -> None:
+    async def setup(self, services) -> None:
         """Start the engines and the router (in a worker thread) and the fleet following them.
         Raises Conflict (the fleet's name is taken, the server is full), InvalidRequest (an
         unknown router or a missing package) or RouterError (it would not start); then nothing
@@ -91,7 +91,7 @@ class RouterRun:
         from app.engines.sim import fleet_file
         from workloads.routing.decisions import DecisionLog
 
-        fleets = app.state.fleets
+        fleets = services.fleets
         self._fleets = fleets
         if self.fleet_name in fleets:
             raise Conflict(f"routing run {self.id!r} follows its engines with the fleet "
@@ -149,7 +149,7 @@ class RouterRun:
     def stop(self) -> None:
         self._stop.set()
 
-    async def release(self, app) -> None:
+    async def release(self, services) -> None:
         """Stop the replay, then the router and the engines, and remove the fleet."""
         self.stop()
         if self.thread.is_alive():

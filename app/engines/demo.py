@@ -81,24 +81,26 @@ def taken_ports(specs: list[EngineSpec]) -> list[str]:
     return out
 
 
-def register(app, specs: list[EngineSpec]) -> None:
+def startup_for(specs: list[EngineSpec]):
     """How the engines appear on the dashboard (the one place that decides it): one mirror pool
     per engine, named after it, following its KV events and polling its /metrics; and the fleet
     `FLEET` of all of them, which the link the demo prints (`fleet_link`) opens."""
-    register_rows(app, [{"name": s.name, "endpoint": s.events_endpoint,
+    return startup_for_rows([{"name": s.name, "endpoint": s.events_endpoint,
                          "replay_endpoint": s.replay_endpoint, "metrics_url": s.metrics_url,
                          "num_blocks": s.num_blocks, "block_size": BLOCK_SIZE} for s in specs])
 
 
-def register_rows(app, rows: list[dict]) -> None:
-    """`register` for engines given as fleet-file rows (name, endpoint, replay_endpoint,
-    metrics_url, num_blocks, block_size): the simulated engines' are only known once bound."""
-    app.state.startup_pools = [
+def startup_for_rows(rows: list[dict]):
+    """`startup_for` engines given as fleet-file rows (name, endpoint, replay_endpoint,
+    metrics_url, num_blocks, block_size): the simulated engines' are only known once bound.
+    Returns an app.services.Startup."""
+    from ..services import Startup  # the server's modules (torch among them) load only to serve
+
+    return Startup(pools=[
         ({"name": r["name"], "strategy": "mirror", "num_blocks": r["num_blocks"],
           "mirror": {"endpoint": r["endpoint"], "replay_endpoint": r["replay_endpoint"],
                      "metrics_url": r["metrics_url"]}}, {})
-        for r in rows]
-    app.state.startup_fleets = [(FLEET, [dict(r) for r in rows], {})]
+        for r in rows], fleets=[(FLEET, [dict(r) for r in rows], {})])
 
 
 def fleet_link(host: str, port: int, names: list[str]) -> str:
@@ -287,20 +289,20 @@ def _serve_sim(args, settings, trace) -> int:
         for row, url in zip(rows, engines.urls):
             print(f"{PROG}: {row['name']} (simulated) at {url}, KV events {row['endpoint']}",
                   flush=True)
-        app = create_app(settings)
-        register_rows(app, rows)
-        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
-                                               log_level=args.log_level,
-                                               ws_per_message_deflate=False))
         targets = (lambda: [router.url]) if router is not None else (lambda: engines.urls)
         load = LoadGenerator(trace, targets, speed=args.speed, engines=args.sim, per_engine=16,
                              text=router is not None,
                              max_prompt=ROUTER_MAX_PROMPT if router is not None else 2000).start()
-        if router is not None:
-            app.state.routing_runs.adopt(router, {
+        startup = startup_for_rows(rows)
+        if router is not None:  # listed in the Routing view while the demo serves
+            startup.router_runs.append((router, {
                 "router": args.router, "replicas": args.sim,
                 "capacity_tokens": ENGINE_BLOCKS * ROUTER_BLOCK, "limit": len(trace),
-                "speed": args.speed}, fleet=FLEET, load=load)
+                "speed": args.speed}, FLEET, load))
+        app = create_app(settings, startup)
+        server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
+                                               log_level=args.log_level,
+                                               ws_per_message_deflate=False))
         print(f"{PROG}: {fleet_link(settings.host, settings.port, [c.name for c in configs])}; "
               "Ctrl-C stops everything", flush=True)
         server.run()
@@ -341,8 +343,7 @@ def _serve(args, settings, trace, engines: list[EngineProcess], log_dir: Path) -
         for e in engines:
             e.start()
             print(f"{PROG}: {e.spec.name} started (pid {e.pid}, log {e.log_path})", flush=True)
-        app = create_app(settings)
-        register(app, [e.spec for e in engines])
+        app = create_app(settings, startup_for([e.spec for e in engines]))
         server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
                                                log_level=args.log_level,
                                                ws_per_message_deflate=False))

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from allocator.errors import InvalidRequest, NotFound
 from allocator.fleet import MAX_FLEET_ENGINES
 
+from ..deps import services_of
 from ..fleets import FleetHandle, Fleets
 from ..schemas import POOL_NAME_PATTERN, BindEndpoint, Endpoint, Strict, Topic
 
@@ -119,7 +120,7 @@ class MatchIn(Strict):
 
 
 async def get_fleets(request: Request) -> Fleets:
-    return request.app.state.fleets
+    return services_of(request).fleets
 
 
 FleetsDep = Annotated[Fleets, Depends(get_fleets)]

@@ -13,7 +13,7 @@ from allocator.errors import InvalidRequest
 from allocator.prefix.mirror import forest_of
 
 from .. import mirrors, operations
-from ..deps import CacheDep, HubDep, PoolDep, RegistryDep, run_locked
+from ..deps import CacheDep, HubDep, PoolDep, RegistryDep, run_locked, services_of
 from ..errors import ApiError
 from ..schemas import (
     BlockMapOut,
@@ -61,7 +61,7 @@ async def get_pool(handle: PoolDep) -> dict:
     "Remove the pool; 409 while it is a replica of a running live routing run (stop the run "
     "first)."))
 async def delete_pool(request: Request, handle: PoolDep, registry: RegistryDep, hub: HubDep) -> Response:
-    request.app.state.routing_runs.check_pool_deletable(handle)
+    services_of(request).routing_runs.check_pool_deletable(handle)
     await registry.delete(handle.name, hub)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
@@ -110,7 +110,7 @@ async def pool_events(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> dict:
     events = handle.pool.events
-    instance = request.app.state.instance.describe()
+    instance = services_of(request).instance.describe()
     if after > events.last_seq:
         raise ApiError(409, "history_reset",
                        f"after={after} is beyond the last event seq {events.last_seq} of pool {handle.name!r}: "

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from allocator.errors import Conflict, InvalidRequest
 
 from ..auth import check_token
-from ..deps import HubDep, PoolDep, RegistryDep
+from ..deps import HubDep, PoolDep, RegistryDep, services_of
 from ..errors import ApiError
 from ..recordings import NAME_PATTERN, Recordings
 from ..schemas import POOL_NAME_PATTERN
@@ -39,7 +39,7 @@ class RecordingOpen(BaseModel):
 
 
 def recordings_of(request: Request) -> Recordings:
-    return request.app.state.recordings
+    return services_of(request).recordings
 
 
 @router.post("/api/pools/{pool}/recording", status_code=status.HTTP_201_CREATED,
@@ -118,7 +118,7 @@ async def upload_recording(request: Request, registry: RegistryDep, hub: HubDep)
     is the pool it is served as (`rec-upload-...`)."""
     registry.check_room()  # before receiving what could not be served anyway
     recs = recordings_of(request)
-    limit = request.app.state.settings.max_upload
+    limit = services_of(request).settings.max_upload
     part = recs.incoming()
     try:
         size = await receive_to(request, part, limit)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query, Request, Response, status
+from fastapi import APIRouter, Path, Query, Response, status
 
 from allocator.errors import Conflict, InvalidRequest
 from workloads.routing.decisions import RULES
 
-from ..routing_jobs import LiveRun, RoutingRuns
+from ..deps import RoutingRunsDep, ServicesDep
+from ..routing_jobs import LiveRun
 from ..schemas import (
     ROUTING_RUN_ID_PATTERN,
     DecisionsOut,
@@ -22,10 +23,6 @@ from ..schemas import (
 
 router = APIRouter(prefix="/api/routing", tags=["routing"])
 RunId = Annotated[str, Path(pattern=ROUTING_RUN_ID_PATTERN, description="run id", examples=["r1"])]
-
-
-def _runs(request: Request) -> RoutingRuns:
-    return request.app.state.routing_runs
 
 
 @router.post("", response_model=RoutingOut, status_code=status.HTTP_202_ACCEPTED, description=(
@@ -41,35 +38,35 @@ def _runs(request: Request) -> RoutingRuns:
     "of the server, followed by the fleet `route-<id>`; its decisions are recorded at the "
     "engines. "
     "`action: stop` with `id` stops that run (200); a live run's pools and fleet go with it."))
-async def start_or_stop(body: RoutingIn, request: Request, response: Response) -> dict:
-    runs = _runs(request)
+async def start_or_stop(body: RoutingIn, services: ServicesDep, response: Response) -> dict:
+    runs = services.routing_runs
     if body.action == "stop":
         run = runs.get(body.id)
-        await run.release(request.app)
+        await run.release(services)
         response.status_code = status.HTTP_200_OK
         return {"routing": run.view()}
     spec = body.model_dump(exclude={"action", "id"})
     if body.mode == "router":
-        return {"routing": (await runs.start_router(spec, request.app)).view()}
+        return {"routing": (await runs.start_router(spec, services)).view()}
     if body.mode == "live":
         spec["policy"] = None if body.compare else body.policy or body.policies[0]
         spec["speed"] = body.speed or 1.0
-        return {"routing": (await runs.start_live(spec, request.app)).view()}
+        return {"routing": (await runs.start_live(spec, services)).view()}
     return {"routing": runs.start(spec).view()}
 
 
 @router.get("", response_model=RoutingListOut, description=(
     "The runs the server keeps (the last few finished ones, and any that is going or holds "
     "pools or a fleet), oldest first, each as `GET /api/routing/{id}` shows it."))
-async def list_runs(request: Request) -> dict:
-    return {"runs": [run.view() for run in _runs(request).list()]}
+async def list_runs(runs: RoutingRunsDep) -> dict:
+    return {"runs": [run.view() for run in runs.list()]}
 
 
 @router.get("/{run_id}", response_model=RoutingOut, description=(
     "A run's state (running, finished, stopped, failed), progress in requests routed over all its "
     "policies, and one result row per finished policy (the rows of `kvscope route`)."))
-async def progress(run_id: RunId, request: Request) -> dict:
-    return {"routing": _runs(request).get(run_id).view()}
+async def progress(run_id: RunId, runs: RoutingRunsDep) -> dict:
+    return {"routing": runs.get(run_id).view()}
 
 
 MAX_PAGE = 1000
@@ -82,14 +79,14 @@ MAX_PAGE = 1000
     "the first; a compare run's sides also by `a` / `b`); `rule`, `replica` and `request` filter; "
     f"`offset` / `limit` page (at most {MAX_PAGE}). `logs` summarises each log: decisions by rule "
     "and by replica, captured and available tokens."))
-async def decisions(run_id: RunId, request: Request,
+async def decisions(run_id: RunId, runs: RoutingRunsDep,
                     policy: Annotated[str | None, Query(max_length=64)] = None,
                     rule: Literal[RULES] | None = None,  # type: ignore[valid-type]
                     replica: Annotated[int | None, Query(ge=0, le=1 << 20)] = None,
                     request_index: Annotated[int | None, Query(alias="request", ge=0)] = None,
                     offset: Annotated[int, Query(ge=0)] = 0,
                     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100) -> dict:
-    run = _runs(request).get(run_id)
+    run = runs.get(run_id)
     logs = run.decision_logs()
     if not logs:
         return {"run": run_id, "policy": policy, "total": 0, "offset": offset, "limit": limit,
@@ -113,8 +110,8 @@ async def decisions(run_id: RunId, request: Request,
     "Switch a running live run's policy: the requests from the next one on are routed by a fresh "
     "`policy` (its decisions name it). 409 for a run that is not live, compares two policies, or "
     "is no longer running."))
-async def switch_policy(run_id: RunId, body: RoutingPolicyIn, request: Request) -> dict:
-    run = _runs(request).get(run_id)
+async def switch_policy(run_id: RunId, body: RoutingPolicyIn, runs: RoutingRunsDep) -> dict:
+    run = runs.get(run_id)
     if not isinstance(run, LiveRun):
         raise Conflict(f"routing run {run_id!r} is not live; only a live run's policy can be switched")
     if run.state != "running":
@@ -125,6 +122,6 @@ async def switch_policy(run_id: RunId, body: RoutingPolicyIn, request: Request) 
 
 @router.delete("/{run_id}", status_code=status.HTTP_204_NO_CONTENT, description=(
     "Stop the run if it is going, remove a live run's pools and fleet, and forget it."))
-async def delete_run(run_id: RunId, request: Request) -> Response:
-    await _runs(request).delete(run_id, request.app)
+async def delete_run(run_id: RunId, services: ServicesDep) -> Response:
+    await services.routing_runs.delete(run_id, services)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

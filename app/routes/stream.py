@@ -15,6 +15,7 @@ import struct
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
+from ..deps import services_of
 from ..security import CLOSE_TOKEN_MISSING, CLOSE_TOKEN_WRONG  # noqa: F401  (re-exported)
 from ..stream import Client, Hub, PoolStream
 
@@ -61,9 +62,10 @@ async def _send_loop(ws: WebSocket, client: Client, stall_s: float) -> None:
 
 @router.websocket("/ws/pools/{pool}")
 async def pool_stream(ws: WebSocket, pool: str) -> None:
-    hub: Hub = ws.app.state.hub
+    services = services_of(ws)
+    hub: Hub = services.hub
     await ws.accept()
-    handle = ws.app.state.registry.find(pool)
+    handle = services.registry.find(pool)
     stream: PoolStream | None = handle.stream if handle is not None else None
     if stream is None:
         await ws.close(CLOSE_UNKNOWN_POOL, "unknown pool")

@@ -101,7 +101,7 @@ def test_a_pool_without_history_says_so(client):
     from app.registry import PoolHandle
 
     pool = create_pool("paged", num_blocks=8, block_bytes=64, device="cpu", name="nohist", history_bytes=0)
-    client.app.state.registry._pools["nohist"] = PoolHandle("nohist", pool)
+    client.app.state.services.registry._pools["nohist"] = PoolHandle("nohist", pool)
     assert_error(client.get("/api/pools/nohist/stats", params={"at_seq": 0}), 409, "conflict")
 
 

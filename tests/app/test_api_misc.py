@@ -233,7 +233,7 @@ def test_make_run_honours_kvscope_host_and_port():
 
 
 def test_registry_find_is_none_for_an_unknown_pool(client):
-    registry = client.app.state.registry
+    registry = client.app.state.services.registry
     assert registry.find("nope") is None and registry.find("default").name == "default"
 
 

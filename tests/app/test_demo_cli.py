@@ -10,7 +10,7 @@ import sys
 import httpx
 from support.apputil import ROOT, SMALL, LiveApp, free_port
 
-from app.engines.demo import engine_specs, fleet_link, register
+from app.engines.demo import engine_specs, fleet_link, startup_for
 from app.main import create_app
 from app.settings import Settings
 
@@ -35,8 +35,7 @@ def test_the_links_the_demo_prints_open_its_fleet_and_its_pools(tmp_path):
     """`kvscope demo` prints a fleet-view link and one link per engine's mirror pool; on a real
     server set up as the demo sets it up, each names a fleet or pool that server serves."""
     specs = engine_specs(2, free_port(), tmp_path)  # nothing listens there: the engines are down
-    app = create_app(Settings(**SMALL))
-    register(app, specs)
+    app = create_app(Settings(**SMALL), startup_for(specs))
     with LiveApp(app) as live:
         line = fleet_link("127.0.0.1", live.port, [s.name for s in specs])
         fleet = re.search(rf"{re.escape(live.url)}/\?fleet=([\w-]+)#fleet\b", line)

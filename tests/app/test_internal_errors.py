@@ -33,7 +33,7 @@ def live():
 
 @pytest.mark.parametrize("exc", [RuntimeError("boom"), MemoryError(), IndexError("tuple index out of range")])
 def test_an_exception_inside_a_route_is_a_500_and_the_connection_stays_open(live, exc, caplog):
-    pool = live.app.state.registry.get("default").pool
+    pool = live.app.state.services.registry.get("default").pool
 
     def broken(*args, **kwargs):
         raise exc
@@ -53,7 +53,7 @@ def test_an_exception_inside_a_route_is_a_500_and_the_connection_stays_open(live
 
 
 def test_head_on_a_failing_route_is_a_500_without_a_body(live, caplog):
-    pool = live.app.state.registry.get("default").pool
+    pool = live.app.state.services.registry.get("default").pool
 
     def broken():
         raise RuntimeError("boom")

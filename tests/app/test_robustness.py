@@ -21,7 +21,7 @@ def test_a_long_check_runs_off_the_loop_under_the_pools_lock():
     async def go():
         app = create_app(Settings(**SMALL))
         async with app.router.lifespan_context(app):
-            pool = app.state.registry.get("default").pool
+            pool = app.state.services.registry.get("default").pool
             running, release = threading.Event(), threading.Event()
             real_check = pool.check
 
@@ -125,13 +125,13 @@ def test_a_request_waiting_for_a_deleted_pool_gets_404():
     async def go():
         app = create_app(Settings(**SMALL))
         async with app.router.lifespan_context(app):
-            handle = app.state.registry.get("default")
+            handle = app.state.services.registry.get("default")
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
                 async with handle.lock:  # as a long check would
                     waiting = asyncio.create_task(c.post("/api/pools/default/allocations", json={"bytes": 1}))
                     await asyncio.sleep(0.05)
-                    app.state.registry.remove("default")
+                    app.state.services.registry.remove("default")
                 r = await waiting
                 assert_error(r, 404, "not_found")
 

@@ -305,7 +305,7 @@ def test_deletes_return_at_once_and_leave_no_thread_while_metrics_trickle_and_re
     routers, pubs = [], []
     before = kv_threads()
     with make_client() as c:
-        fleets = c.app.state.fleets
+        fleets = c.app.state.services.fleets
         try:
             # the slow metrics
             mpubs = [Publisher(ipc(f"m{i}"), bind=True, topic="kv") for i in range(7)]
@@ -377,7 +377,7 @@ class HeldStop:
 def test_a_closing_fleet_counts_against_the_engine_limit_until_its_threads_are_gone(ipc):
     pubs = [Publisher(ipc(f"l{i}"), bind=True, topic="kv") for i in range(4)]
     with make_client() as c:
-        fleets = c.app.state.fleets
+        fleets = c.app.state.services.fleets
         fleets.max_total_engines = 6
         try:
             body = {"name": "one", "engines": [{"name": f"e{i}", "endpoint": p.endpoint, "topic": "kv"}
@@ -415,7 +415,7 @@ def test_a_deleted_fleets_memory_is_released_at_once_and_its_objects_freed(ipc):
             for b in range(2):
                 pub.publish(stores(10 + b * 100_000, 100_000))
             wait_until(lambda: rows(c, "m")["e"]["cached_blocks"] == 200_000, "200,000 blocks held")
-            fleets = c.app.state.fleets
+            fleets = c.app.state.services.fleets
             handle = fleets.get("m")
             index = handle.fleet.index
             assert index.memory_bytes() > 4 << 20
