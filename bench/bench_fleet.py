@@ -28,8 +28,8 @@ import time
 
 import numpy as np
 
-from allocator.fleet import FleetIndex
 from kvevents.codec import Removed, Stored
+from kvevents.index import FleetIndex
 from kvevents.publisher import Publisher
 from kvevents.subscriber import Subscriber
 

@@ -28,12 +28,12 @@ import numpy as np
 import zmq
 
 from allocator.errors import Conflict, InvalidRequest
-from allocator.fleet import MAX_FLEET_ENGINES, FleetIndex, layout_of
 
 from .codec import Removed, Stored, WireError, decode_batch
 from .dynamo_wire import DynamoWire
 from .engine_metrics import MetricsPoller
 from .follow import threaded_apply
+from .index import MAX_FLEET_ENGINES, FleetIndex, layout_of
 from .recording import Recorder, read_records
 from .subscriber import Subscriber
 

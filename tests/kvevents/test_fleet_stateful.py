@@ -1,4 +1,4 @@
-"""The compiled fleet index against the plain model (tests/allocator/fleet_model.py), step by
+"""The compiled fleet index against the plain model (tests/kvevents/fleet_model.py), step by
 step: random stores (shared prompts, per-engine hash seeds, duplicates, fallback to engine hashes,
 unknown parents), removes (known and unknown), clears and malformed events."""
 
@@ -11,8 +11,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from allocator.fleet import FleetIndex
 from kvevents.codec import Cleared, Removed, Stored
+from kvevents.index import FleetIndex
 
 BS = 2
 ENGINES = ("e0", "e1", "e2")

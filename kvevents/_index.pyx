@@ -186,7 +186,7 @@ cdef void ht_del_at(HTable *t, int64_t i) noexcept nogil:
 
 
 cdef class FleetCore:
-    """The compiled index; `allocator.fleet.FleetIndex` adds names and the checks."""
+    """The compiled index; `kvevents.index.FleetIndex` adds names and the checks."""
 
     cdef uint64_t *node_key
     cdef uint64_t *node_parent

@@ -20,8 +20,8 @@ import random
 
 import pytest
 
-from allocator.fleet import FleetIndex
 from kvevents.codec import Cleared, Removed, Stored
+from kvevents.index import FleetIndex
 
 try:
     from dynamo._core import RadixTree

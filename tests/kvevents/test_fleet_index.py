@@ -7,8 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocator.errors import Conflict, NotFound
-from allocator.fleet import MAX_FLEET_ENGINES, FleetIndex
 from kvevents.codec import Removed, Stored
+from kvevents.fleet import APPLY_PART_BLOCKS, _parts
+from kvevents.index import MAX_FLEET_ENGINES, FleetIndex
 
 TOKENS = list(range(16))
 
@@ -218,8 +219,6 @@ def test_a_batch_applied_in_parts_is_the_batch_applied_whole(spec):
     """The fleet applies a batch in parts of at most APPLY_PART_BLOCKS blocks, splitting a longer
     event into pieces (a stored chain's later pieces under the piece before): the index, its
     counters and its matches are those of the batch applied whole, event by event."""
-    from kvevents.fleet import APPLY_PART_BLOCKS, _parts
-
     events, base = [], 1
     for kind, n, parent_of in spec:
         if kind == "removed":

@@ -1,6 +1,6 @@
 """FleetIndex: one prefix index across many engines, with duplication and missed-reuse figures.
 
-The compiled `allocator._fleet.FleetCore` keeps the blocks keyed by their tokens and each
+The compiled `kvevents._index.FleetCore` keeps the blocks keyed by their tokens and each
 engine's table from its own hashes to those keys; this class adds engine names, DP ranks, the
 configured block sizes, the fleet figures and `check()`.
 """
@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._fleet import (
+from allocator.errors import Conflict, InvalidRequest, NotFound
+
+from ._index import (
     COUNTERS,
     DEFAULT_ENGINE_BLOCKS,
     GROUP_DIVISOR,
@@ -21,7 +23,6 @@ from ._fleet import (
     Layout,
     layout_of,
 )
-from .errors import Conflict, InvalidRequest, NotFound
 
 __all__ = ["COUNTERS", "DEFAULT_ENGINE_BLOCKS", "GROUP_DIVISOR", "MAX_FLEET_ENGINES", "MIN_GROUP",
            "EngineInfo", "FleetIndex", "Layout", "layout_of"]
@@ -40,7 +41,7 @@ class EngineInfo:
 
 
 class FleetIndex(FleetCore):
-    """Engines by name over the compiled index (see `allocator/_fleet.pyx` for the keys and the
+    """Engines by name over the compiled index (see `kvevents/_index.pyx` for the keys and the
     invariants). At most `MAX_FLEET_ENGINES` engines: an engine is one bit of each block's mask.
 
     `apply(name_or_id, events)` takes a batch of normalised events; `match(tokens)` and
