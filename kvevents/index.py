@@ -7,6 +7,7 @@ configured block sizes, the fleet figures and `check()`.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,10 +23,12 @@ from ._index import (
     FleetCore,
     Layout,
     layout_of,
+    snapshot_buffers,
+    snapshot_fits,
 )
 
 __all__ = ["COUNTERS", "DEFAULT_ENGINE_BLOCKS", "GROUP_DIVISOR", "MAX_FLEET_ENGINES", "MIN_GROUP",
-           "EngineInfo", "FleetIndex", "Layout", "layout_of"]
+           "EngineInfo", "FleetIndex", "Layout", "layout_of", "snapshot_buffers", "snapshot_fits"]
 
 
 @dataclass(slots=True)
@@ -42,7 +45,9 @@ class EngineInfo:
 
 class FleetIndex(FleetCore):
     """Engines by name over the compiled index (see `kvevents/_index.pyx` for the keys and the
-    invariants). At most `MAX_FLEET_ENGINES` engines: an engine is one bit of each block's mask.
+    invariants). At most `MAX_FLEET_ENGINES` engines (1,024), numbered from 0 in the order they
+    are added (the lowest free id first), so the DP ranks of a server added together share a
+    page of 64 engines.
 
     `apply(name_or_id, events)` takes a batch of normalised events; `match(tokens)` and
     `match_hashes(engine, hashes)` answer as Dynamo's `find_matches` does: per engine, the
@@ -55,6 +60,8 @@ class FleetIndex(FleetCore):
         self.max_engines = max_engines
         self.engines: dict[str, EngineInfo] = {}
         self._by_id: dict[int, EngineInfo] = {}
+        self._free_ids: list[int] = []  # ids given back below _next_id (a heap: lowest first)
+        self._next_id = 0
 
     # -- engines --------------------------------------------------------------------------------
     def add(self, name: str, *, server: str | None = None, dp_rank: int = 0,
@@ -66,10 +73,18 @@ class FleetIndex(FleetCore):
         if len(self.engines) >= self.max_engines:
             raise Conflict(f"the fleet has {len(self.engines)} engines, the most it takes "
                            f"({self.max_engines}); remove one first")
-        eid = next(i for i in range(MAX_FLEET_ENGINES) if i not in self._by_id)
+        if self._free_ids:
+            eid = heapq.heappop(self._free_ids)
+        else:
+            eid, self._next_id = self._next_id, self._next_id + 1
         self.add_engine(eid)
-        if max_blocks is not None:
-            self.set_max_blocks(eid, max_blocks)
+        try:
+            if max_blocks is not None:
+                self.set_max_blocks(eid, max_blocks)
+        except BaseException:
+            self.drop_engine(eid)
+            heapq.heappush(self._free_ids, eid)
+            raise
         info = EngineInfo(name, eid, server or name, dp_rank, block_size)
         self.engines[name] = info
         self._by_id[eid] = info
@@ -80,12 +95,15 @@ class FleetIndex(FleetCore):
         super().release()
         self.engines.clear()
         self._by_id.clear()
+        self._free_ids.clear()
+        self._next_id = 0
 
     def discard(self, name: str) -> None:
         """Forget an engine and what it held. Raises NotFound."""
         info = self.engine(name)
         self.drop_engine(info.eid)
         del self.engines[name], self._by_id[info.eid]
+        heapq.heappush(self._free_ids, info.eid)
 
     def engine(self, name: str) -> EngineInfo:
         info = self.engines.get(name)
@@ -143,15 +161,15 @@ class FleetIndex(FleetCore):
         """The fleet's figures. `cross_engine_recomputes`: blocks an engine stored while another
         engine already held the same block (reuse the fleet had and did not capture);
         `recompute_tokens` their tokens."""
-        per = {name: self.engine_stats(name) for name in self.engines}
+        tot = self.counter_totals()
         return {
             "engines": len(self.engines),
             "unique_blocks": self.unique,
             "duplicated_blocks": self.duplicated,
             "duplicate_copies": self.holdings - self.unique,
-            "cross_engine_recomputes": sum(e["cross_engine_recomputes"] for e in per.values()),
-            "recompute_tokens": sum(e["recompute_tokens"] for e in per.values()),
-            "fallback_blocks": sum(e["fallback_blocks"] for e in per.values()),
+            "cross_engine_recomputes": tot["cross_engine_recomputes"],
+            "recompute_tokens": tot["recompute_tokens"],
+            "fallback_blocks": tot["fallback_blocks"],
         }
 
     def engine_stats(self, name: str) -> dict:
@@ -191,12 +209,12 @@ class FleetIndex(FleetCore):
             problems.append(f"key table holds {self.table_size()} keys, unique says {self.unique}")
         if np.unique(keys).size != keys.size:
             problems.append("a key is on two nodes")
-        counts = np.array([int(m).bit_count() for m in masks.tolist()], dtype=np.int64)
+        counts = np.array([m.bit_count() for m in masks], dtype=np.int64)
         if int((counts >= 2).sum()) != self.duplicated:
             problems.append(f"duplicated says {self.duplicated}, masks say {int((counts >= 2).sum())}")
         if int(counts.sum()) != self.holdings:
             problems.append(f"holdings says {self.holdings}, masks say {int(counts.sum())}")
-        mask_of = dict(zip(keys.tolist(), masks.tolist()))
+        mask_of = dict(zip(keys.tolist(), masks))
         for name, info in self.engines.items():
             bit = 1 << info.eid
             table = self.engine_table(info.eid)
@@ -214,8 +232,22 @@ class FleetIndex(FleetCore):
             for (eid, h) in self.extra:
                 if eid == info.eid and h not in table:
                     problems.append(f"engine {name}: extra copies of hash {h:016x} it does not hold")
-        for m in masks.tolist():
-            if m & ~self.active:
-                problems.append(f"a node is held by engine bits {m & ~self.active:#x} not in the fleet")
+        active = self.active
+        for m in masks:
+            if m & ~active:
+                problems.append(f"a node is held by engine bits {m & ~active:#x} not in the fleet")
+                break
+        for k, m in mask_of.items():
+            chunk = self.chunk_of(k)
+            pages = sorted({e >> 6 for e in range(m.bit_length()) if m >> e & 1})
+            if chunk is None:
+                if len(pages) > 1:
+                    problems.append(f"key {k:016x} is held across pages {pages} without a chunk")
+                    break
+                continue
+            got, bits, cap = chunk
+            if len(got) < 2 or got != pages or not all(bits) or not len(got) <= cap <= 16:
+                problems.append(f"key {k:016x}: chunk pages {got} (capacity {cap}), its engines "
+                                f"are on pages {pages}")
                 break
         return problems
