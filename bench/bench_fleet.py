@@ -290,6 +290,17 @@ class Server:
                 time.sleep(0.2)
         raise RuntimeError("server did not start")
 
+    def cpu_s(self) -> float | None:
+        """CPU seconds the server has used (user + system; Linux's /proc), None elsewhere."""
+        import os
+
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return None
+
     def stop(self) -> str:
         self.proc.terminate()
         out, _ = self.proc.communicate(timeout=20)
@@ -373,6 +384,7 @@ def bench_sustained(servers: int = SUSTAINED_ENGINES, ranks: int = 1,
         poller = threading.Thread(target=page, daemon=True)
         poller.start()
         t0 = time.monotonic()
+        cpu0 = srv.cpu_s()
         behind = 0.0
         for i in range(n_ticks):
             for p, plan in zip(pubs, payloads):
@@ -391,6 +403,8 @@ def bench_sustained(servers: int = SUSTAINED_ENGINES, ranks: int = 1,
             if done or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
+        took = time.monotonic() - t0
+        cpu = srv.cpu_s()
         stop.set()
         poller.join(5)
         links = [r["stream"] for r in rs if r["dp_rank"] == 0]  # one row per endpoint
@@ -405,6 +419,9 @@ def bench_sustained(servers: int = SUSTAINED_ENGINES, ranks: int = 1,
                 "lag_p50_ms_median": round(float(np.median(p50s)), 1) if p50s else None,
                 "lag_p99_ms_worst_engine": round(max(p99s), 1) if p99s else None,
                 "lag_p99_ms_median": round(float(np.median(p99s)), 1) if p99s else None,
+                "server_cpu_per_s": round((cpu - cpu0) / took, 2) if cpu is not None and cpu0 is not None else None,
+                "server_cpu_us_per_batch": round((cpu - cpu0) / (servers * ranks * n_ticks) * 1e6, 1)
+                if cpu is not None and cpu0 is not None else None,
                 "page_polls": dict(polls)}
     finally:
         stop.set()
@@ -451,7 +468,8 @@ def print_sustained(s: dict) -> None:
           f"{s['lag_p50_ms_median']} ms (median engine), p99 "
           f"{s['lag_p99_ms_worst_engine']} ms (worst engine); all applied: "
           f"{s['all_applied']}, lost batches {s['lost_batches']}, publisher "
-          f"behind by up to {s['publisher_behind_max_s']} s "
+          f"behind by up to {s['publisher_behind_max_s']} s; the server used "
+          f"{s['server_cpu_per_s']} CPU s per s, {s['server_cpu_us_per_batch']} us per batch "
           f"(goal p99 <= {GOALS['sustained_lag_p99_ms']} ms)")
 
 

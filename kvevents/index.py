@@ -62,6 +62,9 @@ class FleetIndex(FleetCore):
         self._by_id: dict[int, EngineInfo] = {}
         self._free_ids: list[int] = []  # ids given back below _next_id (a heap: lowest first)
         self._next_id = 0
+        self._names: list[str | None] = [None] * MAX_FLEET_ENGINES  # by engine id
+        self._groups: dict[int, int | None] | None = None  # `_block_size_groups`, kept
+        self._groups_pending: list[int] = []  # engines whose events have not given a size yet
 
     # -- engines --------------------------------------------------------------------------------
     def add(self, name: str, *, server: str | None = None, dp_rank: int = 0,
@@ -88,6 +91,8 @@ class FleetIndex(FleetCore):
         info = EngineInfo(name, eid, server or name, dp_rank, block_size)
         self.engines[name] = info
         self._by_id[eid] = info
+        self._names[eid] = name
+        self._groups = None
         return info
 
     def release(self) -> None:
@@ -97,12 +102,16 @@ class FleetIndex(FleetCore):
         self._by_id.clear()
         self._free_ids.clear()
         self._next_id = 0
+        self._names = [None] * MAX_FLEET_ENGINES
+        self._groups = None
 
     def discard(self, name: str) -> None:
         """Forget an engine and what it held. Raises NotFound."""
         info = self.engine(name)
         self.drop_engine(info.eid)
         del self.engines[name], self._by_id[info.eid]
+        self._names[info.eid] = None
+        self._groups = None
         heapq.heappush(self._free_ids, info.eid)
 
     def engine(self, name: str) -> EngineInfo:
@@ -114,22 +123,25 @@ class FleetIndex(FleetCore):
     def name_of(self, eid: int) -> str:
         return self._by_id[eid].name
 
+    def _named(self, scores: dict[int, int], out: dict[str, int]) -> dict[str, int]:
+        names = self._names
+        for eid, n in scores.items():
+            out[names[eid]] = n
+        return out
+
     # -- matching -------------------------------------------------------------------------------
     def match(self, tokens: list[int], lora_id: int | None = None) -> dict[str, int]:
         """Each engine's longest cached prefix of `tokens`, in blocks (0 when none). Engines of
         one block size are matched on that size's blocks."""
         out = dict.fromkeys(self.engines, 0)
         for bs, mask in self._block_size_groups().items():
-            for eid, n in self.match_tokens(list(tokens), bs, lora_id, mask).items():
-                out[self._by_id[eid].name] = n
+            self._named(self.match_tokens(list(tokens), bs, lora_id, mask), out)
         return out
 
     def match_engine_hashes(self, engine: str, hashes: list[int]) -> dict[str, int]:
         """The same for a chain named by `engine`'s own block hashes."""
         out = dict.fromkeys(self.engines, 0)
-        for eid, n in self.match_hashes(self.engine(engine).eid, list(hashes)).items():
-            out[self._by_id[eid].name] = n
-        return out
+        return self._named(self.match_hashes(self.engine(engine).eid, list(hashes)), out)
 
     def match_chain(self, key: int) -> dict[str, int]:
         """The same for the chain from the root down to an indexed block `key` (a recent
@@ -139,22 +151,32 @@ class FleetIndex(FleetCore):
         chain = self.chain_of(key)
         if not chain or self.parent_of(chain[0]) != 0:
             return out
-        for eid, n in self.match_keys(chain).items():
-            out[self._by_id[eid].name] = n
-        return out
+        return self._named(self.match_keys(chain), out)
 
     def block_size(self, name: str) -> int | None:
         """Tokens per block of an engine: from its events, else as configured."""
         info = self.engine(name)
         return self.block_size_of(info.eid) or info.block_size
 
-    def _block_size_groups(self) -> dict[int, int]:
+    def _block_size_groups(self) -> dict[int, int | None]:
+        """{block size: the engines of that size, as a mask (None: every engine)}. Kept until an
+        engine is added or removed, or one whose events had not given its size yet gives it (an
+        engine's size never changes after its first store)."""
+        pending = self._groups_pending
+        if self._groups is not None and not any(self.block_size_of(e) for e in pending):
+            return self._groups
         groups: dict[int, int] = {}
+        pending.clear()
         for info in self.engines.values():
-            bs = self.block_size_of(info.eid) or info.block_size
+            seen = self.block_size_of(info.eid)
+            if not seen:
+                pending.append(info.eid)
+            bs = seen or info.block_size
             if bs:
                 groups[bs] = groups.get(bs, 0) | (1 << info.eid)
-        return groups
+        active = self.active
+        self._groups = {bs: None if m == active else m for bs, m in groups.items()}
+        return self._groups
 
     # -- figures --------------------------------------------------------------------------------
     def stats(self) -> dict:
