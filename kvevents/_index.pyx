@@ -146,29 +146,30 @@ cdef struct ESet:
 
 
 # -- engine tables: hash -> node id, open addressing ---------------------------------------------
+cdef packed struct Slot:  # a hash and its node side by side: one cache line a probe
+    uint64_t key
+    int32_t val     # -1: empty
+
+
 cdef struct HTable:
-    uint64_t *keys
-    int32_t *vals   # -1: empty
+    Slot *s
     int64_t cap     # a power of two
     int64_t n
 
 
 cdef int ht_init(HTable *t, int64_t cap) except -1:
-    t.keys = <uint64_t *> PyMem_Malloc(cap * sizeof(uint64_t))
-    t.vals = <int32_t *> PyMem_Malloc(cap * sizeof(int32_t))
-    if t.keys == NULL or t.vals == NULL:
+    t.s = <Slot *> PyMem_Malloc(cap * sizeof(Slot))
+    if t.s == NULL:
         raise MemoryError()
-    memset(t.vals, 0xff, cap * sizeof(int32_t))
+    memset(t.s, 0xff, cap * sizeof(Slot))
     t.cap = cap
     t.n = 0
     return 0
 
 
 cdef void ht_free(HTable *t) noexcept:
-    PyMem_Free(t.keys)
-    PyMem_Free(t.vals)
-    t.keys = NULL
-    t.vals = NULL
+    PyMem_Free(t.s)
+    t.s = NULL
     t.cap = 0
     t.n = 0
 
@@ -176,8 +177,8 @@ cdef void ht_free(HTable *t) noexcept:
 cdef inline int64_t ht_find(HTable *t, uint64_t k) noexcept nogil:
     cdef int64_t mask = t.cap - 1
     cdef int64_t i = <int64_t>(mix64(k) & <uint64_t>mask)
-    while t.vals[i] >= 0:
-        if t.keys[i] == k:
+    while t.s[i].val >= 0:
+        if t.s[i].key == k:
             return i
         i = (i + 1) & mask
     return -1
@@ -188,8 +189,8 @@ cdef int ht_grow(HTable *t) except -1:
     cdef int64_t i
     ht_init(t, old.cap * 2)
     for i in range(old.cap):
-        if old.vals[i] >= 0:
-            ht_put_new(t, old.keys[i], old.vals[i])
+        if old.s[i].val >= 0:
+            ht_put_new(t, old.s[i].key, old.s[i].val)
     ht_free(&old)
     return 0
 
@@ -198,10 +199,10 @@ cdef inline void ht_put_new(HTable *t, uint64_t k, int32_t v) noexcept nogil:
     """Insert a key known to be absent (the caller keeps the load under 3/4)."""
     cdef int64_t mask = t.cap - 1
     cdef int64_t i = <int64_t>(mix64(k) & <uint64_t>mask)
-    while t.vals[i] >= 0:
+    while t.s[i].val >= 0:
         i = (i + 1) & mask
-    t.keys[i] = k
-    t.vals[i] = v
+    t.s[i].key = k
+    t.s[i].val = v
     t.n += 1
 
 
@@ -218,15 +219,15 @@ cdef void ht_del_at(HTable *t, int64_t i) noexcept nogil:
     cdef int64_t j = i, home
     while True:
         j = (j + 1) & mask
-        if t.vals[j] < 0:
+        if t.s[j].val < 0:
             break
-        home = <int64_t>(mix64(t.keys[j]) & <uint64_t>mask)
+        home = <int64_t>(mix64(t.s[j].key) & <uint64_t>mask)
         # move j back into the hole at i unless its home lies cyclically in (i, j]
         if (j > i and (home <= i or home > j)) or (j < i and (home <= i and home > j)):
-            t.keys[i] = t.keys[j]
-            t.vals[i] = t.vals[j]
+            t.s[i].key = t.s[j].key
+            t.s[i].val = t.s[j].val
             i = j
-    t.vals[i] = -1
+    t.s[i].val = -1
     t.n -= 1
 
 
@@ -309,7 +310,7 @@ cdef class FleetCore:
         cdef int e
         cdef int64_t i
         for e in range(MAX_ENGINES):
-            if self.etab[e].keys != NULL:
+            if self.etab[e].s != NULL:
                 ht_free(&self.etab[e])
         if self.node_bits != NULL and self.node_page != NULL:
             for i in range(self.node_top):
@@ -777,7 +778,7 @@ cdef class FleetCore:
             h = parent
             slot = ht_find(t, h)
             if slot >= 0:
-                pk = self.node_key[t.vals[slot]]
+                pk = self.node_key[t.s[slot].val]
             else:  # parent unknown here: a chain detached from the root, never matched from it
                 pk = nonzero(mix64(ORPHAN ^ mix64(h + <uint64_t>e)))
                 orphan = True
@@ -873,7 +874,7 @@ cdef class FleetCore:
                     else:
                         self.extra[ek] = n - 1
                     continue
-            node = t.vals[slot]
+            node = t.s[slot].val
             ht_del_at(t, slot)
             self.held[e] -= 1
             if self.multi:
@@ -898,11 +899,11 @@ cdef class FleetCore:
         cdef int gone = 0
         self.epoch += 1
         for i in range(t.cap):
-            node = t.vals[i]
+            node = t.s[i].val
             if node >= 0 and self.holds(node, e):
                 self.release_bit(node, e)
                 gone += 1
-        memset(t.vals, 0xff, t.cap * sizeof(int32_t))
+        memset(t.s, 0xff, t.cap * sizeof(Slot))
         t.n = 0
         self.held[e] = 0
         if self.extra:
@@ -1033,7 +1034,7 @@ cdef class FleetCore:
             slot = ht_find(t, <uint64_t>x)
             if slot < 0:
                 break
-            nodes.append(t.vals[slot])
+            nodes.append(t.s[slot].val)
         return self.walk(nodes, None) if nodes else {}
 
     # -- reading ----------------------------------------------------------------------------------
@@ -1066,7 +1067,7 @@ cdef class FleetCore:
         self._check_engine(e)
         cdef HTable *t = &self.etab[e]
         cdef int64_t i
-        return {t.keys[i]: self.node_key[t.vals[i]] for i in range(t.cap) if t.vals[i] >= 0}
+        return {t.s[i].key: self.node_key[t.s[i].val] for i in range(t.cap) if t.s[i].val >= 0}
 
     def nodes(self):
         """(keys, parents, masks) of the live nodes: keys and parents as numpy uint64 arrays,
@@ -1088,7 +1089,7 @@ cdef class FleetCore:
         """The key engine e's hash `h` maps to, or None."""
         self._check_engine(e)
         cdef int64_t slot = ht_find(&self.etab[e], h)
-        return self.node_key[self.etab[e].vals[slot]] if slot >= 0 else None
+        return self.node_key[self.etab[e].s[slot].val] if slot >= 0 else None
 
     def chain_of(self, uint64_t key, int max_blocks=1 << 16) -> list:
         """The keys from the root down to `key` along indexed parents (root first); it starts
