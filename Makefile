@@ -15,7 +15,7 @@ ENGINE_VENV ?= .venv-engine
 install: $(VENV)/.installed
 
 # The compiled core is rebuilt (by pip's editable install) whenever a Cython source changes.
-CYTHON_SRC := $(wildcard allocator/*.pyx allocator/*.pxd allocator/*.pxi)
+CYTHON_SRC := $(wildcard allocator/*.pyx allocator/*.pxd allocator/*.pxi kvevents/*.pyx)
 
 $(VENV)/.installed: pyproject.toml setup.py $(CYTHON_SRC)
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -50,24 +50,26 @@ test-stress: install
 	done; \
 	echo "test-stress: $(STRESS_RUNS) runs passed"
 
-# The allocator's property tests once more, against the bounds-checked debug build of the
-# compiled core (KVSCOPE_CYTHON_DEBUG=1, see setup.py: a bad index into a memoryview or list is
-# an IndexError with a traceback, not a crash). Built in a copy under build-debug/, so the
-# normal in-place build stays as it is; `-P` keeps the checkout's own allocator/ off sys.path.
+# The compiled cores' property tests once more (the allocator's and the fleet index's), against
+# the bounds-checked debug build of the compiled modules (KVSCOPE_CYTHON_DEBUG=1, see setup.py: a
+# bad index into a memoryview or list is an IndexError with a traceback, not a crash). Built in a
+# copy under build-debug/, so the normal in-place build stays as it is; `-P` keeps the
+# checkout's own allocator/ and kvevents/ off sys.path.
 DEBUG_CORE  := build-debug
 DEBUG_TESTS := tests/allocator/test_core_differential.py tests/allocator/test_pool_stateful.py \
 	tests/allocator/test_cache_stateful.py tests/allocator/test_prefix_stateful.py \
 	tests/allocator/test_policies_differential.py tests/allocator/test_core_primitives.py \
-	tests/allocator/test_api_boundary.py
+	tests/allocator/test_api_boundary.py tests/kvevents/test_fleet_stateful.py \
+	tests/kvevents/test_fleet_index.py
 
 test-debug-core: install
 	$(PY) -c "import Cython" 2>/dev/null || $(PIP) install -q "Cython>=3.0"
 	rm -rf $(DEBUG_CORE) && mkdir -p $(DEBUG_CORE)
 	cp setup.py $(DEBUG_CORE)/
-	tar -cf - --exclude=__pycache__ --exclude='*.so' --exclude='*.c' --exclude='*.html' allocator \
+	tar -cf - --exclude=__pycache__ --exclude='*.so' --exclude='*.c' --exclude='*.html' allocator kvevents \
 		| tar -xf - -C $(DEBUG_CORE)
 	cd $(DEBUG_CORE) && KVSCOPE_CYTHON_DEBUG=1 $(abspath $(PY)) setup.py -q build_ext --inplace >/dev/null
-	PYTHONPATH=$(abspath $(DEBUG_CORE)) $(PY) -P -c "import allocator; assert '/$(DEBUG_CORE)/' in allocator.__file__, allocator.__file__"
+	PYTHONPATH=$(abspath $(DEBUG_CORE)) $(PY) -P -c "import allocator, kvevents._index; assert all('/$(DEBUG_CORE)/' in m.__file__ for m in (allocator, kvevents._index)), (allocator.__file__, kvevents._index.__file__)"
 	PYTHONPATH=$(abspath $(DEBUG_CORE)) $(PY) -P -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) $(DEBUG_TESTS)
 
 test-js:
@@ -93,4 +95,5 @@ test-engines: engines-env
 	  -p no:cacheprovider tests/engines $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) .pytest_cache build $(DEBUG_CORE) *.egg-info allocator/*.c allocator/*.so allocator/*.html
+	rm -rf $(VENV) $(ENGINE_VENV) .pytest_cache build $(DEBUG_CORE) *.egg-info allocator/*.c allocator/*.so allocator/*.html \
+	  kvevents/*.c kvevents/*.so kvevents/*.html

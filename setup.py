@@ -1,7 +1,7 @@
 """Build of kvscope's compiled allocator core (Cython) and of the page it serves. Everything else
 is in pyproject.toml.
 
-`pip install -e .` (what `make install` runs) compiles allocator/_core.pyx with the machine's C
+`pip install -e .` (what `make install` runs) compiles the Cython modules (MODULES) with the machine's C
 compiler. Set KVSCOPE_CYTHON_DEBUG=1 for a debuggable build: bounds and wraparound checks on,
 -O0 -g, line tracing, so gdb and coverage see the .pyx lines.
 
@@ -28,9 +28,9 @@ WEB_LEFT_OUT = shutil.ignore_patterns("tests", "__pycache__", "*.pyc")
 
 DEBUG = os.environ.get("KVSCOPE_CYTHON_DEBUG") == "1"
 
-# Other compiled modules (e.g. allocator/_prefix.pyx) go in this list; they may
-# `cimport` the primitives of allocator/_core.pxd.
-MODULES = ["allocator._core", "allocator._prefix", "allocator._fleet"]
+# Other compiled modules (e.g. allocator/_prefix.pyx, kvevents/_index.pyx) go in this list; they
+# may `cimport` the primitives of allocator/_core.pxd.
+MODULES = ["allocator._core", "allocator._prefix", "kvevents._index"]
 
 extensions = [
     Extension(

@@ -16,8 +16,8 @@ import threading
 import time
 
 from allocator.errors import Conflict, InvalidRequest, NotFound
-from allocator.fleet import MAX_FLEET_ENGINES
 from kvevents.fleet import CLOSE_DEADLINE_S, SAMPLE_EVERY_S, EngineSpec, Fleet
+from kvevents.index import MAX_FLEET_ENGINES
 from kvevents.listen import ListenSpec
 from kvevents.nats_source import NatsAuth, NatsSpec
 

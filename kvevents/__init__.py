@@ -5,6 +5,7 @@
 - `publisher`: a PUB socket plus a ROUTER replay buffer, as vLLM's ZmqEventPublisher.
 - `subscriber`: SUB + gap detection + DEALER replay + engine-restart detection, never dying.
 - `recording`: a file of what a subscriber received, and its replay into a mirror.
+- `fleet` + `index` (compiled `_index`): many engines' streams into one prefix index across them.
 
 Depends on allocator/ (the mirror model) and on pyzmq + msgspec; allocator/ never imports it.
 """

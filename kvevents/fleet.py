@@ -28,12 +28,12 @@ import numpy as np
 import zmq
 
 from allocator.errors import Conflict, InvalidRequest
-from allocator.fleet import MAX_FLEET_ENGINES, FleetIndex, layout_of
 
 from .codec import Removed, Stored, WireError, decode_batch
 from .dynamo_wire import DynamoWire
 from .engine_metrics import MetricsPoller
 from .follow import threaded_apply
+from .index import MAX_FLEET_ENGINES, FleetIndex, layout_of, snapshot_buffers, snapshot_fits
 from .recording import Recorder, read_records
 from .subscriber import Subscriber
 
@@ -46,7 +46,9 @@ RECENT = 12  # recent stored chains offered to the match box
 APPLY_PART_BLOCKS = 4096  # a batch is applied in parts of at most this many blocks
 CLOSE_DEADLINE_S = 5.0  # how long a close waits for an engine's threads
 MAX_MAP_BLOCKS = 65_536  # an engine's map lists at most this many blocks
+MAX_MAP_TOTAL = 64 * MAX_MAP_BLOCKS  # ... and all engines' maps together at most this many
 TOP_PREFIXES = 12
+TOP_SETS = 12  # the engine sets listed per prefix (the largest)
 WIRES = ("vllm", "dynamo")
 _MONITOR_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_DELAYED | zmq.EVENT_CONNECT_RETRIED
                    | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED)
@@ -714,16 +716,8 @@ class BlockMap:
     def reserve(self, sizes: tuple[int, int]) -> None:
         """Allocate (and touch, so no page fault is left for the copy) buffers for a snapshot of
         `index.snapshot_sizes()` with room to grow: in any thread, not during a computation."""
-        nodes, slots = sizes
-        snap = self._snap
-        if snap is not None and snap[0].shape[0] >= nodes and snap[3].shape[0] == slots:
-            return
-        cap = max(nodes + nodes // 8, 1)
-        keys, parents, masks = (np.zeros(cap, dtype=np.uint64) for _ in range(3))
-        table = np.full(slots, -1, dtype=np.int32)
-        for a in (keys, parents, masks):
-            a.fill(0)
-        self._snap = (keys, parents, masks, table, 0)
+        if not snapshot_fits(self._snap, sizes):
+            self._snap = snapshot_buffers(sizes)
 
     def snapshot(self, index: FleetIndex) -> tuple:
         """What `compute` needs: call where changes run, never while a computation is under way
@@ -743,37 +737,50 @@ class BlockMap:
         return body
 
 
+def map_blocks_per_engine(engines: int) -> int:
+    """The most blocks one engine's map lists in a fleet of `engines`: MAX_MAP_BLOCKS, less in
+    a fleet so large that its maps together would pass MAX_MAP_TOTAL."""
+    return min(MAX_MAP_BLOCKS, MAX_MAP_TOTAL // max(engines, 1))
+
+
 def blocks_json(lay, names: dict[int, str], version: int | None = None) -> bytes:
     """The /blocks answer from a `layout_of` Layout and the engine names by id: per engine the
     colour id of each block it holds (24 bits of its group's top key; 0: the shared trunk),
-    sorted so a group's blocks sit together, at most MAX_MAP_BLOCKS; the largest groups with
-    the engine sets holding them; the parent-hash cycles. Each engine's list is written on its
-    own, so a large map never holds the GIL long."""
+    sorted so a group's blocks sit together, at most `map_blocks_per_engine`; the largest groups
+    with the engine sets holding them (the TOP_SETS largest, and what the others hold); the
+    parent-hash cycles. Each engine's list is written on its own, so a large map never holds
+    the GIL long."""
     groups = lay.groups
     colors = (groups >> np.uint64(40)).astype(np.int64)
     colors[(colors == 0) & (groups != 0)] = 1  # 0 names the shared trunk only
     order = np.argsort(colors, kind="stable")
-    sc, sm, sg = colors[order], lay.masks[order], groups[order]
+    sc, ss = colors[order], lay.sets[order]
+    limit = map_blocks_per_engine(len(names))
     parts = []
     for eid, name in names.items():
-        mine = sc[((sm >> np.uint64(eid)) & np.uint64(1)).astype(bool)]
+        mine = np.sort(colors[lay.positions[lay.by_engine[eid]:lay.by_engine[eid + 1]]])
         parts.append(f'{json.dumps(name)}:{{"blocks":{mine.size},'
-                     f'"truncated":{"true" if mine.size > MAX_MAP_BLOCKS else "false"},'
-                     f'"colors":{json.dumps(mine[:MAX_MAP_BLOCKS].tolist())}}}')
+                     f'"truncated":{"true" if mine.size > limit else "false"},'
+                     f'"colors":{json.dumps(mine[:limit].tolist())}}}')
     starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]]) if sc.size else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], sc.size].astype(np.int64)
     sizes = ends - starts
     prefixes = []
     for g in np.argsort(-sizes, kind="stable")[:TOP_PREFIXES].tolist():
         a, b = int(starts[g]), int(ends[g])
-        sets, n = np.unique(sm[a:b], return_counts=True)
+        _, first, n = np.unique(ss[a:b], return_index=True, return_counts=True)
+        # the largest sets first; among equals, as their masks would sort (highest engine first)
+        sets = sorted(((int(k), lay.engines_of(int(order[a + f])))
+                       for f, k in zip(first.tolist(), n.tolist())),
+                      key=lambda s: (-s[0], s[1][::-1]))
         color = int(sc[a])
         prefixes.append({
             "color": color, "shared": color == 0, "blocks": b - a,
-            "key": None if color == 0 else f"{int(sg[a]):016x}",
-            "sets": sorted(({"engines": [names[e] for e in sorted(names) if int(m) >> e & 1],
-                             "blocks": int(k)} for m, k in zip(sets.tolist(), n.tolist())),
-                           key=lambda x: -x["blocks"])})
+            "key": None if color == 0 else f"{int(groups[order[a]]):016x}",
+            "sets": [{"engines": [names[e] for e in engines if e in names], "blocks": k}
+                     for k, engines in sets[:TOP_SETS]],
+            "other_sets": len(sets) - min(len(sets), TOP_SETS),
+            "other_sets_blocks": sum(k for k, _ in sets[TOP_SETS:])})
     head = {"version": version, "max_group_blocks": int(lay.max_group),
             "shared_blocks": int((colors == 0).sum()), "cycles": int(lay.cycles),
             "parent_cycles": {n: int(lay.cycle_blocks[e]) for e, n in names.items()},

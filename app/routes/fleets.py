@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response, status
 from pydantic import Field, model_validator
 
 from allocator.errors import InvalidRequest, NotFound
-from allocator.fleet import MAX_FLEET_ENGINES
+from kvevents.index import MAX_FLEET_ENGINES
 
 from ..deps import services_of
 from ..fleets import FleetHandle, Fleets

@@ -76,8 +76,8 @@ def test_the_wheel_carries_the_page_and_the_compiled_core(installed):
         assert path in names, f"{path} is not in the wheel"
     assert not [n for n in names if n.startswith("app/web/static/js/tests/")], \
         "the JavaScript unit tests are shipped"
-    for mod in ("_core", "_prefix", "_fleet"):
-        assert [n for n in names if n.startswith(f"allocator/{mod}.") and n.endswith(".so")], mod
+    for mod in ("allocator/_core", "allocator/_prefix", "kvevents/_index"):
+        assert [n for n in names if n.startswith(f"{mod}.") and n.endswith(".so")], mod
     assert "workloads/traces/README.md" in names or [n for n in names if n.startswith("workloads/traces/")]
 
 

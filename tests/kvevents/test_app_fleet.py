@@ -20,6 +20,8 @@ from test_fleet_publishers import bind_on_free_pairs, held_prefix
 from test_real_publishers import DEADLINE, Engine, wait_for
 
 from kvevents.codec import Removed, Stored
+from kvevents.fleet import TOP_SETS, map_blocks_per_engine
+from kvevents.index import MAX_FLEET_ENGINES
 from kvevents.publisher import Publisher
 
 
@@ -141,10 +143,10 @@ def test_bad_fleet_input_is_refused_and_changes_nothing(tmp_path):
         assert_error(client.post("/api/fleets/f/engines", json={"name": "a", "endpoint": ep}),
                      409, "conflict")
         # too many engines: refused naming the limit
-        many = [{"name": f"e{i}", "endpoint": ep} for i in range(65)]
+        many = [{"name": f"e{i}", "endpoint": ep} for i in range(MAX_FLEET_ENGINES + 1)]
         e = assert_error(client.post("/api/fleets", json={"name": "g", "engines": many}), 422,
                          "invalid_request")
-        assert "64" in e["message"]
+        assert "1024" in e["message"]
         # malformed bodies
         for body in ({"name": "g", "engines": []},
                      {"name": "Bad Name", "engines": [{"name": "a", "endpoint": ep}]},
@@ -167,14 +169,46 @@ def test_bad_fleet_input_is_refused_and_changes_nothing(tmp_path):
         assert_error(client.post("/api/fleets/f/match", json={"key": "00000000000000ab"}), 404, "not_found")
         assert_error(client.delete("/api/fleets/nope"), 404, "not_found")
         assert client.get("/api/fleets").json() == before
-        # the fleet is full: one more engine is refused naming the limit
-        for i in range(63):
-            r = client.post("/api/fleets/f/engines", json={"name": f"x{i}", "endpoint": ep})
+
+
+def test_a_fleet_fills_to_its_limit_through_dp_ranks_and_refuses_one_more(ipc):
+    """An endpoint carrying 1,024 DP ranks beside another engine: the fleet takes engines up to
+    its limit (1,024), refuses the last rank's batches and one more engine, and its JSON stays
+    bounded (the block maps share one budget)."""
+    pub = Publisher(ipc("dp"), bind=True, topic="kv", buffer_steps=MAX_FLEET_ENGINES + 100)
+    try:
+        with make_client() as client:
+            r = client.post("/api/fleets", json={"name": "f", "engines": [
+                {"name": "a", "endpoint": ipc("a")},
+                {"name": "b", "endpoint": pub.endpoint, "topic": "kv", "block_size": 4}]})
             assert r.status_code == 201, r.text
-        e = assert_error(client.post("/api/fleets/f/engines", json={"name": "y", "endpoint": ep}),
-                         409, "conflict")
-        assert "64" in e["message"]
-        assert len(rows_of(client)) == 64
+
+            def connected():
+                pub.publish([])
+                return rows_of(client)["b"]["stream"]["last_seq"] is not None
+            wait_for(connected, what="the endpoint to connect")
+            for rank in range(MAX_FLEET_ENGINES):
+                pub.publish([Stored([rank + 1], None, [rank] * 4, 4)], dp_rank=rank)
+            wait_for(lambda: rows_of(client)["b"]["stream"]["refused_batches"] == 1,
+                     what="the last rank to be refused")
+            rows = rows_of(client)
+            assert len(rows) == MAX_FLEET_ENGINES and f"b:dp{MAX_FLEET_ENGINES - 1}" not in rows
+            assert rows["b:dp1022"]["cached_blocks"] == 1 and rows["b"]["cached_blocks"] == 1
+            e = assert_error(client.post("/api/fleets/f/engines", json={"name": "y",
+                                                                        "endpoint": ipc("y")}),
+                             409, "conflict")
+            assert "1024" in e["message"]
+            got = client.post("/api/fleets/f/match", json={"tokens": [700] * 4}).json()["engines"]
+            assert {n: v for n, v in got.items() if v} == {"b:dp700": 1}
+            blocks = client.get("/api/fleets/f/blocks")
+            assert blocks.status_code == 200
+            maps = blocks.json()
+            assert len(maps["engines"]) == MAX_FLEET_ENGINES
+            assert all(len(m["colors"]) == m["blocks"] <= map_blocks_per_engine(MAX_FLEET_ENGINES)
+                       for m in maps["engines"].values())
+            assert all(len(p["sets"]) <= TOP_SETS for p in maps["prefixes"])
+    finally:
+        pub.close()
 
 
 def test_serve_with_a_fleet_file_follows_a_vllm_engine(tmp_path, vllm_kv):

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""FleetCore: one prefix index over the cached blocks of many engines (at most 64).
+"""FleetCore: one prefix index over the cached blocks of many engines (at most 1,024).
 
 Engines name the same tokens with different block hashes (vLLM seeds its root hash per process,
 SGLang hashes its own way), so a block is keyed here by its content: `key = H(parent key, lora,
@@ -10,27 +10,34 @@ key made from the engine's own hash (`H(FALLBACK, hash)`): engines that hash ali
 those, engines that do not, never do.
 
 Per indexed block (a "node", in flat arrays grown by doubling; no Python object per block):
-`node_key` (u64), `node_parent` (the parent's key, 0 for a root), `node_mask` (u64: bit e set
-while engine e holds the block). Keys map to nodes through an open-addressing table of int32
-node ids (linear probing, backward-shift deletion, load <= 3/4) that compares `node_key[id]`;
-each engine's table maps its hashes to node ids the same way with the hash in the slot.
+`node_key` (u64), `node_parent` (the parent's key, 0 for a root) and the engines holding it.
+Engines are grouped in pages of 64 (engine e: page e >> 6, bit e & 63). A node whose holders all
+sit in one page keeps them inline: `node_page` (u8) names the page and `node_bits` (u64) holds
+its bits, so a fleet of up to 64 engines is one bit mask per block. A node held across pages
+(`node_page == EXT`) has `node_bits` point to a chunk of its pages: the sorted page ids and one
+u64 of bits each (`ext_*` below), grown by doubling, back inline when one page is left. The DP
+ranks of a server take consecutive ids, so they share a page. Keys map to nodes through an
+open-addressing table of int32 node ids (linear probing, backward-shift deletion, load <= 3/4)
+that compares `node_key[id]`; each engine's table maps its hashes to node ids the same way with
+the hash in the slot.
 
-A node lives while some engine holds it. Engine e holds node n while one of its hashes maps to
-n; a second hash of e mapping to the same node (rare: the same tokens under different extra
-keys) is counted in `multi[(n, e)]`, and a hash stored again while held (vLLM does not
-de-duplicate) in `extra[(e, hash)]`, so every remove drops exactly one copy.
+A node lives while some engine holds it (`node_bits != 0`). Engine e holds node n while one of
+its hashes maps to n; a second hash of e mapping to the same node (rare: the same tokens under
+different extra keys) is counted in `multi[(n, e)]`, and a hash stored again while held (vLLM
+does not de-duplicate) in `extra[(e, hash)]`, so every remove drops exactly one copy.
 
 Invariants (checked by `FleetIndex.check`): the key table holds exactly the live nodes; a live
-node's mask is non-zero and has bit e iff engine e's table maps some hash to it; `unique`,
-`duplicated` and `holdings` equal the counts over the masks.
+node holds engine e iff engine e's table maps some hash to it; a chunk has at least two pages,
+each with bits, sorted; `unique`, `duplicated` and `holdings` equal the counts over the nodes.
 """
 
 cimport cython
+from cpython.dict cimport PyDict_SetItem
 from cpython.list cimport PyList_GET_ITEM
 from cpython.long cimport PyLong_AsLongLong, PyLong_CheckExact
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
-from libc.string cimport memcpy, memset
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
+from libc.string cimport memcpy, memmove, memset
 
 import numpy as np
 
@@ -38,13 +45,16 @@ cdef uint64_t FALLBACK = 0x6b7673636f706531ULL
 cdef uint64_t ORPHAN = 0x6f727068616e6564ULL
 cdef uint64_t K1 = 0x9e3779b97f4a7c15ULL
 cdef uint64_t K2 = 0xff51afd7ed558ccdULL
+cdef uint64_t SET_SALT = 0x736574736f66656eULL
 
 COUNTERS = ("batches", "stored_events", "removed_events", "cleared_events", "stored_blocks",
             "removed_blocks", "duplicate_stores", "unknown_removes", "orphan_stores",
             "fallback_blocks", "other_medium", "malformed_events", "cross_engine_recomputes",
             "recompute_tokens", "over_capacity_blocks", "block_size_changes")
 cdef enum:
-    MAX_ENGINES = 64
+    MAX_ENGINES = 1024
+    PAGES = 16           # MAX_ENGINES / 64
+    EXT = 255            # node_page of a node held across pages
 # The block map's colour groups (`layout_of`): a group holds at most 1/GROUP_DIVISOR of the
 # live blocks, or MIN_GROUP blocks in a small index.
 GROUP_DIVISOR = 8
@@ -72,6 +82,7 @@ cdef enum:
 # Blocks one engine may hold in the index when its KV block count is not known (given as
 # `num_blocks` or read from its /metrics): SGLang's token-level pages reach millions.
 DEFAULT_ENGINE_BLOCKS = 1 << 22
+ALL_ENGINES = (1 << <object>MAX_ENGINES) - 1  # every engine id, as a mask
 
 
 cdef inline uint64_t mix64(uint64_t z) noexcept nogil:
@@ -84,46 +95,81 @@ cdef inline uint64_t nonzero(uint64_t k) noexcept nogil:
     return k if k != 0 else 1  # 0 is the root's key
 
 
-cdef inline void set_for_engines(dict out, uint64_t engines, Py_ssize_t blocks):
-    """out[e] = blocks for every engine e in the mask `engines` (a match's answer)."""
-    cdef int e
-    for e in range(MAX_ENGINES):
-        if engines >> e & 1:
-            out[e] = blocks
+cdef extern from *:
+    int __builtin_popcountll(unsigned long long) nogil
+    int __builtin_ctzll(unsigned long long) nogil
+    int __builtin_ctz(unsigned int) nogil
 
 
 cdef inline int popcount(uint64_t m) noexcept nogil:
     return __builtin_popcountll(m)
 
 
-cdef extern from *:
-    int __builtin_popcountll(unsigned long long) nogil
+cdef list ENGINE_IDS = list(range(MAX_ENGINES))  # the ids as ints, made once
+
+
+cdef inline int emit(dict out, int page, uint64_t bits, Py_ssize_t blocks) except -1:
+    """out[e] = blocks for every engine e of `bits` in `page` (a match's answer)."""
+    cdef int base = page << 6
+    cdef object v = blocks
+    while bits:
+        PyDict_SetItem(out, <object>PyList_GET_ITEM(ENGINE_IDS, base + __builtin_ctzll(bits)), v)
+        bits &= bits - 1
+    return 0
+
+
+# -- a node's chunk of pages (a node held across pages) ------------------------------------------
+# byte 0: pages used; byte 1: capacity (2, 4, 8 or 16); then the page ids, sorted; then, 8-aligned,
+# one u64 of bits per page.
+cdef inline int ext_hdr(int cap) noexcept nogil:
+    return (2 + cap + 7) & ~7
+
+
+cdef inline uint64_t *ext_bits(uint8_t *x) noexcept nogil:
+    return <uint64_t *>(x + ext_hdr(x[1]))
+
+
+cdef inline int64_t ext_bytes_of(int cap) noexcept nogil:
+    """What a chunk of `cap` pages takes from the small-object allocator (16-byte classes)."""
+    return (ext_hdr(cap) + 8 * cap + 15) & ~15
+
+
+cdef inline uint8_t *ext_of(uint64_t bits) noexcept nogil:
+    return <uint8_t *><uintptr_t>bits
+
+
+# A set of engines as a match walks: bits per page and the pages that have any.
+cdef struct ESet:
+    uint64_t w[PAGES]
+    uint32_t pm
+
 
 
 # -- engine tables: hash -> node id, open addressing ---------------------------------------------
+cdef packed struct Slot:  # a hash and its node side by side: one cache line a probe
+    uint64_t key
+    int32_t val     # -1: empty
+
+
 cdef struct HTable:
-    uint64_t *keys
-    int32_t *vals   # -1: empty
+    Slot *s
     int64_t cap     # a power of two
     int64_t n
 
 
 cdef int ht_init(HTable *t, int64_t cap) except -1:
-    t.keys = <uint64_t *> PyMem_Malloc(cap * sizeof(uint64_t))
-    t.vals = <int32_t *> PyMem_Malloc(cap * sizeof(int32_t))
-    if t.keys == NULL or t.vals == NULL:
+    t.s = <Slot *> PyMem_Malloc(cap * sizeof(Slot))
+    if t.s == NULL:
         raise MemoryError()
-    memset(t.vals, 0xff, cap * sizeof(int32_t))
+    memset(t.s, 0xff, cap * sizeof(Slot))
     t.cap = cap
     t.n = 0
     return 0
 
 
 cdef void ht_free(HTable *t) noexcept:
-    PyMem_Free(t.keys)
-    PyMem_Free(t.vals)
-    t.keys = NULL
-    t.vals = NULL
+    PyMem_Free(t.s)
+    t.s = NULL
     t.cap = 0
     t.n = 0
 
@@ -131,8 +177,8 @@ cdef void ht_free(HTable *t) noexcept:
 cdef inline int64_t ht_find(HTable *t, uint64_t k) noexcept nogil:
     cdef int64_t mask = t.cap - 1
     cdef int64_t i = <int64_t>(mix64(k) & <uint64_t>mask)
-    while t.vals[i] >= 0:
-        if t.keys[i] == k:
+    while t.s[i].val >= 0:
+        if t.s[i].key == k:
             return i
         i = (i + 1) & mask
     return -1
@@ -143,8 +189,8 @@ cdef int ht_grow(HTable *t) except -1:
     cdef int64_t i
     ht_init(t, old.cap * 2)
     for i in range(old.cap):
-        if old.vals[i] >= 0:
-            ht_put_new(t, old.keys[i], old.vals[i])
+        if old.s[i].val >= 0:
+            ht_put_new(t, old.s[i].key, old.s[i].val)
     ht_free(&old)
     return 0
 
@@ -153,10 +199,10 @@ cdef inline void ht_put_new(HTable *t, uint64_t k, int32_t v) noexcept nogil:
     """Insert a key known to be absent (the caller keeps the load under 3/4)."""
     cdef int64_t mask = t.cap - 1
     cdef int64_t i = <int64_t>(mix64(k) & <uint64_t>mask)
-    while t.vals[i] >= 0:
+    while t.s[i].val >= 0:
         i = (i + 1) & mask
-    t.keys[i] = k
-    t.vals[i] = v
+    t.s[i].key = k
+    t.s[i].val = v
     t.n += 1
 
 
@@ -173,33 +219,37 @@ cdef void ht_del_at(HTable *t, int64_t i) noexcept nogil:
     cdef int64_t j = i, home
     while True:
         j = (j + 1) & mask
-        if t.vals[j] < 0:
+        if t.s[j].val < 0:
             break
-        home = <int64_t>(mix64(t.keys[j]) & <uint64_t>mask)
+        home = <int64_t>(mix64(t.s[j].key) & <uint64_t>mask)
         # move j back into the hole at i unless its home lies cyclically in (i, j]
         if (j > i and (home <= i or home > j)) or (j < i and (home <= i and home > j)):
-            t.keys[i] = t.keys[j]
-            t.vals[i] = t.vals[j]
+            t.s[i].key = t.s[j].key
+            t.s[i].val = t.s[j].val
             i = j
-    t.vals[i] = -1
+    t.s[i].val = -1
     t.n -= 1
 
 
+
 cdef class FleetCore:
-    """The compiled index; `allocator.fleet.FleetIndex` adds names and the checks."""
+    """The compiled index; `kvevents.index.FleetIndex` adds names and the checks."""
 
     cdef uint64_t *node_key
     cdef uint64_t *node_parent
-    cdef uint64_t *node_mask
+    cdef uint64_t *node_bits     # inline: the holders' bits in node_page; EXT: its chunk
+    cdef uint8_t *node_page
     cdef int64_t free_head     # first free node id (-1: none); a free node's parent is the next
     cdef int64_t node_cap
     cdef int64_t node_top      # nodes ever handed out from the bump pointer
+    cdef int64_t ext_pages     # pages in the chunks of the nodes held across pages
+    cdef int64_t ext_bytes     # what those chunks take
     # key -> node id: slots hold node ids only (-1 empty); the key is node_key[id]
     cdef int32_t *kslots
     cdef int64_t kcap
     cdef int64_t kn
     cdef HTable etab[MAX_ENGINES]
-    cdef public uint64_t active      # bit e: engine e exists
+    cdef uint64_t act_w[PAGES]       # bit e of page e >> 6: engine e exists
     cdef int64_t counters[MAX_ENGINES][N_COUNTERS]
     cdef int64_t held[MAX_ENGINES]   # hashes in engine e's table
     cdef int32_t bsize[MAX_ENGINES]  # tokens per block, from the engine's events (0: not seen)
@@ -222,6 +272,7 @@ cdef class FleetCore:
         memset(self.bsize, 0, sizeof(self.bsize))
         memset(self.bs_other, 0, sizeof(self.bs_other))
         memset(self.etab, 0, sizeof(self.etab))
+        memset(self.act_w, 0, sizeof(self.act_w))
         self.extra = {}
         self.multi = {}
 
@@ -231,15 +282,18 @@ cdef class FleetCore:
             cap *= 2
         self.node_cap = cap
         self.node_top = 0
+        self.ext_pages = 0
+        self.ext_bytes = 0
         self.node_key = <uint64_t *> PyMem_Malloc(cap * sizeof(uint64_t))
         self.node_parent = <uint64_t *> PyMem_Malloc(cap * sizeof(uint64_t))
-        self.node_mask = <uint64_t *> PyMem_Malloc(cap * sizeof(uint64_t))
+        self.node_bits = <uint64_t *> PyMem_Malloc(cap * sizeof(uint64_t))
+        self.node_page = <uint8_t *> PyMem_Malloc(cap * sizeof(uint8_t))
         self.free_head = -1
         self.kcap = cap * 2
         self.kn = 0
         self.kslots = <int32_t *> PyMem_Malloc(self.kcap * sizeof(int32_t))
-        if (self.node_key == NULL or self.node_parent == NULL or self.node_mask == NULL
-                or self.kslots == NULL):
+        if (self.node_key == NULL or self.node_parent == NULL or self.node_bits == NULL
+                or self.node_page == NULL or self.kslots == NULL):
             raise MemoryError()
         memset(self.kslots, 0xff, self.kcap * sizeof(int32_t))
         self.scratch_cap = 64
@@ -254,24 +308,33 @@ cdef class FleetCore:
 
     cdef void _free(self) noexcept:
         cdef int e
+        cdef int64_t i
         for e in range(MAX_ENGINES):
-            if self.etab[e].keys != NULL:
+            if self.etab[e].s != NULL:
                 ht_free(&self.etab[e])
+        if self.node_bits != NULL and self.node_page != NULL:
+            for i in range(self.node_top):
+                if self.node_page[i] == EXT and self.node_bits[i] != 0:
+                    PyMem_Free(ext_of(self.node_bits[i]))
         PyMem_Free(self.node_key)
         PyMem_Free(self.node_parent)
-        PyMem_Free(self.node_mask)
+        PyMem_Free(self.node_bits)
+        PyMem_Free(self.node_page)
         PyMem_Free(self.kslots)
         PyMem_Free(self.scratch_h)
         PyMem_Free(self.scratch_k)
-        self.node_key = self.node_parent = self.node_mask = NULL
+        self.node_key = self.node_parent = self.node_bits = NULL
+        self.node_page = NULL
         self.kslots = NULL
         self.scratch_h = self.scratch_k = NULL
+        self.node_top = 0
+        self.ext_pages = self.ext_bytes = 0
 
     def release(self) -> None:
         """Free every array now (a deleted fleet's memory goes back at once, whoever still
         holds the object) and start over empty, with no engines."""
         self._free()
-        self.active = 0
+        memset(self.act_w, 0, sizeof(self.act_w))
         self.unique = self.duplicated = self.holdings = 0
         memset(self.held, 0, sizeof(self.held))
         self.extra = {}
@@ -280,10 +343,18 @@ cdef class FleetCore:
         self.epoch += 1
 
     # -- engines ------------------------------------------------------------------------------
+    cdef inline bint _active(self, int e) noexcept:
+        return 0 <= e < MAX_ENGINES and (self.act_w[e >> 6] >> (e & 63)) & 1
+
+    @property
+    def active(self) -> int:
+        """The engines of the index, as a bit mask (bit e: engine e)."""
+        return int.from_bytes((<char *>self.act_w)[:PAGES * 8], "little")
+
     def add_engine(self, int e) -> None:
         if not 0 <= e < MAX_ENGINES:
             raise ValueError(f"engine id {e} outside 0..{MAX_ENGINES - 1}")
-        if self.active >> e & 1:
+        if self._active(e):
             raise ValueError(f"engine id {e} is taken")
         ht_init(&self.etab[e], 64)
         self.epoch += self._changes_of(e) + 1  # its counters restart at 0: the version must not
@@ -292,7 +363,7 @@ cdef class FleetCore:
         self.bsize[e] = 0
         self.bs_other[e] = 0
         self.cap[e] = DEFAULT_ENGINE_BLOCKS
-        self.active |= (<uint64_t>1) << e
+        self.act_w[e >> 6] |= (<uint64_t>1) << (e & 63)
 
     def drop_engine(self, int e) -> None:
         """Forget engine e and everything it held."""
@@ -300,10 +371,10 @@ cdef class FleetCore:
         self.clear(e)
         self.epoch += 1
         ht_free(&self.etab[e])
-        self.active &= ~((<uint64_t>1) << e)
+        self.act_w[e >> 6] &= ~((<uint64_t>1) << (e & 63))
 
     cdef int _check_engine(self, int e) except -1:
-        if not (0 <= e < MAX_ENGINES and self.active >> e & 1):
+        if not self._active(e):
             raise KeyError(f"no engine {e}")
         return 0
 
@@ -371,10 +442,14 @@ cdef class FleetCore:
         if p == NULL:
             raise MemoryError()
         self.node_parent = <uint64_t *> p
-        p = PyMem_Realloc(self.node_mask, cap * sizeof(uint64_t))
+        p = PyMem_Realloc(self.node_bits, cap * sizeof(uint64_t))
         if p == NULL:
             raise MemoryError()
-        self.node_mask = <uint64_t *> p
+        self.node_bits = <uint64_t *> p
+        p = PyMem_Realloc(self.node_page, cap * sizeof(uint8_t))
+        if p == NULL:
+            raise MemoryError()
+        self.node_page = <uint8_t *> p
         self.node_cap = cap
         PyMem_Free(self.kslots)
         self.kcap = cap * 2
@@ -383,9 +458,9 @@ cdef class FleetCore:
             raise MemoryError()
         memset(self.kslots, 0xff, self.kcap * sizeof(int32_t))
         self.kn = 0
-        # re-insert the live nodes (mask != 0); free-listed ones are not in the table
+        # re-insert the live nodes (bits != 0); free-listed ones are not in the table
         for i in range(self.node_top):
-            if self.node_mask[i] != 0:
+            if self.node_bits[i] != 0:
                 self.kput_new(<int32_t>i)
         return 0
 
@@ -401,15 +476,136 @@ cdef class FleetCore:
             self.node_top += 1
         self.node_key[node] = k
         self.node_parent[node] = parent
-        self.node_mask[node] = 0
+        self.node_bits[node] = 0
+        self.node_page[node] = 0
         self.kput_new(node)
         return node
 
-    cdef inline void release_bit(self, int32_t node, uint64_t bit) noexcept:
-        cdef uint64_t m = self.node_mask[node]
-        cdef int c = popcount(m)
-        m &= ~bit
-        self.node_mask[node] = m
+    # -- a node's engines -----------------------------------------------------------------------
+    cdef inline bint holds(self, int32_t node, int e) noexcept:
+        cdef uint64_t b = self.node_bits[node]
+        cdef int pg = self.node_page[node], p = e >> 6, j
+        cdef uint8_t *x
+        if pg != EXT:
+            return pg == p and (b >> (e & 63)) & 1
+        x = ext_of(b)
+        for j in range(x[0]):
+            if x[2 + j] == p:
+                return (ext_bits(x)[j] >> (e & 63)) & 1
+        return False
+
+    cdef inline int holders(self, int32_t node) noexcept:
+        """How many engines hold `node`."""
+        cdef uint64_t b = self.node_bits[node]
+        cdef uint8_t *x
+        cdef uint64_t *xb
+        cdef int j, c = 0
+        if self.node_page[node] != EXT:
+            return popcount(b)
+        x = ext_of(b)
+        xb = ext_bits(x)
+        for j in range(x[0]):
+            c += popcount(xb[j])
+        return c
+
+    cdef uint8_t *ext_new(self, int cap) except NULL:
+        cdef uint8_t *x = <uint8_t *> PyMem_Malloc(ext_hdr(cap) + 8 * cap)
+        if x == NULL:
+            raise MemoryError()
+        x[0] = 0
+        x[1] = cap
+        self.ext_bytes += ext_bytes_of(cap)
+        return x
+
+    cdef void ext_free(self, uint8_t *x) noexcept:
+        self.ext_bytes -= ext_bytes_of(x[1])
+        PyMem_Free(x)
+
+    cdef int hold(self, int32_t node, int e) except -1:
+        """Engine e holds `node` now (it did not)."""
+        cdef uint64_t b = self.node_bits[node], bit = (<uint64_t>1) << (e & 63)
+        cdef int pg = self.node_page[node], p = e >> 6, j, n
+        cdef uint8_t *x
+        cdef uint8_t *y
+        cdef uint64_t *xb
+        cdef uint64_t *yb
+        if b == 0:
+            self.node_page[node] = p
+            self.node_bits[node] = bit
+            return 0
+        if pg == p:
+            self.node_bits[node] = b | bit
+            return 0
+        if pg != EXT:  # a second page: the node's chunk
+            x = self.ext_new(2)
+            xb = ext_bits(x)
+            x[0] = 2
+            if pg < p:
+                x[2], x[3], xb[0], xb[1] = pg, p, b, bit
+            else:
+                x[2], x[3], xb[0], xb[1] = p, pg, bit, b
+            self.node_bits[node] = <uint64_t><uintptr_t>x
+            self.node_page[node] = EXT
+            self.ext_pages += 2
+            return 0
+        x = ext_of(b)
+        n = x[0]
+        xb = ext_bits(x)
+        j = 0
+        while j < n and x[2 + j] < p:
+            j += 1
+        if j < n and x[2 + j] == p:
+            xb[j] |= bit
+            return 0
+        if n == x[1]:  # full: twice the pages
+            y = self.ext_new(2 * n)
+            yb = ext_bits(y)
+            y[0] = n
+            memcpy(y + 2, x + 2, n)
+            memcpy(yb, xb, n * sizeof(uint64_t))
+            self.ext_free(x)
+            x, xb = y, yb
+            self.node_bits[node] = <uint64_t><uintptr_t>x
+        memmove(x + 3 + j, x + 2 + j, n - j)
+        memmove(xb + j + 1, xb + j, (n - j) * sizeof(uint64_t))
+        x[2 + j] = p
+        xb[j] = bit
+        x[0] = n + 1
+        self.ext_pages += 1
+        return 0
+
+    cdef void unhold(self, int32_t node, int e) noexcept:
+        """Engine e no longer holds `node` (it did)."""
+        cdef uint64_t bit = (<uint64_t>1) << (e & 63)
+        cdef int p = e >> 6, j, n
+        cdef uint8_t *x
+        cdef uint64_t *xb
+        if self.node_page[node] != EXT:
+            self.node_bits[node] &= ~bit
+            return
+        x = ext_of(self.node_bits[node])
+        n = x[0]
+        xb = ext_bits(x)
+        j = 0
+        while x[2 + j] != p:
+            j += 1
+        xb[j] &= ~bit
+        if xb[j]:
+            return
+        memmove(x + 2 + j, x + 3 + j, n - j - 1)
+        memmove(xb + j, xb + j + 1, (n - j - 1) * sizeof(uint64_t))
+        n -= 1
+        x[0] = n
+        self.ext_pages -= 1
+        if n == 1:  # one page left: inline again
+            self.node_page[node] = x[2]
+            self.node_bits[node] = xb[0]
+            self.ext_pages -= 1
+            self.ext_free(x)
+
+    cdef inline void release_bit(self, int32_t node, int e) noexcept:
+        cdef int c = self.holders(node)
+        self.unhold(node, e)
         self.holdings -= 1
         if c == 2:
             self.duplicated -= 1
@@ -418,6 +614,30 @@ cdef class FleetCore:
             self.kdel_at(self.kfind(self.node_key[node]))
             self.node_parent[node] = <uint64_t>(self.free_head + 1)
             self.free_head = node
+
+    cdef object mask_int(self, int32_t node):
+        """The engines holding `node` as a Python int (bit e: engine e)."""
+        cdef uint64_t b = self.node_bits[node]
+        cdef uint8_t *x
+        cdef uint64_t *xb
+        cdef int j
+        if self.node_page[node] != EXT:
+            return (<object>b) << (64 * self.node_page[node])
+        x = ext_of(b)
+        xb = ext_bits(x)
+        out = 0
+        for j in range(x[0]):
+            out |= (<object>xb[j]) << (64 * x[2 + j])
+        return out
+
+    def chunk_of(self, uint64_t key):
+        """(pages, their bits, capacity) of an indexed block's chunk; None while its engines
+        share a page (for the checks)."""
+        cdef int32_t node = self.node_of(key)
+        if node < 0 or self.node_page[node] != EXT:
+            return None
+        cdef uint8_t *x = ext_of(self.node_bits[node])
+        return [x[2 + j] for j in range(x[0])], [ext_bits(x)[j] for j in range(x[0])], x[1]
 
     # -- keys -----------------------------------------------------------------------------------
     cdef uint64_t block_key(self, uint64_t parent, uint64_t lora, list tokens, Py_ssize_t start,
@@ -529,9 +749,10 @@ cdef class FleetCore:
         cdef Py_ssize_t n = len(hashes), i
         cdef int64_t *c = self.counters[e]
         cdef HTable *t = &self.etab[e]
-        cdef uint64_t bit = (<uint64_t>1) << e, pk, pk0, k, h, m, lora
+        cdef uint64_t pk, pk0, k, h, lora
         cdef int64_t slot
         cdef int32_t node, bs = 0
+        cdef int c_held
         cdef bint by_tokens, orphan = False
         if n > self.scratch_cap:
             self._grow_scratch(n)
@@ -557,7 +778,7 @@ cdef class FleetCore:
             h = parent
             slot = ht_find(t, h)
             if slot >= 0:
-                pk = self.node_key[t.vals[slot]]
+                pk = self.node_key[t.s[slot].val]
             else:  # parent unknown here: a chain detached from the root, never matched from it
                 pk = nonzero(mix64(ORPHAN ^ mix64(h + <uint64_t>e)))
                 orphan = True
@@ -604,19 +825,19 @@ cdef class FleetCore:
             node = self.node_of(k)
             if node < 0:
                 node = self.new_node(k, pk)
-            m = self.node_mask[node]
-            if m & bit:
+            if self.holds(node, e):
                 mk = (node, e)
                 self.multi[mk] = self.multi.get(mk, 0) + 1
             else:
-                if m:
+                c_held = self.holders(node)
+                if c_held:
                     c[C_RECOMPUTE] += 1
                     c[C_RECOMPUTE_TOK] += bs
-                    if popcount(m) == 1:
+                    if c_held == 1:
                         self.duplicated += 1
                 else:
                     self.unique += 1
-                self.node_mask[node] = m | bit
+                self.hold(node, e)
                 self.holdings += 1
             ht_put(t, h, node)
             self.held[e] += 1
@@ -629,7 +850,7 @@ cdef class FleetCore:
         self._check_engine(e)
         cdef int64_t *c = self.counters[e]
         cdef HTable *t = &self.etab[e]
-        cdef uint64_t bit = (<uint64_t>1) << e, h
+        cdef uint64_t h
         cdef int64_t slot
         cdef int32_t node
         cdef int gone = 0
@@ -653,7 +874,7 @@ cdef class FleetCore:
                     else:
                         self.extra[ek] = n - 1
                     continue
-            node = t.vals[slot]
+            node = t.s[slot].val
             ht_del_at(t, slot)
             self.held[e] -= 1
             if self.multi:
@@ -665,7 +886,7 @@ cdef class FleetCore:
                     else:
                         self.multi[mk] = n - 1
                     continue
-            self.release_bit(node, bit)
+            self.release_bit(node, e)
             gone += 1
         return gone
 
@@ -673,17 +894,16 @@ cdef class FleetCore:
         """Engine e dropped everything (AllBlocksCleared, or a restart). Returns blocks dropped."""
         self._check_engine(e)
         cdef HTable *t = &self.etab[e]
-        cdef uint64_t bit = (<uint64_t>1) << e
         cdef int64_t i
         cdef int32_t node
         cdef int gone = 0
         self.epoch += 1
         for i in range(t.cap):
-            node = t.vals[i]
-            if node >= 0 and self.node_mask[node] & bit:
-                self.release_bit(node, bit)
+            node = t.s[i].val
+            if node >= 0 and self.holds(node, e):
+                self.release_bit(node, e)
                 gone += 1
-        memset(t.vals, 0xff, t.cap * sizeof(int32_t))
+        memset(t.s, 0xff, t.cap * sizeof(Slot))
         t.n = 0
         self.held[e] = 0
         if self.extra:
@@ -693,56 +913,114 @@ cdef class FleetCore:
         return gone
 
     # -- matching ---------------------------------------------------------------------------------
-    cdef dict walk(self, list nodes, uint64_t among):
+    cdef int among_set(self, ESet *a, among) except -1:
+        """`a` = the engines of `among` (a bit mask; None: every engine) that exist."""
+        cdef int q
+        cdef bytes raw
+        if among is None:
+            memcpy(a.w, self.act_w, sizeof(self.act_w))
+        else:
+            raw = (among & ALL_ENGINES).to_bytes(PAGES * 8, "little")
+            memcpy(a.w, <const char *>raw, sizeof(self.act_w))
+            for q in range(PAGES):
+                a.w[q] &= self.act_w[q]
+        a.pm = 0
+        for q in range(PAGES):
+            if a.w[q]:
+                a.pm |= (<uint32_t>1) << q
+        return 0
+
+    cdef int step(self, ESet *a, int32_t node, Py_ssize_t i, dict out) except -1:
+        """a &= the engines holding `node` (-1: not indexed, none); those dropped score `i`
+        blocks (left out when `i` is 0). Returns whether any engine is left."""
+        cdef uint64_t b = 0, keep, d
+        cdef uint64_t *xb
+        cdef uint32_t m = a.pm
+        cdef int q, pg = -1, j = 0, n
+        cdef uint8_t *x
+        if node >= 0:
+            b = self.node_bits[node]
+            pg = self.node_page[node]
+        if pg != EXT:  # every holder in page pg (none when b is 0)
+            while m:
+                q = __builtin_ctz(m)
+                m &= m - 1
+                keep = a.w[q] & b if q == pg else 0
+                d = a.w[q] ^ keep
+                if d:
+                    if i:
+                        emit(out, q, d, i)
+                    a.w[q] = keep
+                    if not keep:
+                        a.pm &= ~((<uint32_t>1) << q)
+            return a.pm != 0
+        x = ext_of(b)
+        n = x[0]
+        xb = ext_bits(x)
+        while m:
+            q = __builtin_ctz(m)
+            m &= m - 1
+            while j < n and x[2 + j] < q:
+                j += 1
+            keep = a.w[q] & xb[j] if j < n and x[2 + j] == q else 0
+            d = a.w[q] ^ keep
+            if d:
+                if i:
+                    emit(out, q, d, i)
+                a.w[q] = keep
+                if not keep:
+                    a.pm &= ~((<uint32_t>1) << q)
+        return a.pm != 0
+
+    cdef int finish(self, ESet *a, Py_ssize_t blocks, dict out) except -1:
+        cdef uint32_t m = a.pm
+        cdef int q
+        while m:
+            q = __builtin_ctz(m)
+            m &= m - 1
+            emit(out, q, a.w[q], blocks)
+        return 0
+
+    cdef dict walk(self, list nodes, among):
         """Dynamo's find_matches over a chain of node ids (-1: not indexed): each engine of
         `among` scores the number of leading blocks it holds, engines with 0 left out."""
-        cdef uint64_t act = among, m, dropped
+        cdef ESet a
         cdef Py_ssize_t i, n = len(nodes)
-        cdef int32_t node
         cdef dict out = {}
+        self.among_set(&a, among)
+        if not a.pm:
+            return out
         for i in range(n):
-            node = nodes[i]
-            m = self.node_mask[node] if node >= 0 else 0
-            dropped = act & ~m
-            if dropped:
-                if i:
-                    set_for_engines(out, dropped, i)
-                act &= m
-                if not act:
-                    return out
-        set_for_engines(out, act, n)
+            if not self.step(&a, <int32_t>nodes[i], i, out):
+                return out
+        self.finish(&a, n, out)
         return out
 
-    def match_keys(self, list keys, uint64_t among=0xffffffffffffffffULL) -> dict:
-        """{engine: leading blocks held} for a chain of keys (engines holding none left out)."""
+    def match_keys(self, list keys, among=None) -> dict:
+        """{engine: leading blocks held} for a chain of keys (engines holding none left out).
+        `among`: the engines to score, as a bit mask (None: all)."""
         cdef list nodes = [self.node_of(<uint64_t>k) for k in keys]
-        return self.walk(nodes, among & self.active) if keys else {}
+        return self.walk(nodes, among) if keys else {}
 
-    def match_tokens(self, list tokens, int block_size, lora_id=None,
-                     uint64_t among=0xffffffffffffffffULL) -> dict:
+    def match_tokens(self, list tokens, int block_size, lora_id=None, among=None) -> dict:
         """{engine: leading blocks held} for a prompt's token ids, in blocks of `block_size`
-        (hashing and walking in one pass; stops where the last engine drops out)."""
+        (hashing and walking in one pass; stops where the last engine drops out). `among`: the
+        engines to score, as a bit mask (None: all)."""
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         cdef Py_ssize_t nb = len(tokens) // block_size, i
-        cdef uint64_t k = 0, m, dropped, act = among & self.active
+        cdef uint64_t k = 0
         cdef uint64_t lora = 0 if lora_id is None else <uint64_t><int64_t>lora_id
-        cdef int32_t node
+        cdef ESet a
         cdef dict out = {}
         if nb == 0:
             return out
+        self.among_set(&a, among)
         for i in range(nb):
             k = self.block_key(k, lora, tokens, i * block_size, block_size)
-            node = self.node_of(k)
-            m = self.node_mask[node] if node >= 0 else 0
-            dropped = act & ~m
-            if dropped:
-                if i:
-                    set_for_engines(out, dropped, i)
-                act &= m
-                if not act:
-                    return out
-        set_for_engines(out, act, nb)
+            if a.pm and not self.step(&a, self.node_of(k), i, out):
+                return out
+        self.finish(&a, nb, out)
         return out
 
     def match_hashes(self, int e, list hashes) -> dict:
@@ -756,13 +1034,24 @@ cdef class FleetCore:
             slot = ht_find(t, <uint64_t>x)
             if slot < 0:
                 break
-            nodes.append(t.vals[slot])
-        return self.walk(nodes, self.active) if nodes else {}
+            nodes.append(t.s[slot].val)
+        return self.walk(nodes, None) if nodes else {}
 
     # -- reading ----------------------------------------------------------------------------------
     def counters_of(self, int e) -> dict:
         self._check_engine(e)
         return {name: self.counters[e][i] for i, name in enumerate(COUNTERS)}
+
+    def counter_totals(self) -> dict:
+        """Every counter summed over the engines (O(engines), in C)."""
+        cdef int64_t tot[N_COUNTERS]
+        cdef int e, i
+        memset(tot, 0, sizeof(tot))
+        for e in range(MAX_ENGINES):
+            if self.act_w[e >> 6] >> (e & 63) & 1:
+                for i in range(N_COUNTERS):
+                    tot[i] += self.counters[e][i]
+        return {name: tot[i] for i, name in enumerate(COUNTERS)}
 
     def held_of(self, int e) -> int:
         """Distinct hashes engine e holds."""
@@ -778,20 +1067,21 @@ cdef class FleetCore:
         self._check_engine(e)
         cdef HTable *t = &self.etab[e]
         cdef int64_t i
-        return {t.keys[i]: self.node_key[t.vals[i]] for i in range(t.cap) if t.vals[i] >= 0}
+        return {t.s[i].key: self.node_key[t.s[i].val] for i in range(t.cap) if t.s[i].val >= 0}
 
     def nodes(self):
-        """(keys, parents, masks) of the live nodes, as numpy uint64 arrays (O(nodes))."""
+        """(keys, parents, masks) of the live nodes: keys and parents as numpy uint64 arrays,
+        masks as a list of ints (bit e: engine e holds the block). O(nodes); for checks."""
         cdef int64_t i, j = 0
         keys = np.empty(self.unique, dtype=np.uint64)
         parents = np.empty(self.unique, dtype=np.uint64)
-        masks = np.empty(self.unique, dtype=np.uint64)
-        cdef uint64_t[:] kv = keys, pv = parents, mv = masks
+        cdef list masks = []
+        cdef uint64_t[:] kv = keys, pv = parents
         for i in range(self.node_top):
-            if self.node_mask[i] != 0 and j < self.unique:
+            if self.node_bits[i] != 0 and j < self.unique:
                 kv[j] = self.node_key[i]
                 pv[j] = self.node_parent[i]
-                mv[j] = self.node_mask[i]
+                masks.append(self.mask_int(<int32_t>i))
                 j += 1
         return keys, parents, masks
 
@@ -799,7 +1089,7 @@ cdef class FleetCore:
         """The key engine e's hash `h` maps to, or None."""
         self._check_engine(e)
         cdef int64_t slot = ht_find(&self.etab[e], h)
-        return self.node_key[self.etab[e].vals[slot]] if slot >= 0 else None
+        return self.node_key[self.etab[e].s[slot].val] if slot >= 0 else None
 
     def chain_of(self, uint64_t key, int max_blocks=1 << 16) -> list:
         """The keys from the root down to `key` along indexed parents (root first); it starts
@@ -818,34 +1108,51 @@ cdef class FleetCore:
         return out
 
     def snapshot(self, out=None):
-        """Copies of what a layout reads: node keys, parents and masks (node ids 0..top) and the
-        key table, at memcpy speed, for `layout_of` to work on without the index (off the lock,
-        in another thread). `out`, an earlier snapshot, has its arrays reused when they fit."""
-        cdef int64_t n = self.node_top, kc = self.kcap
-        if out is not None and out[0].shape[0] >= n and out[3].shape[0] == kc:
-            keys, parents, masks, slots = out[0], out[1], out[2], out[3]
-        else:
-            cap = max(n, 1)
-            keys = np.empty(cap, dtype=np.uint64)
-            parents = np.empty(cap, dtype=np.uint64)
-            masks = np.empty(cap, dtype=np.uint64)
-            slots = np.empty(kc, dtype=np.int32)
-        cdef uint64_t[::1] kv = keys, pv = parents, mv = masks
+        """Copies of what a layout reads: node keys, parents and engines (node ids 0..top; a node
+        held across pages has its pages copied into two flat arrays, its `bits` entry then
+        `offset << 8 | pages`) and the key table, for `layout_of` to work on without the index
+        (off the lock, in another thread). `out`, an earlier snapshot (or `snapshot_buffers`),
+        has its arrays reused when they fit. O(nodes) at about memcpy speed."""
+        cdef int64_t n = self.node_top, kc = self.kcap, xn = self.ext_pages, i, o = 0
+        sizes = (n, kc, xn)
+        if out is None or not snapshot_fits(out, sizes):
+            out = snapshot_buffers(sizes, 0)
+        keys, parents, bits, pages, slots, _n, xpages, xbits = out
+        cdef uint64_t[::1] kv = keys, pv = parents, bv = bits, xbv = xbits
+        cdef uint8_t[::1] pgv = pages, xpv = xpages
         cdef int32_t[::1] sv = slots
+        cdef uint8_t *x
+        cdef uint64_t *xb
+        cdef uint64_t b
+        cdef int j, c
         if n:
             memcpy(&kv[0], self.node_key, n * sizeof(uint64_t))
             memcpy(&pv[0], self.node_parent, n * sizeof(uint64_t))
-            memcpy(&mv[0], self.node_mask, n * sizeof(uint64_t))
+            memcpy(&bv[0], self.node_bits, n * sizeof(uint64_t))
+            memcpy(&pgv[0], self.node_page, n * sizeof(uint8_t))
         memcpy(&sv[0], self.kslots, kc * sizeof(int32_t))
-        return (keys, parents, masks, slots, n)
+        if xn:
+            for i in range(n):
+                b = self.node_bits[i]
+                if self.node_page[i] == EXT and b != 0:
+                    x = ext_of(b)
+                    xb = ext_bits(x)
+                    c = x[0]
+                    for j in range(c):
+                        xpv[o + j] = x[2 + j]
+                        xbv[o + j] = xb[j]
+                    bv[i] = (<uint64_t>o << 8) | <uint64_t>c
+                    o += c
+        return (keys, parents, bits, pages, slots, n, xpages, xbits)
 
     def snapshot_sizes(self) -> tuple:
-        """(nodes, key table slots) a snapshot copies now: to reserve its buffers beforehand."""
-        return self.node_top, self.kcap
+        """(nodes, key table slots, chunk pages) a snapshot copies now: to reserve its buffers
+        beforehand (`snapshot_buffers`)."""
+        return self.node_top, self.kcap, self.ext_pages
 
     def layout(self, int divisor=GROUP_DIVISOR, int min_group=MIN_GROUP):
-        """`layout_of(self.snapshot())`: every live node's root and colour group, and the
-        parent-hash cycles. O(nodes)."""
+        """`layout_of(self.snapshot())`: every live node's root, colour group and engines, and
+        the parent-hash cycles. O(nodes + holdings)."""
         return layout_of(self.snapshot(), divisor, min_group)
 
     def parent_of(self, uint64_t key):
@@ -856,15 +1163,15 @@ cdef class FleetCore:
     def mask_of(self, uint64_t key) -> int:
         """The engines holding `key`, as a bit mask (0: not indexed)."""
         cdef int32_t node = self.node_of(key)
-        return self.node_mask[node] if node >= 0 else 0
+        return self.mask_int(node) if node >= 0 else 0
 
     def table_size(self) -> int:
         """Keys in the key table (equals `unique` while the index is consistent)."""
         return self.kn
 
     def memory_bytes(self) -> int:
-        """Bytes held by the compiled arrays and tables (not the rare-case dicts)."""
-        cdef int64_t total = self.node_cap * 3 * 8 + self.kcap * 4
+        """Bytes held by the compiled arrays, tables and chunks (not the rare-case dicts)."""
+        cdef int64_t total = self.node_cap * (3 * 8 + 1) + self.kcap * 4 + self.ext_bytes
         cdef int e
         for e in range(MAX_ENGINES):
             total += self.etab[e].cap * 12
@@ -874,13 +1181,34 @@ cdef class FleetCore:
 MAX_FLEET_ENGINES = MAX_ENGINES
 
 
+def snapshot_buffers(sizes, int headroom=8):
+    """Zeroed (so paged in) arrays for a snapshot of `sizes` (`FleetCore.snapshot_sizes()`),
+    with 1/`headroom` more room to grow (0: none)."""
+    nodes, slots, xpages = sizes
+    cap = max(nodes + (nodes // headroom if headroom else 0), 1)
+    xcap = max(xpages + (xpages // headroom if headroom else 0), 1)
+    return (np.zeros(cap, dtype=np.uint64), np.zeros(cap, dtype=np.uint64),
+            np.zeros(cap, dtype=np.uint64), np.zeros(cap, dtype=np.uint8),
+            np.full(slots, -1, dtype=np.int32), 0,
+            np.zeros(xcap, dtype=np.uint8), np.zeros(xcap, dtype=np.uint64))
+
+
+def snapshot_fits(snap, sizes) -> bool:
+    """Whether the arrays of `snap` take a snapshot of `sizes`."""
+    nodes, slots, xpages = sizes
+    return (snap is not None and snap[0].shape[0] >= nodes and snap[4].shape[0] == slots
+            and snap[6].shape[0] >= xpages)
+
+
 # -- the block map: roots, colour groups and cycles, over a snapshot -----------------------------
 class Layout(tuple):
     """`layout_of`'s answer. Per live node, in node-id order (as `FleetCore.nodes()`): `keys`,
     `roots` (the first block of its chain along indexed parents), `groups` (the key of its
-    colour group's top block; 0: the shared trunk) and `masks`. `cycle_blocks[e]`: blocks in
-    parent-hash cycles that engine e holds; `cycles`: how many cycles; `max_group`: the bound
-    on a group's blocks."""
+    colour group's top block; 0: the shared trunk) and `sets` (a 64-bit hash of the set of
+    engines holding it: equal sets, equal hashes). Its engines, ascending: `engines[holders[j]:
+    holders[j + 1]]`; engine e's nodes, ascending: `positions[by_engine[e]:by_engine[e + 1]]`.
+    `cycle_blocks[e]`: blocks in parent-hash cycles that engine e holds; `cycles`: how many
+    cycles; `max_group`: the bound on a group's blocks."""
 
     __slots__ = ()
 
@@ -890,10 +1218,18 @@ class Layout(tuple):
     keys = property(lambda self: self[0])
     roots = property(lambda self: self[1])
     groups = property(lambda self: self[2])
-    masks = property(lambda self: self[3])
-    cycle_blocks = property(lambda self: self[4])
-    cycles = property(lambda self: self[5])
-    max_group = property(lambda self: self[6])
+    sets = property(lambda self: self[3])
+    holders = property(lambda self: self[4])
+    engines = property(lambda self: self[5])
+    by_engine = property(lambda self: self[6])
+    positions = property(lambda self: self[7])
+    cycle_blocks = property(lambda self: self[8])
+    cycles = property(lambda self: self[9])
+    max_group = property(lambda self: self[10])
+
+    def engines_of(self, int j) -> list:
+        """The engines holding the `j`-th live node, ascending."""
+        return self[5][self[4][j]:self[4][j + 1]].tolist()
 
 
 cdef inline int32_t snap_node_of(const uint64_t[::1] keys, const int32_t[::1] slots,
@@ -910,24 +1246,27 @@ cdef inline int32_t snap_node_of(const uint64_t[::1] keys, const int32_t[::1] sl
 
 
 def layout_of(snap, int divisor=GROUP_DIVISOR, int min_group=MIN_GROUP):
-    """Roots, colour groups and parent-hash cycles of a `FleetCore.snapshot()`, as a `Layout`.
-    Runs without the GIL and is O(nodes) whatever the parents say: every walk up marks the
-    nodes it meets, so it ends at a node already placed, at a root, or at a node met again on
-    this walk. That is a cycle: the last block met (whose parent is that node) is cut to a root,
-    so each cycle is found and counted once.
+    """Roots, colour groups, engines and parent-hash cycles of a `FleetCore.snapshot()`, as a
+    `Layout`. Runs without the GIL and is O(nodes + holdings) whatever the parents say: every
+    walk up marks the nodes it meets, so it ends at a node already placed, at a root, or at a
+    node met again on this walk. That is a cycle: the last block met (whose parent is that node)
+    is cut to a root, so each cycle is found and counted once.
 
     Groups: a block's group is the topmost block above it (itself included) whose subtree holds
     at most `max(live blocks // divisor, min_group)` blocks; blocks above every such subtree (a
     trunk all requests share, such as one common first block) are the shared group, 0."""
-    keys_a, parents_a, masks_a, slots_a, n_obj = snap
+    keys_a, parents_a, bits_a, pages_a, slots_a, n_obj, xpages_a, xbits_a = snap
     if divisor <= 0 or min_group <= 0:
         raise ValueError("divisor and min_group must be positive")
-    cdef int64_t n = n_obj, i, k, q, sp, live = 0, j = 0
+    cdef int64_t n = n_obj, i, k, q, sp, live = 0, j = 0, held = 0, o, h
     cdef const uint64_t[::1] keys = keys_a
     cdef const uint64_t[::1] parents = parents_a
-    cdef const uint64_t[::1] masks = masks_a
+    cdef const uint64_t[::1] bits = bits_a
+    cdef const uint8_t[::1] pages = pages_a
     cdef const int32_t[::1] slots = slots_a
-    cdef uint64_t kmask = <uint64_t>(slots_a.shape[0] - 1), m
+    cdef const uint8_t[::1] xpages = xpages_a
+    cdef const uint64_t[::1] xbits = xbits_a
+    cdef uint64_t kmask = <uint64_t>(slots_a.shape[0] - 1), m, sh
     cap = max(n, 1)
     pidx_a = np.empty(cap, dtype=np.int32)
     depth_a = np.empty(cap, dtype=np.int32)
@@ -936,35 +1275,51 @@ def layout_of(snap, int divisor=GROUP_DIVISOR, int min_group=MIN_GROUP):
     size_a = np.empty(cap, dtype=np.int32)
     incyc_a = np.zeros(cap, dtype=np.uint8)
     cyc_a = np.zeros(MAX_ENGINES, dtype=np.int64)
+    by_a = np.zeros(MAX_ENGINES + 1, dtype=np.int64)
     out_keys = np.empty(cap, dtype=np.uint64)
     out_roots = np.empty(cap, dtype=np.uint64)
     out_groups = np.empty(cap, dtype=np.uint64)
-    out_masks = np.empty(cap, dtype=np.uint64)
+    out_sets = np.empty(cap, dtype=np.uint64)
+    out_hold = np.empty(cap + 1, dtype=np.int64)
     cdef int32_t[::1] pidx = pidx_a, depth = depth_a, mark = mark_a, stack = stack_a
     cdef int32_t[::1] size = size_a
     cdef uint8_t[::1] incyc = incyc_a
-    cdef int64_t[::1] cyc = cyc_a
-    cdef uint64_t[::1] ok = out_keys, orr = out_roots, og = out_groups, om = out_masks
+    cdef int64_t[::1] cyc = cyc_a, by = by_a, hold = out_hold
+    cdef uint64_t[::1] ok = out_keys, orr = out_roots, og = out_groups, osets = out_sets
     # after the walks, mark holds the depth order and stack the counting sort's counts
     cdef int32_t[::1] order = mark, cnt = stack
     cdef int32_t x, p, base, maxd = -1
     cdef int64_t cycles = 0, bound
-    cdef int e
+    cdef int e, c, t, pg
     with nogil:
         for i in range(n):
             pidx[i] = -1
             depth[i] = -1
             mark[i] = -1
-            if masks[i] != 0:
+            if bits[i] != 0:
                 live += 1
                 if parents[i] != 0:
                     pidx[i] = snap_node_of(keys, slots, kmask, parents[i])
+                # holdings: engine e's count into by[e + 1]
+                if pages[i] != EXT:
+                    c, o = 1, -1
+                else:
+                    c, o = <int>(bits[i] & 0xff), <int64_t>(bits[i] >> 8)
+                for t in range(c):
+                    if o < 0:
+                        pg, m = pages[i], bits[i]
+                    else:
+                        pg, m = xpages[o + t], xbits[o + t]
+                    held += popcount(m)
+                    while m:
+                        by[(pg << 6) + __builtin_ctzll(m) + 1] += 1
+                        m &= m - 1
         bound = live // divisor
         if bound < min_group:
             bound = min_group
         # depths: walk up to a placed node, a root, or a node met again on this walk (a cycle)
         for i in range(n):
-            if masks[i] == 0 or depth[i] >= 0:
+            if bits[i] == 0 or depth[i] >= 0:
                 continue
             sp = 0
             x = <int32_t>i
@@ -999,12 +1354,12 @@ def layout_of(snap, int divisor=GROUP_DIVISOR, int min_group=MIN_GROUP):
         for k in range(maxd + 2):
             cnt[k] = 0
         for i in range(n):
-            if masks[i] != 0:
+            if bits[i] != 0:
                 cnt[depth[i] + 1] += 1
         for k in range(1, maxd + 2):
             cnt[k] += cnt[k - 1]
         for i in range(n):
-            if masks[i] != 0:
+            if bits[i] != 0:
                 order[cnt[depth[i]]] = <int32_t>i
                 cnt[depth[i]] += 1
                 size[i] = 1
@@ -1022,18 +1377,45 @@ def layout_of(snap, int divisor=GROUP_DIVISOR, int min_group=MIN_GROUP):
             else:
                 depth[x] = depth[p]
                 size[x] = size[p] if size[p] >= 0 else (x if size[x] <= bound else -1)
+        for e in range(MAX_ENGINES):
+            by[e + 1] += by[e]
+    eng_a = np.empty(max(held, 1), dtype=np.int16)
+    pos_a = np.empty(max(held, 1), dtype=np.int32)
+    cur_a = by_a[:MAX_ENGINES].copy()
+    cdef int16_t[::1] eng = eng_a
+    cdef int32_t[::1] pos = pos_a
+    cdef int64_t[::1] cur = cur_a
+    h = 0
+    with nogil:
         for i in range(n):
-            m = masks[i]
-            if m == 0:
+            if bits[i] == 0:
                 continue
             ok[j] = keys[i]
             orr[j] = keys[depth[i]]
             og[j] = keys[size[i]] if size[i] >= 0 else 0
-            om[j] = m
-            j += 1
-            if incyc[i]:
-                for e in range(MAX_ENGINES):
-                    if m >> e & 1:
+            hold[j] = h
+            sh = 0
+            if pages[i] != EXT:
+                c, o = 1, -1
+            else:
+                c, o = <int>(bits[i] & 0xff), <int64_t>(bits[i] >> 8)
+            for t in range(c):
+                if o < 0:
+                    pg, m = pages[i], bits[i]
+                else:
+                    pg, m = xpages[o + t], xbits[o + t]
+                while m:
+                    e = (pg << 6) + __builtin_ctzll(m)
+                    m &= m - 1
+                    eng[h] = <int16_t>e
+                    h += 1
+                    pos[cur[e]] = <int32_t>j
+                    cur[e] += 1
+                    sh += mix64(<uint64_t>e ^ SET_SALT)
+                    if incyc[i]:
                         cyc[e] += 1
-    return Layout(out_keys[:j], out_roots[:j], out_groups[:j], out_masks[:j], cyc_a, cycles,
-                  bound)
+            osets[j] = sh
+            j += 1
+        hold[j] = h
+    return Layout(out_keys[:j], out_roots[:j], out_groups[:j], out_sets[:j], out_hold[:j + 1],
+                  eng_a[:h], by_a, pos_a[:h], cyc_a, cycles, bound)

@@ -19,9 +19,10 @@ import os
 import random
 
 import pytest
+from fleet_model import add_at
 
-from allocator.fleet import FleetIndex
 from kvevents.codec import Cleared, Removed, Stored
+from kvevents.index import MAX_FLEET_ENGINES, FleetIndex
 
 try:
     from dynamo._core import RadixTree
@@ -32,8 +33,8 @@ except ImportError as exc:  # a third-party wheel: CI installs it with the test 
                 allow_module_level=True)
 
 BS = 4
-# (worker id, dp rank): worker 2 is a server with two DP ranks.
-RANKS = [(0, 0), (1, 0), (2, 0), (2, 1)]
+# (worker id, dp rank): worker 2 is a server with two DP ranks, worker 3 one with four.
+RANKS = [(0, 0), (1, 0), (2, 0), (2, 1), (3, 0), (3, 1), (3, 2), (3, 3)]
 
 
 def h64(*parts) -> int:
@@ -54,10 +55,11 @@ def prompts(rng: random.Random) -> list[list[int]]:
 class Stream:
     """The engines' state on the generator's side: the token-block chains each rank holds."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, ranks=RANKS) -> None:
         self.rng = rng
+        self.ranks = ranks
         self.prompts = prompts(rng)
-        self.held: dict[tuple, set[tuple]] = {r: set() for r in RANKS}  # chain prefixes held
+        self.held: dict[tuple, set[tuple]] = {r: set() for r in ranks}  # chain prefixes held
 
     @staticmethod
     def blocks(chain: tuple) -> tuple:
@@ -71,7 +73,7 @@ class Stream:
         block with its held descendants, or a clear (of that rank alone, as vLLM's DP ranks
         each clear their own cache and Dynamo's index clears only the rank it names)."""
         rng = self.rng
-        rank = rng.choice(RANKS)
+        rank = rng.choice(self.ranks)
         held = self.held[rank]
         roll = rng.random()
         if roll < 0.03:
@@ -125,15 +127,25 @@ def kvscope_event(stream: Stream, kind: str, chains, rank):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_fleet_matches_equal_dynamo_after_every_step(seed):
+    """Seed 0 numbers the engines 0..7 (one page of 64); the others place them at random ids
+    up to the fleet's limit, each server's ranks together as the fleet adds them, so blocks
+    are held across pages."""
     rng = random.Random(seed)
     stream = Stream(rng)
     tree = RadixTree()
     fleet = FleetIndex()
-    names = {}
-    for w, dp in RANKS:
-        info = fleet.add(f"w{w}" if dp == 0 else f"w{w}:dp{dp}", server=f"w{w}", dp_rank=dp,
-                         block_size=BS)
-        names[info.name] = (w, dp)
+    names = {f"w{w}" if dp == 0 else f"w{w}:dp{dp}": (w, dp) for w, dp in RANKS}
+    kw = {n: {"server": f"w{w}", "dp_rank": dp, "block_size": BS} for n, (w, dp) in names.items()}
+    if seed == 0:
+        ids = list(range(len(RANKS)))
+    else:
+        ids, at = [], 0
+        for w in sorted({w for w, _ in RANKS}):
+            at = rng.randrange(at, MAX_FLEET_ENGINES - 8 * (4 - w))
+            ids += [at + dp for ww, dp in RANKS if ww == w]
+            at = ids[-1] + 1
+    add_at(fleet, dict(zip(names, ids)), **kw)
+    assert max(ids) >= 64 or seed == 0
     eid = 0
     nonzero_scores = 0
     for _ in range(250):

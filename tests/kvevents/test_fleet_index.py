@@ -6,9 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocator.errors import Conflict, NotFound
-from allocator.fleet import MAX_FLEET_ENGINES, FleetIndex
+from allocator.errors import Conflict, InvalidRequest, NotFound
 from kvevents.codec import Removed, Stored
+from kvevents.fleet import APPLY_PART_BLOCKS, _parts
+from kvevents.index import MAX_FLEET_ENGINES, FleetIndex
 
 TOKENS = list(range(16))
 
@@ -22,10 +23,81 @@ def test_names_and_the_engine_limit():
     with pytest.raises(Conflict, match=r"the most it takes \(3\)"):
         f.add("d")
     f.discard("b")
-    assert f.add("d").eid == 1  # the freed bit is reused
+    assert f.add("d").eid == 1  # the freed id is reused
     with pytest.raises(NotFound):
         f.discard("zz")
-    assert MAX_FLEET_ENGINES == 64
+    assert MAX_FLEET_ENGINES == 1024
+    with pytest.raises(InvalidRequest):
+        FleetIndex(max_engines=MAX_FLEET_ENGINES + 1)
+
+
+def test_a_full_fleet_of_dp_ranks_indexes_matches_and_refuses_one_more():
+    """128 servers x 8 DP ranks: every rank holds the shared system prompt, each server its
+    own prompt on its ranks, each rank its own tail; matches give each its prefix."""
+    f = FleetIndex()
+    system = list(range(1000, 1000 + 8))  # two blocks of 4
+    for s in range(128):
+        for r in range(8):
+            info = f.add(f"s{s}:dp{r}", server=f"s{s}", dp_rank=r, block_size=4)
+            assert info.eid == s * 8 + r
+            own = [s] * 4 + [10_000 + info.eid] * 4
+            f.apply(info.eid, [Stored([1, 2, 3, 4], None, system + own, 4)])
+    with pytest.raises(Conflict, match=r"the most it takes \(1024\)"):
+        f.add("one-more")
+    assert f.holdings == 1024 * 4 and f.unique == 2 + 128 + 1024 and f.check() == []
+    got = f.match(system + [5] * 4 + [10_000 + 42] * 4)
+    assert got["s5:dp2"] == 4  # 5 * 8 + 2 = 42: the whole prompt
+    assert all(got[f"s5:dp{r}"] == 3 for r in range(8) if r != 2)
+    assert sum(n == 2 for n in got.values()) == 1024 - 8
+    assert f.match_engine_hashes("s127:dp7", [1, 2, 3]) == {
+        n: (3 if n.startswith("s127:") else 2) for n in f.engines}
+    # every server but one drops the system prompt's first block: the trunk keeps 8 holders
+    for s in range(127):
+        for r in range(8):
+            f.remove(s * 8 + r, [1])
+    assert f.mask_of(f.keys_of(system, 4)[0]) == 0xFF << (127 * 8)
+    assert f.chunk_of(f.keys_of(system, 4)[0]) is None  # one page left: back inline
+    assert f.check() == []
+    f.discard("s127:dp0")
+    assert f.add("again").eid == 127 * 8  # the freed id, on its server's page
+
+
+@given(st.lists(st.tuples(st.integers(0, MAX_FLEET_ENGINES - 1), st.booleans()), min_size=1,
+                max_size=200))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_one_block_held_and_dropped_across_every_page(steps):
+    """Engines anywhere in 0..1023 take and drop one block: its engines, the counts and the
+    invariants (a chunk of pages only while they span two or more, sorted) hold at each step."""
+    f = FleetIndex(max_engines=MAX_FLEET_ENGINES)
+    for e in range(MAX_FLEET_ENGINES):
+        f.add(f"e{e}", block_size=4)
+    key = f.keys_of(TOKENS[:4], 4)[0]
+    held: set[int] = set()
+    for e, store in steps:
+        if store:
+            f.apply(e, [Stored([7], None, TOKENS[:4], 4)])
+            if e in held:  # stored again: one more copy, dropped by one more remove
+                f.apply(e, [Removed([7])])
+            held.add(e)
+        elif e in held:
+            f.apply(e, [Removed([7])])
+            held.discard(e)
+        assert f.mask_of(key) == sum(1 << x for x in held)
+        assert f.holdings == len(held) and f.unique == (1 if held else 0)
+        assert f.duplicated == (1 if len(held) > 1 else 0)
+        chunk = f.chunk_of(key)
+        pages = sorted({x >> 6 for x in held})
+        assert (chunk is None) == (len(pages) < 2)
+        if chunk is not None:
+            assert chunk[0] == pages and chunk[2] >= len(pages)
+        want = {f"e{x}": 1 for x in held}
+        assert {n: v for n, v in f.match(TOKENS[:4]).items() if v} == want
+    assert f.check() == []
+    lay = f.layout()
+    if held:
+        assert lay.engines_of(0) == sorted(held)
+        assert [lay.positions[lay.by_engine[x]:lay.by_engine[x + 1]].tolist() for x in sorted(held)] \
+            == [[0]] * len(held)
 
 
 def test_block_size_comes_from_events_and_a_mismatch_is_an_engine_error():
@@ -218,8 +290,6 @@ def test_a_batch_applied_in_parts_is_the_batch_applied_whole(spec):
     """The fleet applies a batch in parts of at most APPLY_PART_BLOCKS blocks, splitting a longer
     event into pieces (a stored chain's later pieces under the piece before): the index, its
     counters and its matches are those of the batch applied whole, event by event."""
-    from kvevents.fleet import APPLY_PART_BLOCKS, _parts
-
     events, base = [], 1
     for kind, n, parent_of in spec:
         if kind == "removed":

@@ -1,17 +1,20 @@
 """FleetIndex: one prefix index across many engines, with duplication and missed-reuse figures.
 
-The compiled `allocator._fleet.FleetCore` keeps the blocks keyed by their tokens and each
+The compiled `kvevents._index.FleetCore` keeps the blocks keyed by their tokens and each
 engine's table from its own hashes to those keys; this class adds engine names, DP ranks, the
 configured block sizes, the fleet figures and `check()`.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._fleet import (
+from allocator.errors import Conflict, InvalidRequest, NotFound
+
+from ._index import (
     COUNTERS,
     DEFAULT_ENGINE_BLOCKS,
     GROUP_DIVISOR,
@@ -20,11 +23,12 @@ from ._fleet import (
     FleetCore,
     Layout,
     layout_of,
+    snapshot_buffers,
+    snapshot_fits,
 )
-from .errors import Conflict, InvalidRequest, NotFound
 
 __all__ = ["COUNTERS", "DEFAULT_ENGINE_BLOCKS", "GROUP_DIVISOR", "MAX_FLEET_ENGINES", "MIN_GROUP",
-           "EngineInfo", "FleetIndex", "Layout", "layout_of"]
+           "EngineInfo", "FleetIndex", "Layout", "layout_of", "snapshot_buffers", "snapshot_fits"]
 
 
 @dataclass(slots=True)
@@ -40,8 +44,10 @@ class EngineInfo:
 
 
 class FleetIndex(FleetCore):
-    """Engines by name over the compiled index (see `allocator/_fleet.pyx` for the keys and the
-    invariants). At most `MAX_FLEET_ENGINES` engines: an engine is one bit of each block's mask.
+    """Engines by name over the compiled index (see `kvevents/_index.pyx` for the keys and the
+    invariants). At most `MAX_FLEET_ENGINES` engines (1,024), numbered from 0 in the order they
+    are added (the lowest free id first), so the DP ranks of a server added together share a
+    page of 64 engines.
 
     `apply(name_or_id, events)` takes a batch of normalised events; `match(tokens)` and
     `match_hashes(engine, hashes)` answer as Dynamo's `find_matches` does: per engine, the
@@ -54,6 +60,11 @@ class FleetIndex(FleetCore):
         self.max_engines = max_engines
         self.engines: dict[str, EngineInfo] = {}
         self._by_id: dict[int, EngineInfo] = {}
+        self._free_ids: list[int] = []  # ids given back below _next_id (a heap: lowest first)
+        self._next_id = 0
+        self._names: list[str | None] = [None] * MAX_FLEET_ENGINES  # by engine id
+        self._groups: dict[int, int | None] | None = None  # `_block_size_groups`, kept
+        self._groups_pending: list[int] = []  # engines whose events have not given a size yet
 
     # -- engines --------------------------------------------------------------------------------
     def add(self, name: str, *, server: str | None = None, dp_rank: int = 0,
@@ -65,13 +76,23 @@ class FleetIndex(FleetCore):
         if len(self.engines) >= self.max_engines:
             raise Conflict(f"the fleet has {len(self.engines)} engines, the most it takes "
                            f"({self.max_engines}); remove one first")
-        eid = next(i for i in range(MAX_FLEET_ENGINES) if i not in self._by_id)
+        if self._free_ids:
+            eid = heapq.heappop(self._free_ids)
+        else:
+            eid, self._next_id = self._next_id, self._next_id + 1
         self.add_engine(eid)
-        if max_blocks is not None:
-            self.set_max_blocks(eid, max_blocks)
+        try:
+            if max_blocks is not None:
+                self.set_max_blocks(eid, max_blocks)
+        except BaseException:
+            self.drop_engine(eid)
+            heapq.heappush(self._free_ids, eid)
+            raise
         info = EngineInfo(name, eid, server or name, dp_rank, block_size)
         self.engines[name] = info
         self._by_id[eid] = info
+        self._names[eid] = name
+        self._groups = None
         return info
 
     def release(self) -> None:
@@ -79,12 +100,19 @@ class FleetIndex(FleetCore):
         super().release()
         self.engines.clear()
         self._by_id.clear()
+        self._free_ids.clear()
+        self._next_id = 0
+        self._names = [None] * MAX_FLEET_ENGINES
+        self._groups = None
 
     def discard(self, name: str) -> None:
         """Forget an engine and what it held. Raises NotFound."""
         info = self.engine(name)
         self.drop_engine(info.eid)
         del self.engines[name], self._by_id[info.eid]
+        self._names[info.eid] = None
+        self._groups = None
+        heapq.heappush(self._free_ids, info.eid)
 
     def engine(self, name: str) -> EngineInfo:
         info = self.engines.get(name)
@@ -95,22 +123,25 @@ class FleetIndex(FleetCore):
     def name_of(self, eid: int) -> str:
         return self._by_id[eid].name
 
+    def _named(self, scores: dict[int, int], out: dict[str, int]) -> dict[str, int]:
+        names = self._names
+        for eid, n in scores.items():
+            out[names[eid]] = n
+        return out
+
     # -- matching -------------------------------------------------------------------------------
     def match(self, tokens: list[int], lora_id: int | None = None) -> dict[str, int]:
         """Each engine's longest cached prefix of `tokens`, in blocks (0 when none). Engines of
         one block size are matched on that size's blocks."""
         out = dict.fromkeys(self.engines, 0)
         for bs, mask in self._block_size_groups().items():
-            for eid, n in self.match_tokens(list(tokens), bs, lora_id, mask).items():
-                out[self._by_id[eid].name] = n
+            self._named(self.match_tokens(list(tokens), bs, lora_id, mask), out)
         return out
 
     def match_engine_hashes(self, engine: str, hashes: list[int]) -> dict[str, int]:
         """The same for a chain named by `engine`'s own block hashes."""
         out = dict.fromkeys(self.engines, 0)
-        for eid, n in self.match_hashes(self.engine(engine).eid, list(hashes)).items():
-            out[self._by_id[eid].name] = n
-        return out
+        return self._named(self.match_hashes(self.engine(engine).eid, list(hashes)), out)
 
     def match_chain(self, key: int) -> dict[str, int]:
         """The same for the chain from the root down to an indexed block `key` (a recent
@@ -120,37 +151,47 @@ class FleetIndex(FleetCore):
         chain = self.chain_of(key)
         if not chain or self.parent_of(chain[0]) != 0:
             return out
-        for eid, n in self.match_keys(chain).items():
-            out[self._by_id[eid].name] = n
-        return out
+        return self._named(self.match_keys(chain), out)
 
     def block_size(self, name: str) -> int | None:
         """Tokens per block of an engine: from its events, else as configured."""
         info = self.engine(name)
         return self.block_size_of(info.eid) or info.block_size
 
-    def _block_size_groups(self) -> dict[int, int]:
+    def _block_size_groups(self) -> dict[int, int | None]:
+        """{block size: the engines of that size, as a mask (None: every engine)}. Kept until an
+        engine is added or removed, or one whose events had not given its size yet gives it (an
+        engine's size never changes after its first store)."""
+        pending = self._groups_pending
+        if self._groups is not None and not any(self.block_size_of(e) for e in pending):
+            return self._groups
         groups: dict[int, int] = {}
+        pending.clear()
         for info in self.engines.values():
-            bs = self.block_size_of(info.eid) or info.block_size
+            seen = self.block_size_of(info.eid)
+            if not seen:
+                pending.append(info.eid)
+            bs = seen or info.block_size
             if bs:
                 groups[bs] = groups.get(bs, 0) | (1 << info.eid)
-        return groups
+        active = self.active
+        self._groups = {bs: None if m == active else m for bs, m in groups.items()}
+        return self._groups
 
     # -- figures --------------------------------------------------------------------------------
     def stats(self) -> dict:
         """The fleet's figures. `cross_engine_recomputes`: blocks an engine stored while another
         engine already held the same block (reuse the fleet had and did not capture);
         `recompute_tokens` their tokens."""
-        per = {name: self.engine_stats(name) for name in self.engines}
+        tot = self.counter_totals()
         return {
             "engines": len(self.engines),
             "unique_blocks": self.unique,
             "duplicated_blocks": self.duplicated,
             "duplicate_copies": self.holdings - self.unique,
-            "cross_engine_recomputes": sum(e["cross_engine_recomputes"] for e in per.values()),
-            "recompute_tokens": sum(e["recompute_tokens"] for e in per.values()),
-            "fallback_blocks": sum(e["fallback_blocks"] for e in per.values()),
+            "cross_engine_recomputes": tot["cross_engine_recomputes"],
+            "recompute_tokens": tot["recompute_tokens"],
+            "fallback_blocks": tot["fallback_blocks"],
         }
 
     def engine_stats(self, name: str) -> dict:
@@ -190,12 +231,12 @@ class FleetIndex(FleetCore):
             problems.append(f"key table holds {self.table_size()} keys, unique says {self.unique}")
         if np.unique(keys).size != keys.size:
             problems.append("a key is on two nodes")
-        counts = np.array([int(m).bit_count() for m in masks.tolist()], dtype=np.int64)
+        counts = np.array([m.bit_count() for m in masks], dtype=np.int64)
         if int((counts >= 2).sum()) != self.duplicated:
             problems.append(f"duplicated says {self.duplicated}, masks say {int((counts >= 2).sum())}")
         if int(counts.sum()) != self.holdings:
             problems.append(f"holdings says {self.holdings}, masks say {int(counts.sum())}")
-        mask_of = dict(zip(keys.tolist(), masks.tolist()))
+        mask_of = dict(zip(keys.tolist(), masks))
         for name, info in self.engines.items():
             bit = 1 << info.eid
             table = self.engine_table(info.eid)
@@ -213,8 +254,22 @@ class FleetIndex(FleetCore):
             for (eid, h) in self.extra:
                 if eid == info.eid and h not in table:
                     problems.append(f"engine {name}: extra copies of hash {h:016x} it does not hold")
-        for m in masks.tolist():
-            if m & ~self.active:
-                problems.append(f"a node is held by engine bits {m & ~self.active:#x} not in the fleet")
+        active = self.active
+        for m in masks:
+            if m & ~active:
+                problems.append(f"a node is held by engine bits {m & ~active:#x} not in the fleet")
+                break
+        for k, m in mask_of.items():
+            chunk = self.chunk_of(k)
+            pages = sorted({e >> 6 for e in range(m.bit_length()) if m >> e & 1})
+            if chunk is None:
+                if len(pages) > 1:
+                    problems.append(f"key {k:016x} is held across pages {pages} without a chunk")
+                    break
+                continue
+            got, bits, cap = chunk
+            if len(got) < 2 or got != pages or not all(bits) or not len(got) <= cap <= 16:
+                problems.append(f"key {k:016x}: chunk pages {got} (capacity {cap}), its engines "
+                                f"are on pages {pages}")
                 break
         return problems

@@ -103,3 +103,18 @@ class FleetModel:
             "cross_engine_recomputes": sum(self.recomputes.values()),
             "recompute_tokens": sum(self.recompute_tokens.values()),
         }
+
+
+def add_at(fleet, wanted: dict[str, int], **kw) -> None:
+    """Add the engines of `wanted` to a FleetIndex under the ids it names (the index hands out
+    the lowest free id: placeholders fill the ids below, then go). `kw[name]`: that engine's
+    keyword arguments for `add`."""
+    pads = {i: f"pad-{i}" for i in range(max(wanted.values()) + 1)}
+    for pad in pads.values():
+        fleet.add(pad)
+    for i in wanted.values():
+        fleet.discard(pads.pop(i))
+    for name, i in sorted(wanted.items(), key=lambda x: x[1]):
+        assert fleet.add(name, **kw.get(name, {})).eid == i
+    for pad in pads.values():
+        fleet.discard(pad)
