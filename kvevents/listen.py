@@ -34,6 +34,7 @@ import zmq
 from allocator.errors import InvalidRequest
 
 from .codec import MAX_BATCH_BYTES
+from .engine_link import LAGS, EngineLink, EngineSpec
 from .subscriber import Subscriber
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5557"
@@ -310,7 +311,6 @@ class PodLink:
     shared = True  # no thread of its own: not counted against the server's engine threads
 
     def __init__(self, listener: Listener, name: str, pod: str, model: str, topic: bytes) -> None:
-        from .fleet import LAGS, EngineSpec
 
         fleet, spec = listener.fleet, listener.spec
         self.listener, self.fleet, self.pod, self.topic = listener, fleet, pod, topic
@@ -349,7 +349,6 @@ class PodLink:
         self.listener.refuse(self, why)
 
     def health(self) -> dict:
-        from .fleet import EngineLink
 
         out = EngineLink.health(self)
         out["connection"] = "listening"

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from .codec import WireError
 from .dynamo import decode_envelope
 from .dynamo_wire import DynamoWire
+from .engine_link import LAGS, EngineSpec, lag_percentiles
 from .listen import snapshot
 from .subscriber import Subscriber
 
@@ -391,7 +392,6 @@ class WorkerLink:
     shared = True
 
     def __init__(self, source: NatsSource, worker: int) -> None:
-        from .fleet import LAGS, EngineSpec
 
         s = source.spec
         name = f"worker-{worker}"
@@ -416,7 +416,6 @@ class WorkerLink:
         self.source.refuse(self, why)
 
     def health(self) -> dict:
-        from .fleet import lag_percentiles
 
         src = self.source
         sub = src.publisher_status(self.publishers)

@@ -17,14 +17,13 @@ import threading
 import time
 from pathlib import Path
 
+import nats
 import pytest
 from kve_dynamo import BS, Reference, Runtime, Worker, queries
 from test_real_publishers import wait_for
 
 from kvevents.fleet import Fleet
 from kvevents.nats_source import NatsAuth, NatsSpec
-
-nats = pytest.importorskip("nats", reason="nats-py is a dependency: pip install -e '.[test]'")
 
 
 def nats_server_binary() -> str:
