@@ -109,21 +109,26 @@ def serve(argv: list[str], opening: bool = False) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,route,mirror,fleet,recording,demo,engines-env,sim-engines} [options]\n"
+    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,route,mirror,fleet,recording,demo,"
+             "engines-env,sim-engines} [options]\n"
              "  serve      run the server: dashboard, REST API, stream, metrics (kvscope serve -h)\n"
-             "  open       serve pool history recordings (.kvrec) read-only, scrubbable in the dashboard (kvscope open -h)\n"
+             "  open       serve pool history recordings (.kvrec) read-only, scrubbable in the dashboard"
+             " (kvscope open -h)\n"
              "  record     run a scenario or trace headless on one pool, recording it to a .kvrec (kvscope record -h)\n"
              "  replay     replay an LLM request trace through the serving simulator (kvscope replay -h)\n"
              "  scenario   run a fragmentation / chat / burst / prefix-chat scenario (kvscope scenario -h)\n"
              "  prefix     prefix-cache hit ratio vs capacity per policy on a Mooncake trace (kvscope prefix -h);\n"
-             "             with --publish ENDPOINT, the trace as a live KV-event source (kvscope prefix --publish E -h)\n"
+             "             with --publish ENDPOINT, the trace as a live KV-event source"
+             " (kvscope prefix --publish E -h)\n"
              "  route      routing policies over N replicas: hit ratio vs load vs TTFT (kvscope route -h)\n"
              "  mirror     the dashboard on a live vLLM/SGLang engine's prefix cache (kvscope mirror -h)\n"
-             "  fleet      the dashboard on many engines at once: one prefix index, duplication, matches (kvscope fleet -h)\n"
+             "  fleet      the dashboard on many engines at once: one prefix index, duplication, matches"
+             " (kvscope fleet -h)\n"
              "  recording  summarise or play back a mirror's KV-event recording, .kvevents (kvscope recording -h)\n"
              "  demo       real vLLM CPU engines under a Mooncake trace, on the dashboard (kvscope demo -h)\n"
              "  engines-env  build the engine environment the demo runs vLLM from (kvscope engines-env -h)\n"
-             "  sim-engines  simulated OpenAI engines, no GPU: prefix caches, /metrics, KV events (kvscope sim-engines -h)")
+             "  sim-engines  simulated OpenAI engines, no GPU: prefix caches, /metrics, KV events"
+             " (kvscope sim-engines -h)")
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return 0 if argv else 2

@@ -1,14 +1,14 @@
 """The stream hub: one task per pool turns block-map changes and new events into frames.
 
-Every `interval_s` (50 ms) a pool's task asks `blockmap.changes_since(v)` and the event log for
-what is new, encodes ONE delta frame and one `events` message, and fans them out to every client's bounded queue. A client whose queue is
-over its bounds (QUEUE_LIMIT messages or QUEUE_BYTES bytes) has its backlog dropped and is sent
-a fresh snapshot, then `{"type": "resync", "last_event_seq": N}`: the dropped `events` are those
-up to N it had not seen (`GET /api/pools/{pool}/events?after=`), later ones come on the stream;
-the last workload `progress` is re-sent. So a slow client never makes the server buffer without
-bound. `stats` go out about 4 times a second when something changed and once a second when
-nothing did (the page's charts are time series), `order` (cache pools) and `prefix` (prefix-caching
-pools) about 4 times a second.
+Every `interval_s` (50 ms) a pool's task asks `blockmap.changes_since(v)` and the event log for what
+is new, encodes ONE delta frame and one `events` message, and fans them out to every client's
+bounded queue. A client whose queue is over its bounds (QUEUE_LIMIT messages or QUEUE_BYTES bytes)
+has its backlog dropped and is sent a fresh snapshot, then
+`{"type": "resync", "last_event_seq": N}`: the dropped `events` are those up to N it had not seen
+(`GET /api/pools/{pool}/events?after=`), later ones come on the stream; the last workload `progress`
+is re-sent. So a slow client never makes the server buffer without bound. `stats` go out about 4
+times a second when something changed and once a second when nothing did (the page's charts are time
+series), `order` (cache pools) and `prefix` (prefix-caching pools) about 4 times a second.
 
 Binary layout (docs/STREAM.md, protocol 1; reader: static/js/frames.js `decodeFrame`), all
 little-endian:

@@ -1,15 +1,15 @@
 """Prefix-cache capacity curve on the full Mooncake trace: how long, and does it hold its targets?
 
 Measures, in one run: the whole curve (lru, fifo, lfu, s3fifo and Bélády's MIN at 7 capacities,
-10^5..10^8 tokens, plus the infinite-capacity maximum) on the allocator's prefix cache, against
-the aim of 60 s; and, as a same-run baseline, one LRU point replayed by a plain `OrderedDict` of
-block ids (hit accounting alone, no pool, no block map, no events), next to the same point on
-the pool. Then the serving simulation of the full trace with prefix caching on and off (aim
-120 s for both; the off run is the same-run baseline). Checks the targets on the measured points (MIN >= every policy at every capacity, LRU
-non-decreasing, max 0.374 and LRU at 3M 0.139 within 0.005 of the independent computation) and
-writes the report to `docs/report/prefix_report.*` (no timings in it: the same code rewrites it
-byte for byte) and its drawable part to `workloads/reports/mooncake_prefix_curve.json`, which the
-server ships as `GET /api/prefix/curve`.
+10^5..10^8 tokens, plus the infinite-capacity maximum) on the allocator's prefix cache, against the
+aim of 60 s; and, as a same-run baseline, one LRU point replayed by a plain `OrderedDict` of block
+ids (hit accounting alone, no pool, no block map, no events), next to the same point on the pool.
+Then the serving simulation of the full trace with prefix caching on and off (aim 120 s for both;
+the off run is the same-run baseline). Checks the targets on the measured points (MIN >= every
+policy at every capacity, LRU non-decreasing, max 0.374 and LRU at 3M 0.139 within 0.005 of the
+independent computation) and writes the report to `docs/report/prefix_report.*` (no timings in it:
+the same code rewrites it byte for byte) and its drawable part to
+`workloads/reports/mooncake_prefix_curve.json`, which the server ships as `GET /api/prefix/curve`.
 
     .venv/bin/python -m bench.bench_mooncake [--no-report] [--requests N]
 
@@ -83,7 +83,8 @@ def run(write: bool = True, requests: int | None = REQUESTS) -> dict:
           f"({curve_s / AIM_S:.2f}x the {AIM_S:.0f} s aim: {'met' if curve_s <= AIM_S else 'MISSED'})")
     print(f"one LRU point at {LOCAL:,} tokens: prefix cache {point.wall_s:.2f} s, OrderedDict of "
           f"block ids {base_s:.2f} s (pool/baseline {point.wall_s / base_s:.2f}x); hit ratios "
-          f"{point.hit_ratio:.4f} vs {base_ratio:.4f} ({'equal' if abs(point.hit_ratio - base_ratio) < 1e-12 else 'DIFFERENT'})")
+          f"{point.hit_ratio:.4f} vs {base_ratio:.4f} "
+          f"({'equal' if abs(point.hit_ratio - base_ratio) < 1e-12 else 'DIFFERENT'})")
     agree = abs(report["max_hit_ratio"] - 0.374) <= 0.005 and abs(lru3 - 0.139) <= 0.005
     print(f"max hit ratio {report['max_hit_ratio']:.4f} (independent: 0.374), LRU at 3M {lru3:.4f} "
           f"(independent: 0.139): " + (f"{'agree' if agree else 'DISAGREE'} within 0.005" if full else

@@ -264,7 +264,8 @@ def bench_stream(url: str, pid: int) -> dict:
             "latency_p50_ms": pct(latencies, 50) * 1e3, "latency_p99_ms": pct(latencies, 99) * 1e3,
             "observed": len(latencies), "expected": len(marks) * WS_CLIENTS,
             "delta_bytes_per_run": sum(w.delta_bytes for w in watchers) / max(1, runs),
-            "delta_bytes_per_block": sum(w.delta_bytes for w in watchers) / max(1, sum(w.delta_blocks for w in watchers)),
+            "delta_bytes_per_block": (sum(w.delta_bytes for w in watchers)
+                                      / max(1, sum(w.delta_blocks for w in watchers))),
             "resync_snapshots": sum(w.snapshots for w in watchers) - WS_CLIENTS,
             "server_cpu_share": cpu}
 
@@ -308,7 +309,8 @@ def bench_long_calls(url: str) -> dict:
 
         def hammer() -> None:
             while not stop.is_set():
-                for name, path in (("check", "/api/pools/frag/check"), ("blockmap", "/api/pools/frag/blockmap?format=json")):
+                for name, path in (("check", "/api/pools/frag/check"),
+                                   ("blockmap", "/api/pools/frag/blockmap?format=json")):
                     busy.set()
                     t0 = time.perf_counter()
                     r = c.get(path)
@@ -335,7 +337,8 @@ def run() -> dict:
         t0 = time.perf_counter()
         requests = bench_requests(url)
         print("allocate+free vs /healthz (same server, same run)")
-        print(f"{'conc':>5} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} | {'healthz/s':>9} {'p50 ms':>7} {'p99 ms':>7} | ratio")
+        print(f"{'conc':>5} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} | "
+              f"{'healthz/s':>9} {'p50 ms':>7} {'p99 ms':>7} | ratio")
         for r in requests:
             print(f"{r['concurrency']:>5} {r['rps']:>8.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} | "
                   f"{r['healthz_rps']:>9.0f} {r['healthz_p50_ms']:>7.2f} {r['healthz_p99_ms']:>7.2f} | "
@@ -355,7 +358,8 @@ def run() -> dict:
               f"slow-client resyncs {stream['resync_snapshots']}; "
               f"server CPU {stream['server_cpu_share'] * 100:.0f}% of one core")
         long_calls = bench_long_calls(url)
-        print(f"/healthz during a {CHECK_BLOCKS:,}-block check + JSON block map (fragmented, {CHECK_BLOCKS // 2:,} allocations; check "
+        print(f"/healthz during a {CHECK_BLOCKS:,}-block check + JSON block map (fragmented, "
+              f"{CHECK_BLOCKS // 2:,} allocations; check "
               f"{long_calls['check_s']:.2f} s, blockmap {long_calls['blockmap_s']:.2f} s median): p99 "
               f"{long_calls['busy_p99_ms']:.1f} ms (max {long_calls['busy_max_ms']:.1f}, {long_calls['samples']} "
               f"samples) vs idle p99 {long_calls['idle_p99_ms']:.1f} ms: {long_calls['ratio']:.1f}x")

@@ -133,7 +133,8 @@ def run() -> dict:
     on, off = rows["stall rule on"], rows["stall rule off"]
     quiet = rows["no clients"]["after_mb"] - rows["no clients"]["before_mb"]
     held_on, held_off = on["after_mb"] - on["before_mb"] - quiet, off["after_mb"] - off["before_mb"] - quiet
-    print(f"RSS held because of the clients (less the no-client run) {STALL_MS / 1000 + AFTER_S:.0f} s after the churn (stall limit {STALL_MS / 1000:g} s): {held_on:.0f} MB with the rule vs "
+    print(f"RSS held because of the clients (less the no-client run) {STALL_MS / 1000 + AFTER_S:.0f} s "
+          f"after the churn (stall limit {STALL_MS / 1000:g} s): {held_on:.0f} MB with the rule vs "
           f"{held_off:.0f} MB without ({held_on / held_off if held_off > 0 else float('nan'):.2f}x)")
     return rows
 

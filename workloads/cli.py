@@ -42,7 +42,8 @@ def replay_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvscope replay", description=(
         "Replay an LLM request trace through the serving simulator with several KV allocation "
         "strategies; writes report.json, report.md and report.png."))
-    p.add_argument("--trace", help="CSV with TIMESTAMP,ContextTokens,GeneratedTokens (default: the bundled Azure conversation trace)")
+    p.add_argument("--trace", help=("CSV with TIMESTAMP,ContextTokens,GeneratedTokens "
+                                    "(default: the bundled Azure conversation trace)"))
     p.add_argument("--strategies", default=",".join(RESERVATIONS), help=f"comma list of {','.join(RESERVATIONS)}")
     p.add_argument("--model", default="llama-3-8b", choices=sorted(MODEL_PRESETS))
     size = p.add_mutually_exclusive_group()

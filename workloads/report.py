@@ -153,7 +153,8 @@ def finding(sims: list[Simulator]) -> str:
     text = "Token-state share of allocated KV memory on this replay: " + "; ".join(parts) + "."
     if "paged" in shares:
         waste = 1 - shares["paged"]
-        text += f" Paging wastes {waste:.1%}: {'consistent with' if waste < 0.04 else 'NOT consistent with'} the paper's under-4%."
+        text += (f" Paging wastes {waste:.1%}: {'consistent with' if waste < 0.04 else 'NOT consistent with'}"
+                 " the paper's under-4%.")
     contiguous = [v for k, v in shares.items() if k.startswith("contiguous")]
     if contiguous:
         inside = [v for v in contiguous if 0.204 <= v <= 0.382]

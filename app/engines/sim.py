@@ -95,8 +95,8 @@ OUTPUT_TOKEN = token_id(OUTPUT_WORD)
 @dataclass
 class SimEngineConfig:
     """One simulated engine. `num_blocks` blocks of `block_size` tokens; `costs` (by default
-    DynoSim's, per token), `token_scale` model tokens per engine token (linear costs only); `max_model_len` in engine tokens (default: the
-    whole pool)."""
+    DynoSim's, per token), `token_scale` model tokens per engine token (linear costs only);
+    `max_model_len` in engine tokens (default: the whole pool)."""
 
     name: str
     num_blocks: int = 4096

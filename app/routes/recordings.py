@@ -35,7 +35,8 @@ class RecordingStart(BaseModel):
 
 class RecordingOpen(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    pool: str | None = Field(None, pattern=POOL_NAME_PATTERN, description="pool name to serve it as (default rec-<name>)")
+    pool: str | None = Field(None, pattern=POOL_NAME_PATTERN,
+                             description="pool name to serve it as (default rec-<name>)")
 
 
 def recordings_of(request: Request) -> Recordings:

@@ -1,10 +1,11 @@
 """The routing lab: replay a trace through N replicas behind the routers engines use, and
 measure hit ratio against load (sequence mode) and against TTFT (serving mode).
 
-`policies.py` (the base classes and the simple routers), `sglang.py`, `vllm_kv.py`,
-`dynamo.py`, `llmd.py` (the engines' routers), `registry.py` (every policy by name), `sequence.py` and `serving.py` (the two modes), `bounds.py`
-(the pooled-Bélády and infinite-cache bounds beside every result), `grid.py` (sweeps on a local
-process pool or Ray), `report.py` (route_report.json / .md / .png), `cli.py` (`kvscope route`).
+`policies.py` (the base classes and the simple routers), `sglang.py`, `vllm_kv.py`, `dynamo.py`,
+`llmd.py` (the engines' routers), `registry.py` (every policy by name), `sequence.py` and
+`serving.py` (the two modes), `bounds.py` (the pooled-Bélády and infinite-cache bounds beside every
+result), `grid.py` (sweeps on a local process pool or Ray), `report.py`
+(route_report.json / .md / .png), `cli.py` (`kvscope route`).
 """
 
 from .policies import RouteRequest

@@ -1,12 +1,12 @@
 """Serving mode: the trace at its timestamps through N simulated replicas behind a router.
 
 Each replica is the serving simulator (`workloads/simulator.py`) on its own prefix-caching pool
-(`allocator.PrefixPool`, 512-token blocks named by the trace's prefix tree, LRU): a request
-queues, is admitted when the batch and the pool have room, prefills only its uncached tokens
-(the batch stalls meanwhile), then decodes one token per step, at the costs of `ServingCosts`
-(by default Dynamo's mocker's polynomials, as DynoSim replays; or linear per-token costs). Before each arrival every replica is advanced to the
-arrival time, so the router sees real load: requests and tokens in flight, waiting queues, KV
-usage and (for the precise policies) the pools' real cache contents.
+(`allocator.PrefixPool`, 512-token blocks named by the trace's prefix tree, LRU): a request queues,
+is admitted when the batch and the pool have room, prefills only its uncached tokens (the batch
+stalls meanwhile), then decodes one token per step, at the costs of `ServingCosts` (by default
+Dynamo's mocker's polynomials, as DynoSim replays; or linear per-token costs). Before each arrival
+every replica is advanced to the arrival time, so the router sees real load: requests and tokens in
+flight, waiting queues, KV usage and (for the precise policies) the pools' real cache contents.
 
 Figures: `hit_ratio` (prompt tokens found cached at each request's first admission, over prompt
 tokens), `available_hit_ratio` (what the replica with the longest cached prefix held for each
