@@ -148,7 +148,8 @@ def test_openapi_declares_bearer_on_gated_routes_only():
     with make_client(token="t") as c:
         spec = c.get("/openapi.json").json()
     assert spec["components"]["securitySchemes"]["bearer"] == {
-        "type": "http", "scheme": "bearer", "description": spec["components"]["securitySchemes"]["bearer"]["description"]}
+        "type": "http", "scheme": "bearer",
+        "description": spec["components"]["securitySchemes"]["bearer"]["description"]}
     for path, item in spec["paths"].items():
         for method, op in item.items():
             gated = path.startswith("/api/")

@@ -84,7 +84,9 @@ def test_invalid_utf8_and_unprintable_keys_are_422_on_every_route(client, raw):
     client.put(f"{BASE}/a", json={"bytes": 1})
     before = state_of(client)
     for method, suffix, kw in (("PUT", "", {"json": {"bytes": 1}}), ("GET", "", {}), ("DELETE", "", {}),
-                               ("PUT", "/data", {"content": b"x", "headers": {"content-type": "application/octet-stream"}}), ("GET", "/data", {})):
+                               ("PUT", "/data", {"content": b"x",
+                                                 "headers": {"content-type": "application/octet-stream"}}),
+                               ("GET", "/data", {})):
         err = assert_error(client.request(method, f"{BASE}/{raw}{suffix}", **kw), 422, "invalid_request")
         assert err["details"]["field"] == "key"
     assert state_of(client) == before
@@ -142,21 +144,25 @@ def test_data_roundtrip_as_raw_bytes(client):
 
 def test_data_errors(client):
     client.put(f"{BASE}/d", json={"bytes": 10})
-    assert_error(client.put(f"{BASE}/d/data", content=b"x" * 11, headers={"content-type": "application/octet-stream"}), 422, "invalid_request")
-    assert_error(client.put(f"{BASE}/none/data", content=b"x", headers={"content-type": "application/octet-stream"}), 404, "not_found")
+    assert_error(client.put(f"{BASE}/d/data", content=b"x" * 11, headers={"content-type": "application/octet-stream"}),
+                 422, "invalid_request")
+    assert_error(client.put(f"{BASE}/none/data", content=b"x", headers={"content-type": "application/octet-stream"}),
+                 404, "not_found")
     assert_error(client.get(f"{BASE}/none/data"), 404, "not_found")
 
 
 def test_body_cap_is_413(client):
     client.put(f"{BASE}/d", json={"bytes": 100})
     before = state_of(client)
-    assert_error(client.put(f"{BASE}/d/data", content=b"x" * ((1 << 20) + 1), headers={"content-type": "application/octet-stream"}), 413, "too_large")
+    assert_error(client.put(f"{BASE}/d/data", content=b"x" * ((1 << 20) + 1),
+                            headers={"content-type": "application/octet-stream"}), 413, "too_large")
 
     def chunks():
         for _ in range(3):
             yield b"y" * (1 << 19)
 
-    assert_error(client.put(f"{BASE}/d/data", content=chunks(), headers={"content-type": "application/octet-stream"}), 413, "too_large")
+    assert_error(client.put(f"{BASE}/d/data", content=chunks(), headers={"content-type": "application/octet-stream"}),
+                 413, "too_large")
     assert state_of(client) == before
     assert client.get(f"{BASE}/d/data").content != b"y" * 100
 

@@ -254,7 +254,8 @@ def test_api_doc_rest_block_names_every_api_route(client):
         parent, leaf = path.rsplit("/", 1)
         for method in (m.upper() for m in ops):
             if not any(re.search(rf"\b{method}\b", line)
-                       and (re.search(re.escape(path) + r"(\s|$)", line) or f"{parent}/" in line and f"| {leaf}" in line)
+                       and (re.search(re.escape(path) + r"(\s|$)", line)
+                            or f"{parent}/" in line and f"| {leaf}" in line)
                        for line in block.splitlines()):
                 missing.append(f"{method} {path}")
     assert not missing, missing

@@ -173,6 +173,7 @@ def make_pool(api: httpx.Client, name: str, **spec) -> dict:
 def open_pool(page, name: str) -> None:
     page.goto(f"/?pool={name}")
     page.wait_for_function(
-        f"window.kvscope && window.kvscope.pool === {name!r} && window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0",
+        f"window.kvscope && window.kvscope.pool === {name!r} && window.kvscope.connection === 'open'"
+        " && window.kvscope.lastFrame() >= 0",
         timeout=30_000,
     )

@@ -103,7 +103,8 @@ def test_deleting_the_shown_pool_moves_to_the_first_pool_left_then_to_none(brows
         open_pool(page, "default")
         page.click(".controls-panel [data-tab=pool]")
         page.click("#b-delete-pool")
-        page.wait_for_function("window.kvscope.pool === 'other' && window.kvscope.connection === 'open'", timeout=30_000)
+        page.wait_for_function("window.kvscope.pool === 'other' && window.kvscope.connection === 'open'",
+                               timeout=30_000)
         assert page.eval_on_selector_all("#pool-select option", "os => os.map(o => o.value)") == ["other"]
         assert "pool=other" in page.url
         page.click("#b-delete-pool")

@@ -20,7 +20,8 @@ def painted_matches_stats(page, api, pool: str, timeout_ms: int = 30_000) -> dic
 
 def test_page_loads_without_console_errors(page, artifacts):
     page.goto("/")
-    page.wait_for_function("window.kvscope && window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0", timeout=30_000)
+    page.wait_for_function("window.kvscope && window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0",
+                           timeout=30_000)
     page.wait_for_function("window.kvscope.stats() !== null", timeout=30_000)
     assert page.locator("#conn").get_attribute("data-state") == "open"
     page.wait_for_selector("#numbers .num", timeout=30_000)
@@ -66,7 +67,8 @@ def test_allocations_from_the_ui_and_from_rest_both_appear(page, api, artifacts)
     box = page.locator("#heatmap canvas").bounding_box()
     page.mouse.move(box["x"] + 2, box["y"] + 2)
     page.wait_for_selector(".hm-tip:not([hidden])", timeout=30_000)
-    page.wait_for_function("document.querySelector('.hm-tip').textContent.includes('of 40.0 KiB') || document.querySelector('.hm-tip').textContent.includes('12.0 KiB')", timeout=30_000)
+    page.wait_for_function("document.querySelector('.hm-tip').textContent.includes('of 40.0 KiB')"
+                           " || document.querySelector('.hm-tip').textContent.includes('12.0 KiB')", timeout=30_000)
     page.wait_for_function("document.querySelector('#numbers').textContent.includes('13 / 512 blocks')", timeout=30_000)
     page.screenshot(path=str(artifacts / "e2e-alloc.png"))
     assert page.console_log.errors == []
@@ -126,7 +128,8 @@ def test_compare_view_runs_the_same_scenario_on_each_pool(page, api, artifacts):
     page.click("#f-compare button[type=submit]")
     page.wait_for_selector("#compare-status[data-kind=ok]", timeout=30_000)
     page.wait_for_function(
-        "(() => { const s = window.kvscope.compare(); return s.length === 2 && s.every(p => p.connection === 'open' && p.stats && p.workload); })()",
+        "(() => { const s = window.kvscope.compare(); "
+        "return s.length === 2 && s.every(p => p.connection === 'open' && p.stats && p.workload); })()",
         timeout=30_000,
     )
     # same scenario, same seed: the contiguous arena fails with memory free, the paged pool never does
@@ -145,7 +148,8 @@ def test_compare_view_runs_the_same_scenario_on_each_pool(page, api, artifacts):
         assert p["painted"]["total"] == 512
     assert summary["cmp-contiguous"]["stats"]["ooms"]["fragmentation"] >= 1
     assert summary["cmp-paged"]["stats"]["ooms"]["fragmentation"] == 0
-    page.wait_for_selector(".compare-pane[data-pool=cmp-contiguous] .alert[data-code=oom-fragmentation]", timeout=30_000)
+    page.wait_for_selector(".compare-pane[data-pool=cmp-contiguous] .alert[data-code=oom-fragmentation]",
+                           timeout=30_000)
     page.screenshot(path=str(artifacts / "e2e-compare.png"))
     assert page.console_log.errors == []
 
@@ -160,7 +164,8 @@ def test_compare_view_runs_the_chat_scenario_on_pools_with_a_cache(page, api, ar
     status = page.locator("#compare-status")
     assert status.get_attribute("data-kind") == "ok", status.inner_text()
     page.wait_for_function(
-        "(() => { const s = window.kvscope.compare(); return s.length === 2 && s.every(p => p.connection === 'open' && p.stats && p.stats.cache && p.workload); })()",
+        "(() => { const s = window.kvscope.compare(); return s.length === 2 "
+        "&& s.every(p => p.connection === 'open' && p.stats && p.stats.cache && p.workload); })()",
         timeout=30_000,
     )
     for name in ("cmp-paged", "cmp-contiguous"):
@@ -235,7 +240,8 @@ def test_evict_button_evicts_the_entry_with_reason_manual(page, api, artifacts):
     make_pool(api, "e2e-evict", strategy="paged", num_blocks=256, block_bytes=BLOCK,
               cache={"capacity_bytes": 64 * BLOCK, "policy": "lru"})
     assert api.put("/api/pools/e2e-evict/entries/victim", json={"bytes": 2 * BLOCK}).status_code in (200, 201)
-    assert api.put("/api/pools/e2e-evict/entries/stays", json={"bytes": BLOCK, "pinned": True}).status_code in (200, 201)
+    assert api.put("/api/pools/e2e-evict/entries/stays",
+                   json={"bytes": BLOCK, "pinned": True}).status_code in (200, 201)
     open_pool(page, "e2e-evict")
     page.click(".controls-panel [data-tab=cache]")
     page.fill("#f-put [name=key]", "victim")

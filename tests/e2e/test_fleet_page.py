@@ -197,7 +197,8 @@ def test_a_live_routing_run_s_fleet_shows_its_requests_apart(page, api, artifact
             painted = page.evaluate(
                 """(n) => { const c = document.querySelector(`.fleet-engine[data-engine="${n}"] canvas`);
                      const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
-                     const s = new Set(); for (let i = 0; i < d.length; i += 4) if (d[i + 3]) s.add(d[i] << 16 | d[i + 1] << 8 | d[i + 2]);
+                     const s = new Set(); for (let i = 0; i < d.length; i += 4) """
+                """if (d[i + 3]) s.add(d[i] << 16 | d[i + 1] << 8 | d[i + 2]);
                      return s.size; }""", name)
             assert painted > 2, (name, painted)
         legend = page.locator("#fleet-legend").inner_text()

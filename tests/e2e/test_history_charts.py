@@ -52,17 +52,20 @@ def test_scrubbing_back_charts_the_history_up_to_that_moment(page, api):
     open_pool(page, name)
     page.wait_for_function(f"window.kvscope.timeline() && window.kvscope.timeline().last === {last}", timeout=30_000)
     assert charts(page)["source"] == "live"
-    page.evaluate("(() => { const r = document.querySelector('#tl-range'); r.value = '7'; r.dispatchEvent(new Event('input')); })()")
+    page.evaluate("(() => { const r = document.querySelector('#tl-range'); "
+                  "r.value = '7'; r.dispatchEvent(new Event('input')); })()")
     times, utils = series_utilization(api, name, 0, 7)
     assert len(times) == 7  # events 1..7 (event 0 is the keyframe the history starts at, untimed)
-    page.wait_for_function(f"(() => {{ const c = window.kvscope.charts(); return c.source === 'past' && c.last === {times[-1]!r}; }})()",
+    page.wait_for_function(f"(() => {{ const c = window.kvscope.charts(); "
+                           f"return c.source === 'past' && c.last === {times[-1]!r}; }})()",
                            timeout=30_000)
     shown = charts(page)
     assert shown["points"] == 7 and shown["first"] == times[0]
     assert shown["utilizations"] == utils  # the past points themselves, not the live samples
     assert shown["utilization"] == api.get(f"/api/pools/{name}/stats", params={"at_seq": 7}).json()["utilization"]
     # further back: the charts follow the chosen moment
-    page.evaluate("(() => { const r = document.querySelector('#tl-range'); r.value = '3'; r.dispatchEvent(new Event('input')); })()")
+    page.evaluate("(() => { const r = document.querySelector('#tl-range'); "
+                  "r.value = '3'; r.dispatchEvent(new Event('input')); })()")
     times3, utils3 = series_utilization(api, name, 0, 3)
     page.wait_for_function(f"window.kvscope.charts().last === {times3[-1]!r}", timeout=30_000)
     assert charts(page)["utilizations"] == utils3
@@ -92,7 +95,8 @@ def test_upload_a_recording_through_the_file_input_and_see_its_map_and_charts(br
     proc, base = serve(log_path, {"KVSCOPE_RECORDINGS_DIR": str(tmp_path / "recs")})
     try:
         with httpx.Client(base_url=base, timeout=10) as api:
-            context = browser.new_context(viewport={"width": 1440, "height": 1000}, base_url=base, bypass_csp=BYPASS_CSP)
+            context = browser.new_context(viewport={"width": 1440, "height": 1000}, base_url=base,
+                                          bypass_csp=BYPASS_CSP)
             page = context.new_page()
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
@@ -100,7 +104,8 @@ def test_upload_a_recording_through_the_file_input_and_see_its_map_and_charts(br
                 open_pool(page, "default")
                 page.click(".controls-panel [data-tab=pool]")
                 page.set_input_files("#recording-file", str(tmp_path / "incident.kvrec"))
-                page.wait_for_function("window.kvscope.pool.startsWith('rec-upload-') && window.kvscope.connection === 'open'",
+                page.wait_for_function("window.kvscope.pool.startsWith('rec-upload-')"
+                                       " && window.kvscope.connection === 'open'",
                                        timeout=30_000)
                 pool = page.evaluate("window.kvscope.pool")
                 assert "opened as pool " + pool in page.locator("#control-status").inner_text()
@@ -110,25 +115,29 @@ def test_upload_a_recording_through_the_file_input_and_see_its_map_and_charts(br
                 runs = api.get(f"/api/pools/{pool}/blockmap?format=json").json()["runs"]
                 live = sorted({r[2] for r in runs if r[2] >= 0})
                 assert len(live) == stats["allocation_count"] == 6
-                page.wait_for_function(f"JSON.stringify(window.kvscope.owners()) === {json.dumps(live, separators=(',', ':'))!r}",
+                page.wait_for_function("JSON.stringify(window.kvscope.owners()) === "
+                                       f"{json.dumps(live, separators=(',', ':'))!r}",
                                        timeout=30_000)
                 # the charts are the recording's whole span, not samples taken since it opened
                 info = api.get(f"/api/pools/{pool}/history").json()
                 times, utils = series_utilization(api, pool, info["first_seq"], info["last_seq"])
                 assert len(times) == 18
-                page.wait_for_function(f"window.kvscope.charts().source === 'past' && window.kvscope.charts().points === {len(times)}",
+                page.wait_for_function("window.kvscope.charts().source === 'past'"
+                                       f" && window.kvscope.charts().points === {len(times)}",
                                        timeout=30_000)
                 shown = charts(page)
                 assert shown["utilizations"] == utils and shown["first"] == times[0] and shown["last"] == times[-1]
                 assert max(utils) > shown["utilization"] == stats["utilization"]  # it held more before the frees
                 # scrubbing a recording keeps its whole span charted (the moment is marked)
-                page.evaluate("(() => { const r = document.querySelector('#tl-range'); r.value = '4'; r.dispatchEvent(new Event('input')); })()")
+                page.evaluate("(() => { const r = document.querySelector('#tl-range'); "
+                              "r.value = '4'; r.dispatchEvent(new Event('input')); })()")
                 page.wait_for_function("window.kvscope.timeline().shown === 4", timeout=30_000)
                 assert charts(page)["points"] == len(times) and page.evaluate("window.kvscope.chartMark()") == times[3]
                 # a file that is not a recording: the page says what it is, and stays where it was
                 (tmp_path / "notes.kvrec").write_text("just some notes")
                 page.set_input_files("#recording-file", str(tmp_path / "notes.kvrec"))
-                page.wait_for_function("document.querySelector('#control-status').textContent.includes('422')", timeout=30_000)
+                page.wait_for_function("document.querySelector('#control-status').textContent.includes('422')",
+                                       timeout=30_000)
                 assert "not a kvscope recording" in page.locator("#control-status").inner_text()
                 assert page.evaluate("window.kvscope.pool") == pool
                 assert errors == []

@@ -46,7 +46,8 @@ def test_mirror_page_shows_logical_slots_losses_and_errors(page, api, artifacts)
         for _ in range(5):
             pub.publish(src.step())  # live events reach the log
         page.wait_for_selector("#log tr.ev-stored", timeout=30_000)
-        page.wait_for_function("document.querySelector('#numbers').textContent.includes('prefix forest')", timeout=30_000)
+        page.wait_for_function("document.querySelector('#numbers').textContent.includes('prefix forest')",
+                               timeout=30_000)
         # A lost range (no replay socket to fill it) and a message with the wrong frame count.
         pub._seq += 3
         pub.publish(src.step())

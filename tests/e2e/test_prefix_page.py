@@ -60,7 +60,8 @@ def test_prefix_chat_runs_live_and_the_page_shows_its_hit_ratio(page, api):
     page.click("#f-workload button[type=submit]")
     try:
         page.wait_for_function(
-            "(() => { const s = window.kvscope.stats(); return s && s.prefix && s.prefix.queries > 2000 && s.prefix.hits > 0; })()",
+            "(() => { const s = window.kvscope.stats(); "
+            "return s && s.prefix && s.prefix.queries > 2000 && s.prefix.hits > 0; })()",
             timeout=30_000)
     except Exception:  # say where it stopped: the workload's own state, the page's view of it
         workload = api.get("/api/pools/e2e-pxchat/workload")

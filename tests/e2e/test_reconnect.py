@@ -23,7 +23,8 @@ def test_page_reconnects_after_a_server_restart(browser, artifacts):
         # the restart takes the same port (what the page reconnects to), free since the stop
         proc = start_server(int(base.rsplit(':', 1)[1]), log_path)
         wait_healthy(base, proc, log_path)
-        page.wait_for_function("window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0", timeout=30_000)
+        page.wait_for_function("window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0",
+                               timeout=30_000)
         assert page.locator("#conn").get_attribute("data-state") == "open"
         # another server process (a new instance id): the page says its history was reset
         assert page.locator("#control-status").text_content() == "server restarted, history reset"

@@ -31,14 +31,16 @@ def shown(page) -> dict:
 
 
 def wait_shown(page, seq: int) -> None:
-    page.wait_for_function(f"(() => {{ const t = window.kvscope.timeline(); return t && t.mode === 'past' && t.shown === {seq}; }})()",
+    page.wait_for_function(f"(() => {{ const t = window.kvscope.timeline(); "
+                           f"return t && t.mode === 'past' && t.shown === {seq}; }})()",
                            timeout=30_000)
 
 
 def test_scrub_step_and_back_to_live(page, api):
     name = "e2e-tl"
     make_pool(api, name, strategy="contiguous", num_blocks=64, block_bytes=BLOCK)
-    ids = [api.post(f"/api/pools/{name}/allocations", json={"bytes": (i % 4 + 1) * BLOCK}).json()["id"] for i in range(8)]
+    ids = [api.post(f"/api/pools/{name}/allocations", json={"bytes": (i % 4 + 1) * BLOCK}).json()["id"]
+           for i in range(8)]
     for aid in ids[::2]:
         api.delete(f"/api/pools/{name}/allocations/{aid}")
     api.post(f"/api/pools/{name}/allocations", json={"bytes": 60 * BLOCK})  # an OOM marker
@@ -49,7 +51,8 @@ def test_scrub_step_and_back_to_live(page, api):
     page.wait_for_function("window.kvscope.timeline().markers === 1", timeout=30_000)  # the OOM
     assert page.locator(".tl-mark.tl-oom").count() == 1
     # drag to event 5: five allocations were live then
-    page.evaluate("(() => { const r = document.querySelector('#tl-range'); r.value = '5'; r.dispatchEvent(new Event('input')); })()")
+    page.evaluate("(() => { const r = document.querySelector('#tl-range'); "
+                  "r.value = '5'; r.dispatchEvent(new Event('input')); })()")
     wait_shown(page, 5)
     assert page.evaluate("window.kvscope.owners()") == owners_at(api, name, 5) == ids[:5]
     stats5 = api.get(f"/api/pools/{name}/stats", params={"at_seq": 5}).json()
@@ -78,7 +81,8 @@ def test_scrub_step_and_back_to_live(page, api):
     page.wait_for_function("window.kvscope.timeline().mode === 'live'", timeout=30_000)
     assert page.evaluate("window.kvscope.chartMark()") is None
     live = sorted({r[2] for r in api.get(f"/api/pools/{name}/blockmap?format=json").json()["runs"] if r[2] >= 0})
-    page.wait_for_function(f"JSON.stringify(window.kvscope.owners()) === {json.dumps(live, separators=(',', ':'))!r}", timeout=30_000)
+    page.wait_for_function(f"JSON.stringify(window.kvscope.owners()) === {json.dumps(live, separators=(',', ':'))!r}",
+                           timeout=30_000)
     assert page.console_log.errors == []
 
 
@@ -94,13 +98,15 @@ def test_scrub_a_prefix_caching_pool_shows_shared_and_cached_blocks_as_they_were
     last = api.get(f"/api/pools/{name}/history").json()["last_seq"]
     open_pool(page, name)
     page.wait_for_function(f"window.kvscope.timeline() && window.kvscope.timeline().last === {last}", timeout=30_000)
-    page.evaluate(f"(() => {{ const r = document.querySelector('#tl-range'); r.value = '{both}'; r.dispatchEvent(new Event('input')); }})()")
+    page.evaluate(f"(() => {{ const r = document.querySelector('#tl-range'); "
+                  f"r.value = '{both}'; r.dispatchEvent(new Event('input')); }})()")
     wait_shown(page, both)
     assert page.evaluate("window.kvscope.owners()") == owners_at(api, name, both) == [a["id"], b["id"]]
     past = api.get(f"/api/pools/{name}/stats", params={"at_seq": both}).json()
     assert past["blocks_by_state"]["shared"] == 2 and past["blocks_by_state"]["cached"] == 0
     shown_stats = page.evaluate("window.kvscope.shownStats()")
-    assert shown_stats["blocks_by_state"] == past["blocks_by_state"] and shown_stats["used_blocks"] == past["used_blocks"]
+    assert (shown_stats["blocks_by_state"] == past["blocks_by_state"]
+            and shown_stats["used_blocks"] == past["used_blocks"])
     assert "not kept for past moments" in page.locator("#numbers").inner_text()
     page.click("#tl-live")
     page.wait_for_function("window.kvscope.timeline().mode === 'live'", timeout=30_000)
@@ -119,16 +125,20 @@ def test_open_a_recording_from_the_pool_tab_and_scrub_it(browser, tmp_path):
                 api.post("/api/pools/src/allocations", json={"bytes": (i + 1) * BLOCK})
             info = api.delete("/api/pools/src/recording").json()
             assert info["events"] == 6
-            context = browser.new_context(viewport={"width": 1440, "height": 1000}, base_url=base, bypass_csp=BYPASS_CSP)
+            context = browser.new_context(viewport={"width": 1440, "height": 1000}, base_url=base,
+                                          bypass_csp=BYPASS_CSP)
             page = context.new_page()
             try:
                 open_pool(page, "src")
                 page.click(".controls-panel [data-tab=pool]")
                 page.click("#b-recordings")
                 page.click("#recording-list [data-open=demo]")
-                page.wait_for_function("window.kvscope.pool === 'rec-demo' && window.kvscope.connection === 'open'", timeout=30_000)
-                page.wait_for_function("window.kvscope.timeline() && window.kvscope.timeline().last === 6", timeout=30_000)
-                page.evaluate("(() => { const r = document.querySelector('#tl-range'); r.value = '3'; r.dispatchEvent(new Event('input')); })()")
+                page.wait_for_function("window.kvscope.pool === 'rec-demo' && window.kvscope.connection === 'open'",
+                                       timeout=30_000)
+                page.wait_for_function("window.kvscope.timeline() && window.kvscope.timeline().last === 6",
+                                       timeout=30_000)
+                page.evaluate("(() => { const r = document.querySelector('#tl-range'); "
+                              "r.value = '3'; r.dispatchEvent(new Event('input')); })()")
                 wait_shown(page, 3)
                 assert page.evaluate("window.kvscope.owners()") == owners_at(api, "rec-demo", 3) == [1, 2, 3]
                 page.click("#tl-live")

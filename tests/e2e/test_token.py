@@ -24,7 +24,8 @@ def test_page_asks_for_the_token_and_then_works(browser, artifacts):
         assert page.locator("#conn").get_attribute("data-state") in ("auth", "connecting")
         page.fill("#token-dialog input[name=token]", TOKEN)
         page.click("#token-dialog button[value=ok]")
-        page.wait_for_function("window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0", timeout=30_000)
+        page.wait_for_function("window.kvscope.connection === 'open' && window.kvscope.lastFrame() >= 0",
+                               timeout=30_000)
         assert page.evaluate("sessionStorage.getItem('kvscope.token')") == TOKEN
         page.click("#f-allocate button[type=submit]")  # a mutating call carries the bearer token
         page.wait_for_selector("#control-status[data-kind=ok]", timeout=30_000)

@@ -85,7 +85,8 @@ def test_record_prefix_chat_on_a_prefix_caching_pool_replays_its_sharing(tmp_pat
     from workloads.record import record, record_parser
 
     out = tmp_path / "pc.kvrec"
-    args = record_parser().parse_args(["prefix-chat", "-o", str(out), "--blocks", "96", "--block-bytes", "64", "--quiet"])
+    args = record_parser().parse_args(
+        ["prefix-chat", "-o", str(out), "--blocks", "96", "--block-bytes", "64", "--quiet"])
     info = record(args, out=None)
     assert info["events"] > 0
     meta, view = read_recording(out)
