@@ -133,15 +133,28 @@ def signed64(h: int) -> int:
     return h - (1 << 64) if h >= 1 << 63 else h
 
 
-def tokens_hashes(tokens: list[int], block_size: int) -> list[int]:
-    """Dynamo's tokens_hash of each full block of `tokens` (XXH3-64, seed 1337, little-endian
-    u32 token ids), as signed ints: what a tokens_hash-keyed engine's blocks are keyed by."""
+def tokens_hash_seed(lora_name: str | None = None) -> int:
+    """The XXH3 seed of Dynamo's tokens_hash: 1337, plus the XXH3-64 of the LoRA adapter's name
+    for a LoRA's blocks (wrapping; an empty name is no adapter), as Dynamo's
+    `compute_block_hash_for_seq` mixes it in."""
+    if not lora_name:
+        return TOKENS_HASH_SEED
     import xxhash
 
+    return (TOKENS_HASH_SEED + xxhash.xxh3_64_intdigest(lora_name.encode())) & HASH_MASK
+
+
+def tokens_hashes(tokens: list[int], block_size: int, lora_name: str | None = None) -> list[int]:
+    """Dynamo's tokens_hash of each full block of `tokens` (XXH3-64 over the token ids as
+    little-endian u32, seeded by `tokens_hash_seed`), as signed ints: what a tokens_hash-keyed
+    engine's blocks are keyed by. Token ids must fit in a u32 (struct.error otherwise)."""
+    import xxhash
+
+    seed = tokens_hash_seed(lora_name)
     out = []
     for i in range(0, len(tokens) - block_size + 1, block_size):
         raw = struct.pack(f"<{block_size}I", *tokens[i:i + block_size])
-        out.append(signed64(xxhash.xxh3_64_intdigest(raw, seed=TOKENS_HASH_SEED)))
+        out.append(signed64(xxhash.xxh3_64_intdigest(raw, seed=seed)))
     return out
 
 

@@ -308,10 +308,13 @@ class Fleet:
         out.update(self.hash_keyed())
         return out
 
-    def match_tokens(self, tokens: list[int], lora_id: int | None = None) -> dict[str, int]:
+    def match_tokens(self, tokens: list[int], lora_id: int | None = None,
+                     lora_name: str | None = None) -> dict[str, int]:
         """Each engine's longest cached prefix of `tokens`, in blocks: engines keyed by token
-        ids as the index matches them, Dynamo's by the tokens_hash chain of the prompt's blocks
-        at their block size (0 for one whose block size is not known). Call where changes run."""
+        ids as the index matches them (a LoRA's blocks by `lora_id`), Dynamo's by the
+        tokens_hash chain of the prompt's blocks at their block size (a LoRA's by `lora_name`,
+        which Dynamo mixes into the hash; 0 for one whose block size is not known). Call where
+        changes run."""
         from .dynamo import HASH_KEYED_BLOCK_SIZE, tokens_hashes
 
         out = self.index.match(tokens, lora_id)
@@ -322,10 +325,61 @@ class Fleet:
             if bs:
                 by_size[bs] = by_size.get(bs, 0) | (1 << self.index.engine(name).eid)
         for bs, mask in by_size.items():
-            got = self.index.match_tokens(tokens_hashes(tokens, bs), HASH_KEYED_BLOCK_SIZE, None, mask)
+            got = self.index.match_tokens(tokens_hashes(tokens, bs, lora_name), HASH_KEYED_BLOCK_SIZE,
+                                          None, mask)
             for eid, n in got.items():
                 out[self.index.name_of(eid)] = n
         return out
+
+    def match_tokens_hashes(self, hashes: list[int]) -> dict[str, int]:
+        """Each tokens_hash-keyed engine's longest cached prefix of a chain of Dynamo's block
+        hashes (`tokens_hash`es, as Dynamo's `/query_by_hash` takes them; u64 or signed), in
+        blocks. Engines keyed by token ids are not in the answer: their blocks are known by
+        their tokens, not by Dynamo's hash of them. Call where changes run."""
+        from .dynamo import HASH_KEYED_BLOCK_SIZE, signed64
+
+        keyed = self.hash_keyed()
+        out = dict.fromkeys(keyed, 0)
+        mask = 0
+        for name in keyed:
+            mask |= 1 << self.index.engine(name).eid
+        if mask:
+            chain = [signed64(h & ((1 << 64) - 1)) for h in hashes]
+            for eid, n in self.index.match_tokens(chain, HASH_KEYED_BLOCK_SIZE, None, mask).items():
+                out[self.index.name_of(eid)] = n
+        return out
+
+    def identities(self) -> dict[str, tuple[int | str, int, str | None]]:
+        """Each engine as Dynamo's indexer names a worker, with the model it serves: (instance,
+        DP rank, model). The instance is the worker id its Dynamo events carry, else its
+        server's name, as an int when it is one (an engine registered the way Dynamo's indexer
+        registers workers is named by its instance id)."""
+        by_name = {n: link for link in self.links.values() for n in link.ranks.values() if n is not None}
+        out = {}
+        for name, info in self.index.engines.items():
+            link = by_name.get(name)
+            worker = None
+            if link is not None:
+                worker = getattr(link, "worker_id", None)
+                if worker is None:
+                    worker = getattr(getattr(link, "subscriber", None), "worker_id", None)
+            server = info.server
+            if worker is None:
+                worker = int(server) if server.isascii() and server.isdigit() and len(server) < 20 else server
+            out[name] = (worker, info.dp_rank, link.spec.model if link is not None else None)
+        return out
+
+    def held_tables(self, names: list[str]) -> tuple[dict[str, dict[int, int]], dict[int, int]]:
+        """What `names` hold, for a dump: each engine's table from its own block hashes to the
+        index's keys, and every indexed key's parent key (0: a root). O(blocks held); call
+        where changes run."""
+        tables = {n: self.index.engine_table(self.index.engine(n).eid) for n in names}
+        keys, parents = self.index.nodes()[:2]
+        return tables, dict(zip(keys.tolist(), parents.tolist()))
+
+    def held_blocks(self, names: list[str]) -> int:
+        """Blocks held by `names`, counted per engine (cheap)."""
+        return sum(self.index.held_of(self.index.engine(n).eid) for n in names)
 
     def sample(self) -> None:
         """Append the figures now to `samples` (the page's duplication and missed reuse over
