@@ -23,6 +23,7 @@ from .recordings import pool_name_for
 from .routes import (
     allocations,
     entries,
+    fleet_query,
     fleets,
     history,
     meta,
@@ -41,7 +42,7 @@ from .settings import Settings, get_settings
 
 API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, workload.router, meta.router,
                sequences.router, history.router, recordings.router, prefix.router, routing.router,
-               fleets.router)
+               fleets.router, fleet_query.router)
 
 
 def default_pool_spec(settings: Settings) -> dict:

@@ -36,7 +36,7 @@ ERROR_SCHEMA = {
 WHY = {
     401: "the token is missing (when the server has one)",
     403: "wrong token, or Host / Origin not allowed",
-    404: "no such pool, allocation or entry",
+    404: "no such pool, allocation, entry or fleet (or what the path names in it)",
     405: "method not allowed on this path (see the Allow header)",
     409: "clashes with current state (`history_reset`: an events cursor from an earlier server)",
     413: "body over the cap, or a request larger than the pool could ever hold (`details.capacity_bytes`)",
@@ -74,7 +74,7 @@ def error_statuses(method: str, path: str) -> set[int]:
     statuses = {403, 422}
     if path.startswith("/api/"):
         statuses |= {401}
-    if "{pool}" in path:
+    if "{pool}" in path or "{fleet}" in path:
         statuses.add(404)
     if path.endswith("/events") or "/entries" in path or path.endswith("/cache/policy"):
         statuses.add(409)  # history_reset; a pool without a cache

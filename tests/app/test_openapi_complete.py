@@ -25,7 +25,7 @@ def test_every_operation_lists_its_errors_with_the_error_schema(spec):
             assert "422" in errors and "403" in errors, (method, path)
             if path.startswith("/api/"):
                 assert "401" in errors, (method, path)
-            if "{pool}" in path:
+            if "{pool}" in path or "{fleet}" in path:
                 assert "404" in errors, (method, path)
             if method in ("post", "put", "delete"):
                 assert {"409", "413", "415"} <= set(errors), (method, path)

@@ -1,0 +1,208 @@
+"""A fleet's Dynamo-compatible routes answer as Dynamo's own standalone indexer does.
+
+Three workers publish through vLLM's own ZmqEventPublisher. Dynamo's indexer (`python -m
+dynamo.indexer` from the ai-dynamo-runtime wheel) follows them, registered over its HTTP API;
+one kvscope fleet is registered with the very same HTTP calls at its Dynamo base URL (it reads
+the engines directly), and a second follows Dynamo's own `KvEventPublisher`s relaying the same
+engines onto Dynamo's event plane (wire "dynamo"). The indexer reads engine-side ZeroMQ only (it
+drops the event plane's four-frame envelopes), so the relays are how Dynamo's publisher comes in.
+Every prompt, cut at every block, gets the same `/query` answer from all three; `/query_by_hash`,
+`/workers` and who holds what in `/dump` agree too."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kve_dynamo import BS, KvEventPublisher, Runtime, TreeCache, compute_block_hash_for_seq, queries
+from support.apputil import make_client
+from support.kve_source import to_engine
+from test_real_publishers import DEADLINE
+
+from bench.dynamo_indexer import DynamoIndexer
+
+MODEL = "m"
+WORKERS = ((11, 0), (22, 0), (33, 1))  # (instance id, DP rank)
+DUMMY = (1 << 62) + 7  # a block stored and removed again to learn that each reader is connected
+
+
+def signed(h: int) -> int:
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+class Worker:
+    """A vLLM engine's publisher (vLLM's own class) and the reference cache it reports."""
+
+    def __init__(self, mod, ipc, wid: int, rank: int, seed: int) -> None:
+        self.mod, self.wid, self.rank = mod, wid, rank
+        self.endpoint, self.replay = ipc(f"w{wid}"), ipc(f"w{wid}r")
+        # rank 0 to the publisher (vLLM offsets a tcp port per rank and refuses ipc for others);
+        # each batch names the rank, as a multi-rank vLLM's do
+        self.pub = mod.ZmqEventPublisher(0, endpoint=self.endpoint, replay_endpoint=self.replay,
+                                         topic="kv")
+        self.source = TreeCache(block_size=BS, seed=seed, hash_seed=1_000_003)
+        self.seq = -1
+
+    def send(self, events) -> None:
+        self.pub.publish(self.mod.KVEventBatch(ts=time.time(), events=to_engine(self.mod, events),
+                                               data_parallel_rank=self.rank))
+        self.seq += 1
+
+    def register_body(self) -> dict:
+        return {"instance_id": self.wid, "endpoint": self.endpoint, "replay_endpoint": self.replay,
+                "model_name": MODEL, "block_size": BS, "dp_rank": self.rank}
+
+
+def wait(cond, what: str, deadline_s: float = DEADLINE):
+    end = time.monotonic() + deadline_s
+    while True:
+        got = cond()
+        if got:
+            return got
+        assert time.monotonic() < end, what
+        time.sleep(0.05)
+
+
+def dump_holdings(dump: dict) -> dict[tuple[int, int], set[tuple[int, int | None]]]:
+    """{(worker, rank): {(block_hash, parent_hash)}} of a /dump answer (chains flattened)."""
+    out: dict = {}
+    for part in dump.values():
+        for r in part["events"]:
+            stored = r["event"]["data"]["stored"]
+            parent = stored["parent_hash"]
+            held = out.setdefault((r["worker_id"], r["event"]["dp_rank"]), set())
+            for b in stored["blocks"]:
+                held.add((b["block_hash"], parent))
+                parent = b["block_hash"]
+    return out
+
+
+@pytest.fixture
+def setup(tmp_path, ipc, vllm_kv):
+    runtime = Runtime(str(tmp_path / "discovery"), "zmq")
+    workers = [Worker(vllm_kv, ipc, wid, rank, seed=i + 1) for i, (wid, rank) in enumerate(WORKERS)]
+    for w in workers[1:]:
+        w.source.prompts = workers[0].source.prompts  # shared system prompts: shared blocks
+    relays = [KvEventPublisher(runtime.drt.endpoint("ns.backend.generate"), worker_id=w.wid,
+                               kv_block_size=BS, dp_rank=w.rank, zmq_endpoint=w.endpoint, zmq_topic="kv")
+              for w in workers]
+    indexer = DynamoIndexer(threads=2)
+    client = make_client().__enter__()
+    try:
+        yield runtime, workers, indexer, client
+    finally:
+        client.__exit__(None, None, None)
+        log = indexer.log()
+        indexer.close()
+        for r in relays:
+            r.shutdown()
+        for w in workers:
+            w.pub.shutdown()
+        runtime.close()
+        assert "panicked" not in log, log[-3000:]
+
+
+def test_the_fleet_answers_as_dynamos_standalone_indexer(setup):
+    runtime, workers, indexer, client = setup
+    base = "/api/fleets/direct/dynamo"
+
+    def kvscope(method: str, path: str, json=None):
+        return client.request(method, base + path, json=json)
+
+    # The same registration calls, one at Dynamo's indexer, one at the fleet's Dynamo base URL.
+    wait(lambda: len(runtime.zmq_endpoints()) == len(workers), "the relays in Dynamo's discovery")
+    relay_eps = sorted(runtime.zmq_endpoints().values())
+    r = client.post("/api/fleets", json={"name": "relay", "engines": [
+        {"name": f"r{i}", "endpoint": ep, "wire": "dynamo", "block_size": BS} for i, ep in enumerate(relay_eps)]})
+    assert r.status_code == 201, r.text
+    r = client.post("/api/fleets", json={"name": "direct", "engines": [
+        {"name": "seed", "endpoint": workers[0].endpoint, "block_size": BS, "model": "other"}]})
+    assert r.status_code == 201, r.text  # an engine of another model: never in MODEL's answers
+    for call in (indexer.call, kvscope):
+        for w in workers:
+            r = call("POST", "/register", w.register_body())
+            assert r.status_code == 201 and r.json() == {"status": "ok"}, r.text
+        again = call("POST", "/register", workers[0].register_body())
+        assert again.status_code == 409, again.text
+
+    def relay_rows():
+        return {row["name"]: row for row in client.get("/api/fleets/relay").json()["engines"]}
+
+    def direct_rows():
+        return {row["name"]: row for row in client.get("/api/fleets/direct").json()["engines"]}
+
+    # Until every reader has seen a batch (ZeroMQ's slow joiner), a block stored and removed.
+    def connected() -> bool:
+        for w in workers:
+            w.send(to_store_remove())
+        statuses = [x["status"] for x in indexer.call("GET", "/workers").json()]
+        return (statuses == ["active"] * len(workers)
+                and all(r["stream"]["worker_id"] is not None for r in relay_rows().values())
+                and all(r["stream"]["last_seq"] is not None for n, r in direct_rows().items() if n != "seed"))
+    wait(connected, "every reader connected")
+
+    for _ in range(30):
+        for w in workers:
+            w.send(w.source.step())
+
+    def held_by(rows) -> dict:
+        return {(r["stream"].get("worker_id") or int(r["server"]), r["dp_rank"]): r["cached_blocks"]
+                for n, r in rows.items() if n != "seed"}
+
+    want = {(w.wid, w.rank): len(w.source.cached) for w in workers}
+    wait(lambda: {k: len(v) for k, v in dump_holdings(indexer.call("GET", "/dump").json()).items()} == want,
+         "Dynamo's indexer holds what the workers hold")
+    wait(lambda: held_by(direct_rows()) == want, "the direct fleet holds what the workers hold")
+    wait(lambda: held_by(relay_rows()) == want, "the relayed fleet holds what the workers hold")
+    time.sleep(0.3)  # nothing left in flight: the sets above are final
+
+    compared = nonzero = 0
+    for tokens in queries(workers):
+        body = {"token_ids": tokens, "model_name": MODEL}
+        theirs = indexer.call("POST", "/query", body).json()
+        assert kvscope("POST", "/query", body).json() == theirs, tokens
+        assert client.post("/api/fleets/relay/dynamo/query", json=body).json() == theirs, tokens
+        hashes = [signed(h) for h in compute_block_hash_for_seq(tokens, BS)]
+        by_hash = {"block_hashes": hashes, "model_name": MODEL}
+        theirs_h = indexer.call("POST", "/query_by_hash", by_hash).json()
+        assert client.post("/api/fleets/relay/dynamo/query_by_hash", json=by_hash).json() == theirs_h
+        assert theirs_h == theirs
+        compared += 1
+        nonzero += bool(theirs["scores"])
+    assert compared > 40 and nonzero > 30, (compared, nonzero)
+    assert any(len(a["scores"]) == len(workers) for a in [indexer.call("POST", "/query", {
+        "token_ids": workers[0].source.prompts[0], "model_name": MODEL}).json()])  # shared blocks
+
+    # Who holds which block under which parent, as both dump it.
+    theirs_dump = dump_holdings(indexer.call("GET", "/dump").json())
+    ours = kvscope("GET", "/dump").json()
+    assert set(ours) == {f"{MODEL}:default", "other:default"}
+    assert ours[f"{MODEL}:default"]["block_size"] == BS
+    assert dump_holdings({k: v for k, v in ours.items() if k.startswith(MODEL)}) == theirs_dump
+    assert dump_holdings(client.get("/api/fleets/relay/dynamo/dump").json()) == theirs_dump
+
+    # /workers: the same instances, ranks, endpoints and states.
+    def norm(ws):
+        return sorted((w["instance_id"], w["status"], w["model_name"], w["routing_group"], w["block_size"],
+                       sorted(w["endpoints"].items()), sorted((k, v["status"]) for k, v in w["listeners"].items()))
+                      for w in ws)
+    theirs_w = indexer.call("GET", f"/workers?model_name={MODEL}").json()
+    assert norm(kvscope("GET", f"/workers?model_name={MODEL}").json()) == norm(theirs_w)
+    assert {w["instance_id"] for w in kvscope("GET", "/workers").json()} == {11, 22, 33, "seed"}
+
+    # Unknown partitions are 404 on both; unregistering takes an instance away on both.
+    for call in (indexer.call, kvscope):
+        assert call("POST", "/query", {"token_ids": [1] * BS, "model_name": "nope"}).status_code in (404, 200)
+        assert call("POST", "/query", {"token_ids": [1] * BS, "model_name": MODEL,
+                                       "routing_group": "g"}).status_code == 404
+        assert call("POST", "/unregister", {"instance_id": 22, "model_name": MODEL}).status_code == 200
+        assert call("POST", "/unregister", {"instance_id": 22, "model_name": MODEL}).status_code == 404
+    prompt = {"token_ids": workers[0].source.prompts[0], "model_name": MODEL}
+    theirs = indexer.call("POST", "/query", prompt).json()
+    assert "22" not in theirs["scores"] and kvscope("POST", "/query", prompt).json() == theirs
+
+
+def to_store_remove() -> list:
+    from kvevents.codec import Removed, Stored
+
+    return [Stored([DUMMY], None, [999_999] * BS, BS, "GPU"), Removed([DUMMY], "GPU")]
