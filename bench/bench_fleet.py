@@ -504,6 +504,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict:
     print(f"wire     kvscope PUB/SUB -> decode -> fleet {wire:12,.0f} blocks/s "
           f"(goal >= {GOALS['wire_blocks_per_s']:,})")
     scales = [scale_row(*row) for row in SCALES]
+    side = indexer_side()
     sustained = wide = wide_slow = None
     if not quick:
         sustained = bench_sustained()
@@ -522,6 +523,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict:
            "sustained": sustained,
            "sustained_1024": wide,
            "sustained_1024_bigger_batches": wide_slow,
+           "dynamo_indexer": side,
            "goals": GOALS,
            "met": {"apply": ours / theirs >= GOALS["apply_ratio"],
                    "match": k_us / d_us <= GOALS["match_ratio"],
@@ -540,6 +542,34 @@ def run(json_path: str | None = None, quick: bool = False) -> dict:
             json.dump(out, f, indent=2)
         print(f"wrote {json_path}")
     return out
+
+
+def indexer_side() -> dict:
+    """Dynamo's standalone indexer (`python -m dynamo.indexer`) beside a real kvscope server's
+    fleet, on the same publishers (bench/dynamo_indexer.py)."""
+    from .dynamo_indexer import bench_side_by_side
+
+    srv = Server()
+    try:
+        side = bench_side_by_side(srv.url, sized(40_000, 400), sized(500, 20))
+    finally:
+        log = srv.stop()
+        if "Traceback" in log:
+            print(log[-3000:])
+    d, k = side["dynamo"], side["kvscope"]
+
+    def n(v) -> str:
+        return "(not done)" if v is None else f"{v:,}"
+    print(f"indexers {side['engines']} engines, {side['events']:,} events ({side['blocks']:,} blocks) over "
+          f"ZeroMQ to Dynamo's standalone indexer ({side['dynamo_threads']} threads) and a kvscope "
+          f"server: ingested end to end alone dynamo {n(d['alone']['events_per_s'])} events/s "
+          f"({n(d['alone']['blocks_per_s'])} blocks/s), kvscope {n(k['alone']['events_per_s'])} "
+          f"({n(k['alone']['blocks_per_s'])}); both at once dynamo {n(d['together']['events_per_s'])}, "
+          f"kvscope {n(k['together']['events_per_s'])} events/s; /query over HTTP p50/p99 dynamo "
+          f"{d['query_p50_ms']}/{d['query_p99_ms']} ms, kvscope {k['query_p50_ms']}/{k['query_p99_ms']} "
+          f"ms (GET /health {d['health_p50_ms']} / {k['health_p50_ms']} ms); answers differ on "
+          f"{side['answers_differ']} of {side['queries']}")
+    return side
 
 
 def json_arg(argv: list[str]) -> str | None:

@@ -68,6 +68,11 @@ class Publisher:
     def publish(self, events, ts: float | None = None, dp_rank: int | None = 0) -> int:
         """Send one batch of normalised events; returns its seq."""
         payload = encode_batch(events, time.time() if ts is None else ts, dp_rank)
+        return self.publish_encoded(payload, len(events))
+
+    def publish_encoded(self, payload: bytes, events: int = 0) -> int:
+        """Send one batch already encoded (`codec.encode_batch`) of `events` events; returns
+        its seq."""
         with self._lock:
             if not self._running:
                 raise RuntimeError("publisher is closed")
@@ -76,7 +81,7 @@ class Publisher:
             self._pub.send_multipart((self._topic, seq_bytes(seq), payload))
             self._buffer.append((seq, payload))
             self.published_batches += 1
-            self.published_events += len(events)
+            self.published_events += events
         return seq
 
     @property
