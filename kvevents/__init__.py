@@ -6,6 +6,8 @@
 - `subscriber`: SUB + gap detection + DEALER replay + engine-restart detection, never dying.
 - `recording`: a file of what a subscriber received, and its replay into a mirror.
 - `fleet` + `index` (compiled `_index`): many engines' streams into one prefix index across them.
+- `query`: what the routers' indexers answer (Dynamo's standalone indexer, llm-d's pod scores),
+  from a fleet.
 
 Depends on allocator/ (the mirror model) and on pyzmq + msgspec; allocator/ never imports it.
 """
