@@ -18,6 +18,19 @@ from ..pools.blockmap import CACHED, FREE, NO_OWNER, PINNED, SHARED, STATE_NAMES
 from ..pools.events import event_dict, packed_list
 from ..pools.metrics import fragmentation_stats
 from ..vocab import EVICTION_REASONS
+from .columns import (
+    CODE_MASK,
+    COLUMNS1,
+    COLUMNS2,
+    COUNTER_NAMES,
+    FLAG_KEY,
+    FLAG_OBJ,
+    NVALS,
+    CacheFigures,
+    EventColumns,
+    KeyframeFigures,
+    OldColumns,
+)
 
 DEFAULT_HISTORY_BYTES = 64 << 20
 # Events between keyframes: EVENTS_PER_KEYFRAME_BLOCK per block of the pool (one per four blocks
@@ -28,8 +41,6 @@ DEFAULT_HISTORY_BYTES = 64 << 20
 # pool's keyframes near 1 ns an event; the cap keeps a read within ~100 ms.
 KEYFRAME_EVENTS = 131_072
 EVENTS_PER_KEYFRAME_BLOCK = 4
-COUNTER_NAMES = ("extends", "truncates", "moves", "moved_blocks", "defragmentations",
-                 "ooms_capacity", "ooms_fragmentation")
 
 
 class OutsideHistory(NotFound):
@@ -110,9 +121,7 @@ class Keyframe:
     frees: int
     counters: tuple  # values of COUNTER_NAMES
     own_bytes: int = -1
-    # The KV cache's own figures then (policy, capacity_bytes, hits, misses, evictions by
-    # EVICTION_REASONS, its entries' allocation ids as int64 bytes), or None: no cache.
-    cache: tuple | None = None
+    cache: CacheFigures | None = None  # the KV cache's own figures then; None: no cache
 
     def __post_init__(self) -> None:
         if self.own_bytes < 0:
@@ -146,39 +155,21 @@ class Keyframe:
         return None
 
     def to_row(self) -> dict:
+        figures = KeyframeFigures(self.requested, self.allocations, self.last_id, self.frees,
+                                  tuple(self.counters), self.cache)
         return {"seq": self.seq, "owner_z": _pages_blob(self.owner_pages),
-                "state_z": _pages_blob(self.state_pages),
-                "scalars": pickle.dumps((self.requested, self.allocations, self.last_id, self.frees,
-                                         self.counters) + ((self.cache,) if self.cache else ()), 4)}
+                "state_z": _pages_blob(self.state_pages), "scalars": pickle.dumps(figures.plain(), 4)}
 
     @classmethod
     def from_row(cls, seq: int, owner_z: bytes, state_z: bytes, scalars: bytes) -> Keyframe:
         """A keyframe as a recording stores it (`to_row`), every field checked to be what the
         writer writes. Raises pickle.UnpicklingError."""
-        values = safe_loads(scalars, bounded=True)
-        if not (values.__class__ is tuple and len(values) in (5, 6) and seq.__class__ is int
-                and all(v.__class__ is int for v in values[:4]) and values[4].__class__ is tuple
-                and len(values[4]) == len(COUNTER_NAMES) and all(v.__class__ is int for v in values[4])):
-            raise pickle.UnpicklingError(f"keyframe {seq!r}: its figures are not (requested, allocations, "
-                                         f"last id, frees, {len(COUNTER_NAMES)} counters[, cache])")
-        requested, allocations, last_id, frees, counters, *cache = values
-        return cls(seq, _blob_pages(owner_z), _blob_pages(state_z), requested, allocations, last_id,
-                   frees, counters, cache=_cache_scalars(cache[0]) if cache else None)
+        f = KeyframeFigures.of(safe_loads(scalars, bounded=True), seq)
+        return cls(seq, _blob_pages(owner_z), _blob_pages(state_z), f.requested, f.allocations,
+                   f.last_id, f.frees, f.counters, cache=f.cache)
 
 
 PAGE_BLOCKS = 16_384  # blocks per keyframe page (64 KiB of owners before compression)
-
-
-def _cache_scalars(value) -> tuple:
-    """A keyframe's cache figures as read back from a file, checked to be what _snapshot writes."""
-    ok = (isinstance(value, tuple) and len(value) == 6 and isinstance(value[0], str)
-          and all(isinstance(v, int) for v in value[1:4]) and isinstance(value[4], tuple)
-          and len(value[4]) == len(EVICTION_REASONS) and all(isinstance(v, int) for v in value[4])
-          and isinstance(value[5], bytes) and len(value[5]) % 8 == 0)
-    if not ok:
-        raise pickle.UnpicklingError("a keyframe's cache figures are not (policy, capacity, hits, "
-                                     "misses, evictions, entry ids)")
-    return value
 
 
 def _pages_blob(pages: tuple) -> bytes:
@@ -228,50 +219,6 @@ def _unique_bytes(pages, exclude=()) -> int:
     return sum(seen.values())
 
 
-COLUMNS = "cols1"  # marks a segment stored as EventRing.export() columns
-NVALS = 6  # int64 values per numeric event (allocator/_events.pxi)
-FLAG_OBJ = 0x80
-FLAG_KEY = 0x40
-CODE_MASK = 0x3F
-
-
-def rows_of_columns(data: tuple) -> list[tuple]:
-    """Older "cols1" columns (recordings of an earlier build) back to flat tuples in the vocabulary's layout, as
-    EventRing.raw_after() makes them: numeric allocate (id, requested, allocated, blocks,
-    block_ids, state), free (id, blocks, block_ids, requested_bytes)."""
-    _, first, last, ts, kind, vals, aux, nids, ids, objs, names = data
-    ts = np.frombuffer(ts, dtype=np.float64).tolist()
-    kind = np.frombuffer(kind, dtype=np.uint8).tolist()
-    vals = np.frombuffer(vals, dtype=np.int64).reshape(-1, NVALS).tolist()
-    aux = np.frombuffer(aux, dtype=np.uint8).tolist()
-    nids = np.frombuffer(nids, dtype=np.int32).tolist()
-    id_arr = np.frombuffer(ids, dtype=np.int32)
-    out: list[tuple] = []
-    pos = oi = 0
-    for i, k in enumerate(kind):
-        seq = first + i
-        if k & FLAG_OBJ:
-            out.append((seq, ts[i], names[k & CODE_MASK]) + tuple(objs[oi]))
-            oi += 1
-            continue
-        m = nids[i]
-        if m == 1:
-            bid = int(id_arr[pos])
-        elif m > 1:
-            bid = id_arr[pos:pos + m].tobytes()
-        else:
-            bid = None
-        pos += max(m, 0)
-        v = vals[i]
-        name = names[k & CODE_MASK]
-        if name == "free":
-            out.append((seq, ts[i], name, v[0], v[1], bid, v[2]))
-        else:
-            out.append((seq, ts[i], name, v[0], v[1], v[2], v[3], bid, aux[i]))
-    return out
-
-
-COLUMNS2 = "cols2"  # EventRing.export()'s compact columns (allocator/_events.pxi)
 # Kinds Replayer.apply leaves the map and numbers alone for: the compiled replay skips them.
 # Every other Python-recorded kind goes through Replayer.apply (the safe default for new kinds).
 UNREPLAYED_KINDS = frozenset({"put", "hit", "miss", "remove", "evict", "policy", "workload"})
@@ -282,49 +229,49 @@ CACHE_KINDS = frozenset({"hit", "miss", "evict", "policy", "put"})
 class Segment:
     """Events first..last (contiguous seqs).
 
-    Written by the history: EventRing.export()'s columns as they came (`cols`, no Python
-    object per event; the value tuples of Python-recorded events pickled once into bytes, as
-    pickling ranges and lists is what those strategies' events cost anyway). Read back from a
-    recording or an older build: `blob`, a pickle of those columns, of "cols1" columns or of
-    row tuples. `rows()` gives row tuples for any of them; `columns()` the "cols2" columns
-    (objects unpickled) or None. A segment read from a file (`untrusted`) has its pickles
-    walked (`check_pickle`) before its first load.
+    Written by the history: EventRing.export()'s columns as they came (`cols`, EventColumns,
+    no Python object per event; the value tuples of Python-recorded events pickled once into
+    bytes, as pickling ranges and lists is what those strategies' events cost anyway). Read
+    back from a recording: `blob`, a pickle of those columns (as a plain tuple), of an earlier
+    build's OldColumns or of row tuples. `rows()` gives row tuples for any of them; `columns()`
+    the EventColumns (objects unpickled) or None. A segment read from a file (`untrusted`) has
+    its pickles walked (`check_pickle`) before its first load.
     """
 
     __slots__ = ("first", "last", "_blob", "_cols", "nbytes", "_untrusted")
 
-    def __init__(self, first: int, last: int, blob: bytes | None = None, cols: tuple | None = None,
+    def __init__(self, first: int, last: int, blob: bytes | None = None, cols: EventColumns | None = None,
                  untrusted: bool = False) -> None:
         self.first, self.last, self._blob, self._cols = first, last, blob, cols
         self._untrusted = untrusted
         if cols is not None:
-            self.nbytes = 200 + sum(len(cols[i]) for i in (3, 4, 5, 6, 7, 8, 9, 10, 12)) + 64 * len(cols[11])
+            self.nbytes = 200 + 64 * len(cols.keys) + sum(map(len, (
+                cols.ts, cols.kind, cols.aux, cols.num, cols.nb, cols.ne, cols.ids, cols.wide, cols.objs)))
         else:
             self.nbytes = len(blob) + 100
 
     @property
     def blob(self) -> bytes:
-        """The pickled form (what a recording stores)."""
+        """The pickled form (what a recording stores: the columns as a plain tuple)."""
         if self._blob is None:
             buf = io.BytesIO()
             pickler = pickle.Pickler(buf, 5)
             pickler.fast = True
-            pickler.dump(self._cols)
+            pickler.dump(self._cols.plain())
             return buf.getvalue()
         return self._blob
 
-    def columns(self) -> tuple | None:
-        """The "cols2" columns with the Python-recorded values as a list, or None for a segment
-        in another form. Raises pickle.UnpicklingError for a file's inconsistent columns."""
+    def columns(self) -> EventColumns | None:
+        """The columns with the Python-recorded values as a list, or None for a segment in
+        another form. Raises pickle.UnpicklingError for a file's inconsistent columns."""
         cols = self._cols
         if cols is None:
             data = safe_loads(self._blob, self._untrusted, refs=False)
             if not (data.__class__ is tuple and data and data[0] == COLUMNS2):
                 return None
-            if len(data) == 16 and data[12].__class__ in (bytes, list):
-                cols = _objs_loaded(data, self._untrusted)
-            else:
-                cols = data
+            cols = EventColumns.of(data)
+            if cols.objs.__class__ in (bytes, list):
+                cols = _objs_loaded(cols, self._untrusted)
             self._untrusted = False  # walked whole once: later loads of the same bytes are safe
             why = validate_columns(cols)
             if why is not None:
@@ -338,8 +285,8 @@ class Segment:
             return rows_of_columns2(cols)
         data = safe_loads(self._blob, self._untrusted, refs=False)
         self._untrusted = False  # walked whole once: later loads of the same bytes are safe
-        if data.__class__ is tuple and data and data[0] == COLUMNS:
-            return rows_of_columns(data)
+        if data.__class__ is tuple and data and data[0] == COLUMNS1:
+            return OldColumns.of(data).rows()
         if not (data.__class__ is list and all(r.__class__ is tuple and len(r) >= 3 for r in data)):
             raise pickle.UnpicklingError(f"recording segment {self.first}..{self.last} holds neither "
                                          "event columns nor event rows")
@@ -348,7 +295,9 @@ class Segment:
     @classmethod
     def of_columns(cls, cols: tuple) -> Segment:
         """From `EventRing.export()`: kept as they come, the Python-recorded values pickled."""
-        objs = cols[12]
+        if cols.__class__ is not EventColumns:
+            cols = EventColumns._make(cols)
+        objs = cols.objs
         if objs:
             buf = io.BytesIO()
             pickler = pickle.Pickler(buf, 5)
@@ -357,7 +306,7 @@ class Segment:
             objs = buf.getvalue()
         else:
             objs = b""
-        return cls(cols[1], cols[2], cols=cols[:12] + (objs,) + cols[13:])
+        return cls(cols.first, cols.last, cols=cols._replace(objs=objs))
 
     @classmethod
     def pack(cls, rows: list[tuple]) -> Segment:
@@ -368,24 +317,18 @@ class Segment:
         return cls(rows[0][0], rows[-1][0], buf.getvalue())
 
 
-def mostly_python(cols: tuple) -> bool:
-    """Whether a "cols2" segment is mostly Python-recorded events (contiguous, tiered, prefix
-    pools): stopping the compiled replay at each costs more than decoding the rows and writing
-    them vectorised (Replayer.apply_rows)."""
-    return len(cols[12]) * 4 > cols[2] - cols[1] + 1
-
-
-def _objs_loaded(cols: tuple, bounded: bool = False) -> tuple:
+def _objs_loaded(cols: EventColumns, bounded: bool = False) -> EventColumns:
     """Columns with the Python-recorded values as a list (they are kept pickled)."""
-    objs = cols[12]
+    objs = cols.objs
     if objs.__class__ is bytes:
-        return cols[:12] + (safe_loads(objs, bounded, refs=False) if objs else [],) + cols[13:]
+        return cols._replace(objs=safe_loads(objs, bounded, refs=False) if objs else [])
     return cols
 
 
 def keyframe_of(seq: int, owner: np.ndarray, state: np.ndarray, requested: int, allocations: int,
                 last_id: int, frees: int, counters, dirty=None, base: Keyframe | None = None,
-                page_blocks: int = PAGE_BLOCKS, empty: bool = False, cache: tuple | None = None) -> Keyframe:
+                page_blocks: int = PAGE_BLOCKS, empty: bool = False,
+                cache: CacheFigures | None = None) -> Keyframe:
     """A keyframe of the map now; with `base` (the previous keyframe), only the pages in `dirty`
     (page indexes changed since `base`) are compressed, the others shared with it. `empty`:
     the map is all free (a new pool)."""
@@ -476,10 +419,9 @@ class History:
             else:
                 self._since = bm.checkpoint()
         cache = p.cache
-        figures = None if cache is None else (
+        figures = None if cache is None else CacheFigures(
             cache.policy, cache.capacity_bytes, cache.hits, cache.misses,
-            tuple(cache.evictions[r] for r in EVICTION_REASONS),
-            cache.entry_ids().tobytes())
+            tuple(cache.evictions[r] for r in EVICTION_REASONS), cache.entry_ids().tobytes())
         kf = keyframe_of(p.events.last_seq, bm.owners_np(), bm.states_np(), p.requested_total, len(p),
                          last_id, p._frees, [p.counters[n] for n in COUNTER_NAMES], dirty, base,
                          self.page_blocks, cache=figures)
@@ -494,15 +436,16 @@ class History:
     def spill(self) -> None:
         """Pack the ring's unconsumed events; keyframe the live map when one is due."""
         events = self.pool.events
-        cols = events.export(self.consumed, self.pool.block_bytes)
-        if cols is not None and cols[1] != self.consumed + 1:
+        exported = events.export(self.consumed, self.pool.block_bytes)
+        cols = None if exported is None else EventColumns._make(exported)
+        if cols is not None and cols.first != self.consumed + 1:
             # The ring dropped events before they reached us (an event with more block ids
             # than half the id ring): start over from a keyframe of the map now.
             self._restart()
             return
         if cols is not None:
             if self._has_ranges:
-                cols = cols[:12] + ([_packable_values(v) for v in cols[12]],) + cols[13:]
+                cols = cols._replace(objs=[_packable_values(v) for v in cols.objs])
             seg = Segment.of_columns(cols)
             self.segments.append(seg)
             self.nbytes += seg.nbytes
@@ -663,13 +606,14 @@ class Replayer:
     @staticmethod
     def cache_of(kf: Keyframe) -> dict | None:
         """A keyframe's cache figures as the replay rolls them, or None."""
-        if kf.cache is None:
+        c = kf.cache
+        if c is None:
             return None
-        return {"policy": kf.cache[0], "capacity_bytes": kf.cache[1], "hits": kf.cache[2],
-                "misses": kf.cache[3], "evictions": dict(zip(EVICTION_REASONS, kf.cache[4])),
+        return {"policy": c.policy, "capacity_bytes": c.capacity_bytes, "hits": c.hits,
+                "misses": c.misses, "evictions": dict(zip(EVICTION_REASONS, c.evictions)),
                 # allocation ids that held an entry since the keyframe (ids are never reused:
                 # one whose blocks are gone was evicted or removed)
-                "ids": set(np.frombuffer(kf.cache[5], dtype=np.int64).tolist())}
+                "ids": set(np.frombuffer(c.entry_ids, dtype=np.int64).tolist())}
 
     def _count_cache(self, row: tuple) -> None:
         c, kind = self.cache, row[2]
@@ -684,15 +628,15 @@ class Replayer:
         elif isinstance(_field(row, 3), str):
             c["policy"] = row[3]
 
-    def _count_cache_columns(self, cols: tuple, after: int, upto: int) -> None:
-        """The cache's figures over a "cols2" segment's events after < seq <= upto, counted
-        from the kind column (the compiled replay skips these kinds)."""
-        first = cols[1]
-        lo, hi = max(after + 1, first) - first, min(upto, cols[2]) - first + 1
+    def _count_cache_columns(self, cols: EventColumns, after: int, upto: int) -> None:
+        """The cache's figures over a segment's events after < seq <= upto, counted from the
+        kind column (the compiled replay skips these kinds)."""
+        first = cols.first
+        lo, hi = max(after + 1, first) - first, min(upto, cols.last) - first + 1
         if hi <= lo:
             return
-        names, c = cols[13], self.cache
-        kind = np.frombuffer(cols[4], dtype=np.uint8)
+        names, c = cols.names, self.cache
+        kind = np.frombuffer(cols.kind, dtype=np.uint8)
         codes = kind[lo:hi] & CODE_MASK
         for name, figure in (("hit", "hits"), ("miss", "misses")):
             if name in names:
@@ -701,19 +645,19 @@ class Replayer:
         is_key = ((kind & FLAG_KEY) != 0) & ~is_obj
         key_index = np.cumsum(is_key) - 1  # of each event: its place among the keyed events
         obj_index = np.cumsum(is_obj) - 1  # ... and among the Python-recorded ones
-        wide = np.frombuffer(cols[10], dtype=np.int64)
+        wide = np.frombuffer(cols.wide, dtype=np.int64)
         for name, field_at in (("evict", 2), ("put", 0)):  # reason (a string index), the id
             if name not in names:
                 continue
             at = np.flatnonzero(codes == names.index(name)) + lo
             keyed = at[is_key[at]]
             values = wide[key_index[keyed] * NVALS + field_at]
-            objs = [_field(cols[12][obj_index[i]], 3 if name == "evict" else 1)
+            objs = [_field(cols.objs[obj_index[i]], 3 if name == "evict" else 1)
                     for i in at[is_obj[at]].tolist()]
             if name == "evict":
                 sids, n = np.unique(values, return_counts=True)
                 for sid, k in zip(sids.tolist(), n.tolist()):
-                    reason = cols[14][sid]
+                    reason = cols.strings[sid]
                     c["evictions"][reason] = c["evictions"].get(reason, 0) + k
                 for reason in objs:
                     _count_eviction(c, reason)
@@ -725,18 +669,18 @@ class Replayer:
             at = np.flatnonzero(codes == names.index("policy"))
             if at.size:
                 i = int(at[-1]) + lo
-                policy = _field(cols[12][int(np.count_nonzero(is_obj[:i]))], 0)
+                policy = _field(cols.objs[int(np.count_nonzero(is_obj[:i]))], 0)
                 if isinstance(policy, str):
                     c["policy"] = policy
 
-    def apply_columns(self, cols: tuple, after: int, upto: int) -> None:
-        """Apply the events of a "cols2" segment with after < seq <= upto: allocate and free
-        in compiled code (allocator/_events.pxi replay_columns), Python-recorded events that
+    def apply_columns(self, cols: EventColumns, after: int, upto: int) -> None:
+        """Apply the events of a segment with after < seq <= upto: allocate and free in
+        compiled code (allocator/_events.pxi replay_columns), Python-recorded events that
         change the map through `apply`, in order. Same result as `apply` row by row."""
-        names = cols[13]
-        if mostly_python(cols):
+        names = cols.names
+        if cols.mostly_python():
             self.apply_rows(r for r in rows_of_columns2(cols) if after < r[0] <= upto)
-            self.seq = min(upto, cols[2])
+            self.seq = min(upto, cols.last)
             return
         if self.cache is not None:
             self._count_cache_columns(cols, after, upto)
@@ -751,12 +695,12 @@ class Replayer:
                 break
             self.requested, self.allocations, self.last_id, self.frees = acc.tolist()
             if ts is None:
-                ts = np.frombuffer(cols[3], dtype=np.float64)
-            kind = names[cols[4][i] & CODE_MASK]
-            self.apply((cols[1] + i, float(ts[i]), kind) + tuple(cols[12][pos[4] - 1]))
+                ts = np.frombuffer(cols.ts, dtype=np.float64)
+            kind = names[cols.kind[i] & CODE_MASK]
+            self.apply((cols.first + i, float(ts[i]), kind) + tuple(cols.objs[pos[4] - 1]))
             acc[:] = (self.requested, self.allocations, self.last_id, self.frees)
         self.requested, self.allocations, self.last_id, self.frees = acc.tolist()
-        self.seq = min(upto, cols[2])
+        self.seq = min(upto, cols.last)
 
     def apply(self, row: tuple) -> None:
         kind = row[2]
@@ -1064,7 +1008,7 @@ class HistoryView:
                 got = memo.get(id(seg))
                 if got is None:
                     cols = seg.columns()
-                    if cols is None or mostly_python(cols):  # row segments too: vectorised rows
+                    if cols is None or cols.mostly_python():  # row segments too: vectorised rows
                         got = ("rows", seg.rows() if cols is None else rows_of_columns2(cols))
                     else:
                         got = ("cols", cols)
@@ -1074,12 +1018,12 @@ class HistoryView:
                     continue
                 cols = got[1]
                 if count:
-                    kinds = np.frombuffer(cols[4], dtype=np.uint8)[lo:hi] & CODE_MASK
+                    kinds = cols.kind_codes(lo, hi)
                     for name in count:
-                        if name in cols[13]:
-                            counts[name] += int(np.count_nonzero(kinds == cols[13].index(name)))
+                        if name in cols.names:
+                            counts[name] += int(np.count_nonzero(kinds == cols.names.index(name)))
                 if hi > lo:
-                    ts = float(np.frombuffer(cols[3], dtype=np.float64)[hi - 1])
+                    ts = float(np.frombuffer(cols.ts, dtype=np.float64)[hi - 1])
                 rep.apply_columns(cols, after, upto)
             ts = self._apply_rows(rep, [r for r in self.tail if after < r[0] <= upto], counts, ts)
         finally:
