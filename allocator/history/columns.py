@@ -20,11 +20,23 @@ FLAG_KEY = 0x40  # kind byte: a keyed event (its key in `keys`, its values in `w
 CODE_MASK = 0x3F  # kind byte: the kind's code (an index into `names`)
 
 # A stored row is (seq, ts, kind, *EVENT_FIELDS[kind]), as EventRing.raw_after() gives it.
-SEQ, TS, KIND = 0, 1, 2
+SEQ, TS, KIND, FIRST_FIELD = 0, 1, 2, 3
 # Where each field of each kind sits in a row: ROW["allocate"].block_ids == 7. Rows recorded
 # by an earlier build may be shorter than their kind (fields added since are at the end).
-ROW = {kind: namedtuple(f"{kind}_row", fields)(*range(3, 3 + len(fields)))
+ROW = {kind: namedtuple(f"{kind}_row", fields)(*range(FIRST_FIELD, FIRST_FIELD + len(fields)))
        for kind, fields in EVENT_FIELDS.items()}
+
+
+def value_at(kind: str, name: str) -> int:
+    """Where field `name` sits in a `kind` event's values (a row without seq, ts, kind: what
+    `objs` holds for a Python-recorded event)."""
+    return getattr(ROW[kind], name) - FIRST_FIELD
+
+
+def wide_at(kind: str, name: str) -> int:
+    """Where field `name` sits among a keyed `kind` event's NVALS `wide` values (its fields
+    after the key)."""
+    return value_at(kind, name) - 1
 
 
 class EventColumns(NamedTuple):
@@ -203,4 +215,4 @@ def _bad_figures(seq) -> pickle.UnpicklingError:
 
 
 __all__ = ["COLUMNS1", "COLUMNS2", "COUNTER_NAMES", "CacheFigures", "EventColumns", "KeyframeFigures",
-           "OldColumns", "ROW"]
+           "OldColumns", "ROW", "value_at", "wide_at"]

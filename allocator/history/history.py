@@ -12,25 +12,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._core import map_summary, replay_columns, rows_of_columns2, validate_columns
+from .._core import map_summary, rows_of_columns2, validate_columns
 from ..errors import Conflict, NotFound
-from ..pools.blockmap import CACHED, FREE, NO_OWNER, PINNED, SHARED, STATE_NAMES, USED
-from ..pools.events import event_dict, packed_list
+from ..pools.blockmap import CACHED, FREE, NO_OWNER, PINNED, STATE_NAMES
+from ..pools.events import event_dict
 from ..pools.metrics import fragmentation_stats
 from ..vocab import EVICTION_REASONS
 from .columns import (
-    CODE_MASK,
     COLUMNS1,
     COLUMNS2,
     COUNTER_NAMES,
-    FLAG_KEY,
-    FLAG_OBJ,
-    NVALS,
+    KIND,
+    ROW,
+    SEQ,
+    TS,
     CacheFigures,
     EventColumns,
     KeyframeFigures,
     OldColumns,
 )
+from .replay import Replayer
 
 DEFAULT_HISTORY_BYTES = 64 << 20
 # Events between keyframes: EVENTS_PER_KEYFRAME_BLOCK per block of the pool (one per four blocks
@@ -219,13 +220,6 @@ def _unique_bytes(pages, exclude=()) -> int:
     return sum(seen.values())
 
 
-# Kinds Replayer.apply leaves the map and numbers alone for: the compiled replay skips them.
-# Every other Python-recorded kind goes through Replayer.apply (the safe default for new kinds).
-UNREPLAYED_KINDS = frozenset({"put", "hit", "miss", "remove", "evict", "policy", "workload"})
-# Kinds that move the cache's own figures (counted from the kind column on the compiled path).
-CACHE_KINDS = frozenset({"hit", "miss", "evict", "policy", "put"})
-
-
 class Segment:
     """Events first..last (contiguous seqs).
 
@@ -314,7 +308,16 @@ class Segment:
         pickler = pickle.Pickler(buf, 5)
         pickler.fast = True  # no memo: ~30% faster, and events hold no shared or cyclic objects
         pickler.dump(rows)
-        return cls(rows[0][0], rows[-1][0], buf.getvalue())
+        return cls(rows[0][SEQ], rows[-1][SEQ], buf.getvalue())
+
+
+def replayable(seg: Segment) -> EventColumns | list[tuple]:
+    """What a segment replays from: its columns, or its rows when it has no columns or mostly
+    Python-recorded events (Replayer.apply_columns would hand those to apply_rows anyway)."""
+    cols = seg.columns()
+    if cols is None:
+        return seg.rows()
+    return rows_of_columns2(cols) if cols.mostly_python() else cols
 
 
 def _objs_loaded(cols: EventColumns, bounded: bool = False) -> EventColumns:
@@ -404,9 +407,9 @@ class History:
         p = self.pool
         last_id = p._last_id
         newest = p.events.raw_after(p.events.last_seq - 1) if len(p.events) else ()
-        if newest and newest[0][2] == "allocate":
+        if newest and newest[0][KIND] == "allocate":
             # Strategies other than paged record the allocate before Pool.allocate stores the id.
-            last_id = max(last_id, newest[0][3])
+            last_id = max(last_id, newest[0][ROW["allocate"].id])
         bm = p.blockmap
         dirty = base = None
         if reuse:
@@ -482,7 +485,7 @@ class History:
             while self.segments and self.segments[0].first <= keep_from:
                 seg = self.segments[0]
                 if seg.last > keep_from:  # split: keep the events after the keyframe
-                    rows = [r for r in seg.rows() if r[0] > keep_from]
+                    rows = [r for r in seg.rows() if r[SEQ] > keep_from]
                     self.segments[0] = Segment.pack(rows)
                     self.nbytes += self.segments[0].nbytes - seg.nbytes
                     break
@@ -503,7 +506,7 @@ class History:
             seg = self.segments.pop()
             self.nbytes -= seg.nbytes
             if seg.first <= seq:
-                kept = Segment.pack([r for r in seg.rows() if r[0] <= seq])
+                kept = Segment.pack([r for r in seg.rows() if r[SEQ] <= seq])
                 self.segments.append(kept)
                 self.nbytes += kept.nbytes
         self.consumed = min(self.consumed, seq)
@@ -541,392 +544,11 @@ def pool_geometry(pool) -> dict:
     return geo
 
 
-def _rows(value) -> np.ndarray | slice | int | None:
-    """A stored block-id field as an index for numpy."""
-    if value is None:
-        return None
-    cls = value.__class__
-    if cls is int:
-        return value
-    if cls is bytes:
-        return np.frombuffer(value, dtype=np.int32) if value else None
-    if cls is range:
-        return slice(value.start, value.stop)
-    if cls is tuple:  # a packed range
-        return slice(value[0], value[1])
-    return np.asarray(value, dtype=np.int64) if len(value) else None
-
-
-def _id_seq(value):
-    """A prefix event's `blocks` (native int32 bytes from the core, a list from a mirror or an
-    older recording, or None) as something to iterate over."""
-    return packed_list(value) or ()
-
-
-def _count(value) -> int:
-    if value is None:
-        return 0
-    cls = value.__class__
-    if cls is int:
-        return 1
-    if cls is bytes:
-        return len(value) // 4
-    if cls is tuple:
-        return value[1] - value[0]
-    return len(value)
-
-
 def _packable_values(values: tuple) -> tuple:
     """One event's values with ranges as (start, stop) (a range pickles ~30x slower)."""
     if range in map(type, values):
         return tuple((v.start, v.stop) if v.__class__ is range else v for v in values)
     return values
-
-
-# Kinds `Replayer._prefix_writes` applies (prefix caching and mirrors).
-PREFIX_KINDS = frozenset(("stored", "removed", "cleared", "open", "append", "close"))
-
-
-class Replayer:
-    """Block map and numbers being rolled forward one stored event at a time."""
-
-    __slots__ = ("owner", "state", "requested", "allocations", "last_id", "frees", "counters", "seq",
-                 "cache")
-
-    def __init__(self, kf: Keyframe) -> None:
-        self.owner, self.state = kf.arrays()
-        self.requested, self.allocations, self.last_id, self.frees = (
-            kf.requested, kf.allocations, kf.last_id, kf.frees)
-        self.counters = dict(zip(COUNTER_NAMES, kf.counters))
-        # The cache's figures (None: the pool had no cache at the keyframe): rolled forward by
-        # hit / miss / evict / policy / put events.
-        self.cache = self.cache_of(kf)
-        self.seq = kf.seq
-
-    @staticmethod
-    def cache_of(kf: Keyframe) -> dict | None:
-        """A keyframe's cache figures as the replay rolls them, or None."""
-        c = kf.cache
-        if c is None:
-            return None
-        return {"policy": c.policy, "capacity_bytes": c.capacity_bytes, "hits": c.hits,
-                "misses": c.misses, "evictions": dict(zip(EVICTION_REASONS, c.evictions)),
-                # allocation ids that held an entry since the keyframe (ids are never reused:
-                # one whose blocks are gone was evicted or removed)
-                "ids": set(np.frombuffer(c.entry_ids, dtype=np.int64).tolist())}
-
-    def _count_cache(self, row: tuple) -> None:
-        c, kind = self.cache, row[2]
-        if kind == "hit":
-            c["hits"] += 1
-        elif kind == "miss":
-            c["misses"] += 1
-        elif kind == "evict":
-            _count_eviction(c, _field(row, 6))
-        elif kind == "put":
-            _add_id(c, _field(row, 4))
-        elif isinstance(_field(row, 3), str):
-            c["policy"] = row[3]
-
-    def _count_cache_columns(self, cols: EventColumns, after: int, upto: int) -> None:
-        """The cache's figures over a segment's events after < seq <= upto, counted from the
-        kind column (the compiled replay skips these kinds)."""
-        first = cols.first
-        lo, hi = max(after + 1, first) - first, min(upto, cols.last) - first + 1
-        if hi <= lo:
-            return
-        names, c = cols.names, self.cache
-        kind = np.frombuffer(cols.kind, dtype=np.uint8)
-        codes = kind[lo:hi] & CODE_MASK
-        for name, figure in (("hit", "hits"), ("miss", "misses")):
-            if name in names:
-                c[figure] += int(np.count_nonzero(codes == names.index(name)))
-        is_obj = (kind & FLAG_OBJ) != 0
-        is_key = ((kind & FLAG_KEY) != 0) & ~is_obj
-        key_index = np.cumsum(is_key) - 1  # of each event: its place among the keyed events
-        obj_index = np.cumsum(is_obj) - 1  # ... and among the Python-recorded ones
-        wide = np.frombuffer(cols.wide, dtype=np.int64)
-        for name, field_at in (("evict", 2), ("put", 0)):  # reason (a string index), the id
-            if name not in names:
-                continue
-            at = np.flatnonzero(codes == names.index(name)) + lo
-            keyed = at[is_key[at]]
-            values = wide[key_index[keyed] * NVALS + field_at]
-            objs = [_field(cols.objs[obj_index[i]], 3 if name == "evict" else 1)
-                    for i in at[is_obj[at]].tolist()]
-            if name == "evict":
-                sids, n = np.unique(values, return_counts=True)
-                for sid, k in zip(sids.tolist(), n.tolist()):
-                    reason = cols.strings[sid]
-                    c["evictions"][reason] = c["evictions"].get(reason, 0) + k
-                for reason in objs:
-                    _count_eviction(c, reason)
-            else:
-                c["ids"].update(values.tolist())
-                for aid in objs:
-                    _add_id(c, aid)
-        if "policy" in names:
-            at = np.flatnonzero(codes == names.index("policy"))
-            if at.size:
-                i = int(at[-1]) + lo
-                policy = _field(cols.objs[int(np.count_nonzero(is_obj[:i]))], 0)
-                if isinstance(policy, str):
-                    c["policy"] = policy
-
-    def apply_columns(self, cols: EventColumns, after: int, upto: int) -> None:
-        """Apply the events of a segment with after < seq <= upto: allocate and free in
-        compiled code (allocator/_events.pxi replay_columns), Python-recorded events that
-        change the map through `apply`, in order. Same result as `apply` row by row."""
-        names = cols.names
-        if cols.mostly_python():
-            self.apply_rows(r for r in rows_of_columns2(cols) if after < r[0] <= upto)
-            self.seq = min(upto, cols.last)
-            return
-        if self.cache is not None:
-            self._count_cache_columns(cols, after, upto)
-        acc = np.array([self.requested, self.allocations, self.last_id, self.frees], dtype=np.int64)
-        pos = np.zeros(5, dtype=np.int64)
-        mask = np.frombuffer(bytes(n not in UNREPLAYED_KINDS for n in names) + bytes(64 - len(names)),
-                             dtype=np.uint8)
-        ts = None
-        while True:
-            i = replay_columns(cols, self.owner, self.state, after, upto, acc, pos, mask)
-            if i < 0:
-                break
-            self.requested, self.allocations, self.last_id, self.frees = acc.tolist()
-            if ts is None:
-                ts = np.frombuffer(cols.ts, dtype=np.float64)
-            kind = names[cols.kind[i] & CODE_MASK]
-            self.apply((cols.first + i, float(ts[i]), kind) + tuple(cols.objs[pos[4] - 1]))
-            acc[:] = (self.requested, self.allocations, self.last_id, self.frees)
-        self.requested, self.allocations, self.last_id, self.frees = acc.tolist()
-        self.seq = min(upto, cols.last)
-
-    def apply(self, row: tuple) -> None:
-        kind = row[2]
-        owner, state = self.owner, self.state
-        if kind == "allocate":
-            idx = _rows(row[7])
-            if idx is not None:
-                owner[idx] = row[3]
-                state[idx] = row[8]
-            self.requested += row[4]
-            self.allocations += 1
-            self.last_id = max(self.last_id, row[3])
-        elif kind == "free":
-            idx = _rows(row[5])
-            if idx is not None:
-                owner[idx] = NO_OWNER
-                state[idx] = FREE
-            self.requested -= row[6]
-            self.allocations -= 1
-            self.frees += 1
-        elif kind == "extend":
-            freed = _rows(row[8])
-            if freed is not None:
-                owner[freed] = NO_OWNER
-                state[freed] = FREE
-                self.counters["moves"] += 1
-                self.counters["moved_blocks"] += _count(row[8])
-            idx = _rows(row[7])
-            if idx is not None:
-                owner[idx] = row[3]
-                state[idx] = row[10]
-            self.requested += row[9]
-            self.counters["extends"] += 1
-        elif kind == "truncate":
-            idx = _rows(row[6])
-            if idx is not None:
-                owner[idx] = NO_OWNER
-                state[idx] = FREE
-            self.requested -= row[7]
-            self.counters["truncates"] += 1
-        elif kind == "state":
-            idx = _rows(row[5])
-            if idx is not None:
-                state[idx] = row[4]
-        elif kind == "defragment":
-            for s, d, n in row[8] or ():
-                o, st = owner[s:s + n].copy(), state[s:s + n].copy()
-                owner[s:s + n] = NO_OWNER
-                state[s:s + n] = FREE
-                owner[d:d + n] = o
-                state[d:d + n] = st
-            self.counters["defragmentations"] += 1
-            self.counters["moved_blocks"] += row[3]
-            self.counters["moves"] += row[9] or 0
-        elif kind == "reset":
-            owner[:] = NO_OWNER
-            state[:] = FREE
-            self.requested = 0
-            self.allocations = 0
-        elif kind == "oom":
-            self.counters["ooms_" + row[6]] += 1
-        elif kind in CACHE_KINDS:
-            if self.cache is not None:
-                self._count_cache(row)
-        elif kind in PREFIX_KINDS:
-            self._apply_prefix(row)
-        self.seq = row[0]
-
-    def _apply_prefix(self, row: tuple) -> None:
-        """Prefix-cache events: `stored` places blocks with the
-        owners and state it carries (a mirror's; a prefix-caching pool's stored blocks are
-        already its sequences'); `removed` frees the blocks it names unless `taken_by` took
-        them (that event placed them); `cleared` frees its `freed_ids`, else every block named;
-        open / append / close place a sequence's blocks as their fields say (allocator/vocab.py)."""
-        self._prefix_writes(row, self._write_now)
-
-    def _write_now(self, ids, owner, state) -> None:
-        idx = _rows(ids)
-        if idx is None:
-            return
-        if owner is not None:
-            self.owner[idx] = owner
-        self.state[idx] = state
-
-    def _prefix_writes(self, row: tuple, write) -> None:
-        """What a prefix event changes, as write(ids, owner or None (kept), state) calls in
-        order, plus the numbers it changes."""
-        kind, n = row[2], len(row)
-        if kind == "open":
-            if n > 8:  # recorded before shared_ids / added_bytes: the map cannot be told
-                blocks, shared = row[6], row[7]
-                if shared is not None:
-                    held = set(np.frombuffer(shared, dtype=np.int32).tolist())
-                    blocks = [b for b in _id_seq(blocks) if b not in held]
-                write(blocks, row[3], USED)
-                if shared is not None:
-                    write(shared, None, SHARED)
-                self.requested += row[8]
-            self.last_id = max(self.last_id, row[3])
-        elif kind == "append":
-            if n > 6:
-                write(row[5], row[3], USED)
-                self.requested += row[6]
-        elif kind == "close":
-            if n > 8:
-                write(row[5], NO_OWNER, FREE)
-                write(row[6], None, CACHED)
-                write(row[7], None, USED)
-                self.requested += row[8]
-        elif kind == "stored":
-            if n <= 10:  # a prefix-caching pool's (or recorded before `owners` / `state`)
-                return
-            st = row[10]
-            for b, o in zip(_id_seq(row[3]), row[9]):
-                if b >= 0:
-                    write(b, o, st)
-        elif kind == "removed":
-            if n > 6 and row[6] is not None:
-                self.last_id = max(self.last_id, row[6])
-            else:
-                write([b for b in _id_seq(row[3]) if b >= 0], NO_OWNER, FREE)
-        elif kind == "cleared":
-            freed = row[5] if n > 5 else None
-            if freed is None:
-                freed = [b for b in _id_seq(row[3]) if b >= 0]
-            write(freed, NO_OWNER, FREE)
-
-    def apply_rows(self, rows) -> None:
-        """`apply` for many rows at once, vectorised: block writes are gathered as int32 bytes
-        and, per block, the last write wins (np.maximum.at over write order); a defragment or
-        reset in between flushes what came before it. Same result as `apply` row by row."""
-        opieces, olens, ovals = [], [], []  # owner writes
-        spieces, slens, svals = [], [], []  # state writes (state events write state only)
-        counters = self.counters
-        seq = self.seq
-
-        def write(value, own, st) -> None:
-            if value is None:
-                return
-            piece = _ids_bytes(value)
-            if not piece:
-                return
-            k = len(piece) >> 2
-            if own is not None:
-                opieces.append(piece)
-                olens.append(k)
-                ovals.append(own)
-            spieces.append(piece)
-            slens.append(k)
-            svals.append(st)
-
-        def flush() -> None:
-            _last_write(self.owner, opieces, olens, ovals)
-            _last_write(self.state, spieces, slens, svals)
-            for lst in (opieces, olens, ovals, spieces, slens, svals):
-                lst.clear()
-
-        for row in rows:
-            kind = row[2]
-            seq = row[0]
-            if kind == "allocate":
-                write(row[7], row[3], row[8])
-                self.requested += row[4]
-                self.allocations += 1
-                if row[3] > self.last_id:
-                    self.last_id = row[3]
-            elif kind == "free":
-                write(row[5], NO_OWNER, FREE)
-                self.requested -= row[6]
-                self.allocations -= 1
-                self.frees += 1
-            elif kind == "extend":
-                if row[8] is not None:
-                    write(row[8], NO_OWNER, FREE)
-                    counters["moves"] += 1
-                    counters["moved_blocks"] += _count(row[8])
-                write(row[7], row[3], row[10])
-                self.requested += row[9]
-                counters["extends"] += 1
-            elif kind == "truncate":
-                write(row[6], NO_OWNER, FREE)
-                self.requested -= row[7]
-                counters["truncates"] += 1
-            elif kind == "state":
-                write(row[5], None, row[4])
-            elif kind == "oom":
-                counters["ooms_" + row[6]] += 1
-            elif kind in CACHE_KINDS:
-                if self.cache is not None:
-                    self._count_cache(row)
-            elif kind in PREFIX_KINDS:
-                self._prefix_writes(row, write)
-            elif kind in ("defragment", "reset"):
-                flush()
-                self.apply(row)
-        flush()
-        self.seq = seq
-
-
-_pack_i = __import__("struct").Struct("=i").pack
-
-
-def _ids_bytes(value) -> bytes:
-    """A stored block-id field as native int32 bytes."""
-    cls = value.__class__
-    if cls is bytes:
-        return value
-    if cls is int:
-        return _pack_i(value)
-    if cls is range:
-        return np.arange(value.start, value.stop, dtype=np.int32).tobytes()
-    if cls is tuple:
-        return np.arange(value[0], value[1], dtype=np.int32).tobytes()
-    return np.asarray(value, dtype=np.int32).tobytes()
-
-
-def _last_write(target: np.ndarray, pieces: list, lens: list, vals: list) -> None:
-    """target[i] = the value of the last write to i, for writes given as (ids, value) in order."""
-    if not pieces:
-        return
-    idx = np.frombuffer(b"".join(pieces), dtype=np.int32)
-    values = np.repeat(np.asarray(vals, dtype=target.dtype if target.dtype != np.uint8 else np.int64), lens)
-    last = np.full(target.size, -1, dtype=np.int64)
-    np.maximum.at(last, idx, np.arange(idx.size, dtype=np.int64))
-    hit = np.flatnonzero(last >= 0)
-    target[hit] = values[last[hit]]
 
 
 @dataclass(slots=True)
@@ -956,12 +578,12 @@ class HistoryView:
             if seg.first > upto:
                 return
             for r in seg.rows():
-                if after < r[0] <= upto:
+                if after < r[SEQ] <= upto:
                     yield r
         for r in self.tail:
-            if r[0] > upto:
+            if r[SEQ] > upto:
                 return
-            if r[0] > after:
+            if r[SEQ] > after:
                 yield r
 
     def replay_to(self, seq: int) -> Replayer:
@@ -1007,25 +629,19 @@ class HistoryView:
                 lo, hi = max(after + 1, seg.first) - seg.first, min(upto, seg.last) - seg.first + 1
                 got = memo.get(id(seg))
                 if got is None:
-                    cols = seg.columns()
-                    if cols is None or cols.mostly_python():  # row segments too: vectorised rows
-                        got = ("rows", seg.rows() if cols is None else rows_of_columns2(cols))
-                    else:
-                        got = ("cols", cols)
-                    memo[id(seg)] = got
-                if got[0] == "rows":  # seqs are contiguous: row i is event first + i
-                    ts = self._apply_rows(rep, got[1][lo:hi], counts, ts)
+                    got = memo[id(seg)] = replayable(seg)
+                if got.__class__ is not EventColumns:  # rows: row i is event first + i
+                    ts = self._apply_rows(rep, got[lo:hi], counts, ts)
                     continue
-                cols = got[1]
                 if count:
-                    kinds = cols.kind_codes(lo, hi)
+                    kinds = got.kind_codes(lo, hi)
                     for name in count:
-                        if name in cols.names:
-                            counts[name] += int(np.count_nonzero(kinds == cols.names.index(name)))
+                        if name in got.names:
+                            counts[name] += int(np.count_nonzero(kinds == got.names.index(name)))
                 if hi > lo:
-                    ts = float(np.frombuffer(cols.ts, dtype=np.float64)[hi - 1])
-                rep.apply_columns(cols, after, upto)
-            ts = self._apply_rows(rep, [r for r in self.tail if after < r[0] <= upto], counts, ts)
+                    ts = float(np.frombuffer(got.ts, dtype=np.float64)[hi - 1])
+                rep.apply_columns(got, after, upto)
+            ts = self._apply_rows(rep, [r for r in self.tail if after < r[SEQ] <= upto], counts, ts)
         finally:
             if was_enabled:
                 gc.enable()
@@ -1037,10 +653,10 @@ class HistoryView:
         if not rows:
             return ts
         for r in rows:
-            if r[2] in counts:
-                counts[r[2]] += 1
+            if r[KIND] in counts:
+                counts[r[KIND]] += 1
         rep.apply_rows(rows)
-        return rows[-1][1]
+        return rows[-1][TS]
 
     def stats_at(self, seq: int) -> dict:
         """The pool's stats as they were right after event `seq` (without cache stats)."""
@@ -1050,7 +666,7 @@ class HistoryView:
                upto: int | None = None) -> list[dict]:
         out = []
         for row in self.rows(max(after, self.first_seq), self.last_seq if upto is None else upto):
-            if kinds is None or row[2] in kinds:
+            if kinds is None or row[KIND] in kinds:
                 out.append(event_dict(row))
                 if len(out) >= limit:
                     break
@@ -1129,21 +745,6 @@ def stats_of(geometry: dict, rep: Replayer) -> dict:
                                  == NO_OWNER).sum())}
             for t in geometry["tiers"]]
     return out
-
-
-def _field(values: tuple, i: int):
-    """values[i], or None when a (recorded) event is shorter than its kind."""
-    return values[i] if len(values) > i else None
-
-
-def _count_eviction(cache: dict, reason) -> None:
-    if isinstance(reason, str):  # a file's event may name anything: count only a reason
-        cache["evictions"][reason] = cache["evictions"].get(reason, 0) + 1
-
-
-def _add_id(cache: dict, aid) -> None:
-    if type(aid) is int and 0 < aid < 1 << 63:  # an allocation id (a file's event may hold anything)
-        cache["ids"].add(aid)
 
 
 def cache_stats_of(geometry: dict, rep: Replayer, counts: np.ndarray) -> dict:

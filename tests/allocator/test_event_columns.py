@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 
 from allocator import KVCache, create_pool
 from allocator.history.columns import EventColumns
-from allocator.history.history import UNREPLAYED_KINDS, Keyframe, Replayer, Segment, safe_loads
+from allocator.history.history import Keyframe, Segment, safe_loads
+from allocator.history.replay import HANDLERS, NO_EFFECT_KINDS, UNREPLAYED_KINDS, Replayer
+from allocator.vocab import EVENT_FIELDS
 
 BLOCK = 16
 
@@ -115,6 +117,13 @@ def test_compiled_replay_matches_row_by_row(seed) -> None:
     c.apply_columns(cols, 40, len(rows))
     a.apply_columns(cols, 40, len(rows))
     assert np.array_equal(a.owner, c.owner) and a.requested == c.requested
+
+
+def test_every_kind_has_a_handler_or_is_named_as_changing_nothing() -> None:
+    """A new kind of event must say what it does to a replay (or that it does nothing)."""
+    assert set(HANDLERS) | NO_EFFECT_KINDS == set(EVENT_FIELDS)
+    assert not set(HANDLERS) & NO_EFFECT_KINDS
+    assert NO_EFFECT_KINDS <= UNREPLAYED_KINDS
 
 
 def test_unreplayed_kinds_really_change_nothing() -> None:
