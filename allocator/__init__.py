@@ -26,7 +26,7 @@ from .errors import (
     TooLarge,
     positive_int,
 )
-from .history.history import History, HistoryView, OutsideHistory
+from .history import History, HistoryView, OutsideHistory
 from .pools.blockmap import CACHED, FREE, PINNED, SHARED, USED, BlockMap
 from .pools.contiguous import ContiguousPool
 from .pools.events import EventLog

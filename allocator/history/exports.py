@@ -13,7 +13,8 @@ from ..pools.blockmap import NO_OWNER
 from ..pools.events import BLOCK_FIELDS, block_list, event_dict
 from ..vocab import EVENT_FIELDS
 from .columns import KIND, ROW, SEQ, TS
-from .history import HistoryView, Replayer
+from .replay import Replayer
+from .view import HistoryView
 
 _ALLOCATE, _FREE, _OOM = ROW["allocate"], ROW["free"], ROW["oom"]
 

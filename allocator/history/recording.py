@@ -11,9 +11,15 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import Conflict, InvalidRequest
-from ..vocab import FITS, STRATEGIES
+from ..pools.blockmap import BlockMap
+from ..pools.events import event_dict
+from ..vocab import EVENT_FIELDS, FITS, STRATEGIES
 from .columns import FIRST_FIELD, KIND, SEQ, TS
-from .history import History, HistoryView, Keyframe, Segment, pool_geometry
+from .history import History, pool_geometry
+from .keyframes import Keyframe
+from .replay import Replayer
+from .segments import Segment
+from .view import HistoryView, stats_of
 
 FORMAT = "kvscope-recording"
 VERSION = 1
@@ -341,9 +347,6 @@ def check_rows(view: HistoryView, each=None) -> None:
     the first keyframe, known kinds of at most their fields' length, and the whole history
     replayed from the first keyframe (what any `at_seq` later replays, it replays here first).
     `each(row)`: the caller's own check of a row. Raises whatever a bad row raises."""
-    from ..vocab import EVENT_FIELDS
-    from .replay import Replayer
-
     rep = Replayer(view.keyframes[0])
     expected = view.first_seq + 1
     chunk: list = []
@@ -502,8 +505,6 @@ class RecordedEvents:
         return [r for r in self._rows if r[SEQ] > seq]
 
     def after(self, seq: int = 0, limit: int = 1000, kinds=None, block_ids: bool = True) -> list[dict]:
-        from ..pools.events import event_dict
-
         out = []
         for row in self._rows:
             if row[SEQ] > seq and (kinds is None or row[KIND] in kinds):
@@ -527,8 +528,6 @@ class RecordedPool:
 
     def __init__(self, path: str | Path, name: str | None = None,
                  preread: tuple[dict, HistoryView] | None = None) -> None:
-        from ..pools.blockmap import BlockMap
-
         meta, view = preread or read_recording(path)
         self.path = str(path)
         self.meta = meta
@@ -566,8 +565,6 @@ class RecordedPool:
         return int((self._final.owner >= 0).sum())
 
     def stats(self) -> dict:
-        from .history import stats_of
-
         return stats_of(self.history.view().geometry, self._final)
 
     def config(self) -> dict:

@@ -35,7 +35,7 @@ from .columns import (
 )
 
 if TYPE_CHECKING:
-    from .history import Keyframe
+    from .keyframes import Keyframe
 
 # Kinds whose handlers leave the map and the numbers alone (the cache's own figures aside):
 # the compiled replay does not stop at them. Every other Python-recorded kind stops it and

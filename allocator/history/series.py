@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import InvalidRequest
 from .columns import TS
-from .history import HistoryView, stats_of
+from .view import HistoryView, stats_of
 
 # At most this many points per series: a point costs one stats_of (a pass over the map, ~1 ms
 # at 65,536 blocks), and a chart a few hundred pixels wide shows no more.

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from allocator import STATE_NAMES
 from allocator.errors import Conflict, InvalidRequest, KVScopeError
-from allocator.history.history import HistoryView, map_runs
+from allocator.history import HistoryView, map_runs
 from allocator.history.recording import RecordedPool
 from allocator.history.series import DEFAULT_POINTS, MAX_POINTS, history_series
 

@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 
 from allocator import KVCache, create_pool
 from allocator.history.columns import EventColumns
-from allocator.history.history import Keyframe, Segment, safe_loads
+from allocator.history.keyframes import Keyframe
+from allocator.history.pickles import safe_loads
 from allocator.history.replay import HANDLERS, NO_EFFECT_KINDS, UNREPLAYED_KINDS, Replayer
+from allocator.history.segments import Segment
 from allocator.vocab import EVENT_FIELDS
 
 BLOCK = 16

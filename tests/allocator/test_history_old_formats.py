@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.history.history import map_runs
+from allocator.history import map_runs
 from allocator.history.recording import RecordedPool, open_untrusted, read_recording
 
 HERE = Path(__file__).resolve().parent / "recordings"

@@ -169,7 +169,8 @@ def test_a_pickle_declaring_more_than_it_holds_is_refused_before_anything_is_all
     import pickle
     import struct
 
-    from allocator.history.history import Segment, check_pickle, safe_loads
+    from allocator.history.pickles import check_pickle, safe_loads
+    from allocator.history.segments import Segment
 
     def claiming(op: bytes, size: int) -> bytes:
         return b"\x80\x05" + op + struct.pack("<Q", size) + b"abc."
@@ -216,7 +217,7 @@ def test_verdicts_check_a_file_once_while_it_is_unchanged_and_again_once_it_chan
     """A file judged (trusted as written, or checked whole) is opened as it is while its size,
     mtime and inode stay; changed, it is checked whole again; a damaged one is refused with the
     kept reason, and after it is mended it opens."""
-    from allocator.history.history import History
+    from allocator.history import History
     from allocator.history.recording import Verdicts
 
     pool = create_pool("contiguous", num_blocks=64, block_bytes=BLOCK, device="cpu", event_capacity=8)

@@ -201,7 +201,7 @@ def test_a_recording_of_every_kind_of_event_uploads_and_its_events_answer(c, tmp
 
 def crafted(tmp_path, change) -> bytes:
     """The every-kind recording with one stored event changed by `change(row) -> row`."""
-    from allocator.history.history import Segment
+    from allocator.history import Segment
 
     path = tmp_path / "crafted.kvrec"
     path.unlink(missing_ok=True)

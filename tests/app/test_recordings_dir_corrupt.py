@@ -16,7 +16,7 @@ from support.apputil import Server, assert_error, make_client
 from support.kvtest_util import block_past_the_map, prefix_churn
 
 from allocator import create_pool
-from allocator.history.history import History
+from allocator.history import History
 from allocator.history.recording import Recorder
 
 PREFIX_BLOCKS = 12
