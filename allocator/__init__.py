@@ -54,8 +54,8 @@ def create_pool(strategy: str = "paged", **options) -> Pool:
     """Build a pool: `PoolSpec.parse(strategy, **options).build()`. Size by `num_blocks` or
     `capacity_bytes`; block size by `block_bytes` or by `tokens_per_block` (default 16) with a
     `model` geometry; `device`, `fit`, `tiers`, `name`, `event_capacity`, `cache`,
-    `prefix_caching` ({"policy": ...}: a PrefixPool) as `PoolSpec.parse` takes them. Raises
-    InvalidRequest."""
+    `prefix_caching` ({"policy": ...}: a PrefixPool), `history` / `history_bytes` (keep the
+    event history: `pool.history`) as `PoolSpec.parse` takes them. Raises InvalidRequest."""
     return PoolSpec.parse(strategy, **options).build()
 
 

@@ -104,7 +104,7 @@ cdef class EventRing:
             self._names.append(name)
             self._fields.append(tuple(names))
             layout = COMPILED_LAYOUTS.get(name)
-            # the history's fields (allocator/history/history.py) follow the compiled ones:
+            # the history's fields (allocator/history/replay.py) follow the compiled ones:
             # block ids from the id ring, the state code (aux), the free's requested bytes (v[2])
             if layout is not None and len(layout) > len(names):
                 raise ValueError(f"event kind {name!r} has fields {names}; its compiled layout "
@@ -582,7 +582,7 @@ cdef class EventRing:
         return self.count
 
 
-# -- reading exported columns (allocator/history/history.py keeps them as its segments) ------
+# -- reading exported columns (allocator/history/segments.py keeps them as its segments) ----
 cdef inline tuple _columns(object cols):
     """Exported columns as a tuple: export()'s own, or a tuple subclass naming them
     (allocator/history/columns.py EventColumns). Raises TypeError."""

@@ -1,8 +1,10 @@
 """History: a pool's whole event history, packed, with keyframes, so any past block map can be
-rebuilt."""
+rebuilt. A pool extension: the server attaches one to every pool it serves; a pool made from
+Python keeps none unless asked (`History(pool)`, or `create_pool(..., history=True)`)."""
 
 from __future__ import annotations
 
+from ..errors import positive_int
 from ..vocab import EVICTION_REASONS
 from .columns import COUNTER_NAMES, KIND, ROW, SEQ, CacheFigures, EventColumns
 from .keyframes import PAGE_BLOCKS, Keyframe, keyframe_of, unique_bytes
@@ -21,7 +23,9 @@ EVENTS_PER_KEYFRAME_BLOCK = 4
 
 
 class History:
-    """Every event of one pool since it was made (or since the oldest kept keyframe), packed.
+    """Every event of one pool since the history was attached to it (or since the oldest kept
+    keyframe), packed. Made on a pool, it attaches itself as the pool's extension "history"
+    (`pool.history`; a new one replaces the old) and drains the pool's event ring from then on.
 
     The pool's EventLog ring holds the newest events; before it would drop one, the log calls
     `spill()`, which takes the ring's unconsumed events as compact columns into a `Segment`
@@ -38,6 +42,10 @@ class History:
 
     def __init__(self, pool, max_bytes: int = DEFAULT_HISTORY_BYTES,
                  keyframe_every: int | None = None, page_blocks: int = PAGE_BLOCKS) -> None:
+        positive_int(max_bytes, "history_bytes")
+        positive_int(page_blocks, "page_blocks")
+        if keyframe_every is not None:
+            positive_int(keyframe_every, "keyframe_every")
         self.pool = pool
         self.page_blocks = page_blocks
         self.max_bytes = max_bytes
@@ -54,15 +62,33 @@ class History:
         self.consumed = self.origin_seq = pool.events.last_seq
         self._base: Keyframe | None = None  # the keyframe the next one may share pages with
         self._since = 0  # the block map's change-tracking token taken with _base
-        if hasattr(pool, "_allocs"):
-            self._add_keyframe(self._snapshot())
-        else:  # made from Pool.__init__, before the strategy's structures exist: pool empty
-            bm = pool.blockmap
-            self._add_keyframe(keyframe_of(self.consumed, bm.owners_np(), bm.states_np(), 0, 0, 0, 0,
-                                           [0] * len(COUNTER_NAMES), page_blocks=page_blocks,
-                                           empty=True))
+        self._add_keyframe(self._snapshot(first=True))
+        self.attached = True
+        old = pool.history
+        if old is not None:
+            old.detach()
         pool.events.sink = self
+        pool.attach("history", self)
         self._arm()
+
+    # -- as the pool's extension -----------------------------------------------------------------
+    def on_pool_reset(self) -> None:
+        """Nothing to do: the pool's `reset` event replays as "every block free"."""
+
+    def stats(self) -> None:
+        """Nothing under the pool's stats (its own figures: `info()`, GET .../history)."""
+        return None
+
+    def detach(self) -> None:
+        """Stop keeping the pool's events (`pool.history = None`, or a new History on the pool):
+        the ring's events so far are taken in, and the history stays readable as it is then."""
+        if not self.attached:
+            return
+        events = self.pool.events
+        if events.sink is self:
+            self.spill()
+            events.sink = None
+        self.attached = False
 
     @property
     def first_seq(self) -> int:
@@ -76,10 +102,11 @@ class History:
         events.spill_at = self.consumed + events.capacity - 1
         events.spill_bpos = events.bpos + events.bcap // 2
 
-    def _snapshot(self, reuse: bool = False) -> Keyframe:
+    def _snapshot(self, reuse: bool = False, first: bool = False) -> Keyframe:
         """A keyframe of the pool now. With `reuse` (the history's own keyframes, taken in
         order), pages unchanged since the previous one are shared with it: the block map's
-        chunk stamps (BlockMap.changes_since, a reader of its own) say which changed."""
+        chunk stamps (BlockMap.changes_since, a reader of its own) say which changed. `first`
+        (the history's first): a map all alike (a new pool's) is compressed one page only."""
         p = self.pool
         last_id = p._last_id
         newest = p.events.raw_after(p.events.last_seq - 1) if len(p.events) else ()
@@ -101,9 +128,11 @@ class History:
         figures = None if cache is None else CacheFigures(
             cache.policy, cache.capacity_bytes, cache.hits, cache.misses,
             tuple(cache.evictions[r] for r in EVICTION_REASONS), cache.entry_ids().tobytes())
-        kf = keyframe_of(p.events.last_seq, bm.owners_np(), bm.states_np(), p.requested_total, len(p),
-                         last_id, p._frees, [p.counters[n] for n in COUNTER_NAMES], dirty, base,
-                         self.page_blocks, cache=figures)
+        owner, state = bm.owners_np(), bm.states_np()
+        uniform = first and bool((owner == owner[0]).all() and (state == state[0]).all())
+        kf = keyframe_of(p.events.last_seq, owner, state, p.requested_total, len(p), last_id, p._frees,
+                         [p.counters[n] for n in COUNTER_NAMES], dirty, base, self.page_blocks,
+                         uniform=uniform, cache=figures)
         if reuse:
             self._base = kf
         return kf
@@ -195,11 +224,16 @@ class History:
         p = self.pool
         return HistoryView(
             geometry=pool_geometry(p), keyframes=list(self.keyframes), segments=list(self.segments),
-            tail=p.events.raw_after(self.consumed), last_seq=p.events.last_seq,
+            tail=p.events.raw_after(self.consumed) if self.attached else [], last_seq=self.last_seq,
             dropped_events=self.dropped_events)
 
+    @property
+    def last_seq(self) -> int:
+        """The newest event kept: the pool's newest while attached."""
+        return self.pool.events.last_seq if self.attached else self.consumed
+
     def info(self) -> dict:
-        return {"first_seq": self.first_seq, "last_seq": self.pool.events.last_seq,
+        return {"first_seq": self.first_seq, "last_seq": self.last_seq,
                 "keyframes": len(self.keyframes), "bytes": self.nbytes, "max_bytes": self.max_bytes,
                 "dropped_events": self.dropped_events, "keyframe_every": self.keyframe_every}
 

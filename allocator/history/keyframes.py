@@ -133,15 +133,15 @@ def unique_bytes(pages, exclude=()) -> int:
 
 def keyframe_of(seq: int, owner: np.ndarray, state: np.ndarray, requested: int, allocations: int,
                 last_id: int, frees: int, counters, dirty=None, base: Keyframe | None = None,
-                page_blocks: int = PAGE_BLOCKS, empty: bool = False,
+                page_blocks: int = PAGE_BLOCKS, uniform: bool = False,
                 cache: CacheFigures | None = None) -> Keyframe:
     """A keyframe of the map now; with `base` (the previous keyframe), only the pages in `dirty`
-    (page indexes changed since `base`) are compressed, the others shared with it. `empty`:
-    the map is all free (a new pool)."""
+    (page indexes changed since `base`) are compressed, the others shared with it. `uniform`:
+    every block has the same owner and state (a new pool's map)."""
     old_o = base.owner_pages if base is not None else None
     old_s = base.state_pages if base is not None else None
-    owner_pages = _compress_pages(owner, dirty, old_o, page_blocks, empty)
-    state_pages = _compress_pages(state, dirty, old_s, page_blocks, empty)
+    owner_pages = _compress_pages(owner, dirty, old_o, page_blocks, uniform)
+    state_pages = _compress_pages(state, dirty, old_s, page_blocks, uniform)
     own = unique_bytes(owner_pages + state_pages, (old_o or ()) + (old_s or ()))
     return Keyframe(seq, owner_pages, state_pages, requested, allocations, last_id, frees,
                     tuple(counters), own, cache)

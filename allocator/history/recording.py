@@ -45,8 +45,9 @@ class Recorder:
 
     def __init__(self, pool, path: str | Path, meta: dict | None = None) -> None:
         if not isinstance(pool.history, History):
-            raise Conflict(f"pool {pool.name!r} keeps no live history to record (history_bytes=0, "
-                           "or it is a recording itself)")
+            raise Conflict(f"pool {pool.name!r} keeps no live history to record (made without one: "
+                           "create_pool(..., history=True) or History(pool) keeps one; or it is a "
+                           "recording itself)")
         self.pool = pool
         self.path = Path(path)
         if self.path.exists():
