@@ -26,7 +26,7 @@ from .errors import (
     TooLarge,
     positive_int,
 )
-from .history.history import History, HistoryView, OutsideHistory
+from .history import History, HistoryView, OutsideHistory
 from .pools.blockmap import CACHED, FREE, PINNED, SHARED, USED, BlockMap
 from .pools.contiguous import ContiguousPool
 from .pools.events import EventLog
@@ -54,8 +54,8 @@ def create_pool(strategy: str = "paged", **options) -> Pool:
     """Build a pool: `PoolSpec.parse(strategy, **options).build()`. Size by `num_blocks` or
     `capacity_bytes`; block size by `block_bytes` or by `tokens_per_block` (default 16) with a
     `model` geometry; `device`, `fit`, `tiers`, `name`, `event_capacity`, `cache`,
-    `prefix_caching` ({"policy": ...}: a PrefixPool) as `PoolSpec.parse` takes them. Raises
-    InvalidRequest."""
+    `prefix_caching` ({"policy": ...}: a PrefixPool), `history` / `history_bytes` (keep the
+    event history: `pool.history`) as `PoolSpec.parse` takes them. Raises InvalidRequest."""
     return PoolSpec.parse(strategy, **options).build()
 
 

@@ -135,7 +135,7 @@ def map_summary(const int32_t[::1] owner, const uint8_t[::1] state):
     """One pass over a block map: (blocks with an owner, count of each state code 0..7 as an
     int64 array, the lengths of the maximal runs of FREE blocks in block order as int64).
     What Pool.stats() derives from the map, for a map rebuilt from history
-    (allocator/history/history.py stats_of) without numpy's several passes over a 1M-block map."""
+    (allocator/history/view.py stats_of) without numpy's several passes over a 1M-block map."""
     cdef Py_ssize_t n = min(owner.shape[0], state.shape[0]), b, used = 0, run = 0, nruns = 0
     counts = np.zeros(8, dtype=np.int64)
     cdef int64_t[::1] c = counts

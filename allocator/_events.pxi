@@ -15,6 +15,29 @@ cdef enum:
 # from Python as a tuple of values.
 COMPILED_LAYOUTS = {"allocate": "iiii", "free": "ii", "put": "oiii", "evict": "oiissff"}
 
+# export()'s columns, in order (allocator/history/columns.py EventColumns names them the same).
+COLUMN_FIELDS = ("format", "first", "last", "ts", "kind", "aux", "num", "nb", "ne", "ids", "wide",
+                 "keys", "objs", "names", "strings", "block_bytes")
+
+cdef enum:  # positions in export()'s columns (COLUMN_FIELDS)
+    C_FORMAT = 0
+    C_FIRST = 1
+    C_LAST = 2
+    C_TS = 3
+    C_KIND = 4
+    C_AUX = 5
+    C_NUM = 6
+    C_NB = 7
+    C_NE = 8
+    C_IDS = 9
+    C_WIDE = 10
+    C_KEYS = 11
+    C_OBJS = 12
+    C_NAMES = 13
+    C_STRINGS = 14
+    C_BLOCK_BYTES = 15
+    C_COUNT = 16
+
 
 cdef inline int64_t f2i(double x) noexcept:
     cdef int64_t out
@@ -81,7 +104,7 @@ cdef class EventRing:
             self._names.append(name)
             self._fields.append(tuple(names))
             layout = COMPILED_LAYOUTS.get(name)
-            # the history's fields (allocator/history/history.py) follow the compiled ones:
+            # the history's fields (allocator/history/replay.py) follow the compiled ones:
             # block ids from the id ring, the state code (aux), the free's requested bytes (v[2])
             if layout is not None and len(layout) > len(names):
                 raise ValueError(f"event kind {name!r} has fields {names}; its compiled layout "
@@ -261,7 +284,7 @@ cdef class EventRing:
         object per event (None when there is nothing after `seq`):
 
         ("cols2", first, last, ts, kind, aux, num, nb, ne, ids, wide, keys, objs, names, strings,
-         block_bytes)
+         block_bytes)  (COLUMN_FIELDS)
 
         - ts float64, kind uint8 (code | FLAG_OBJ / FLAG_KEY), aux uint8: one per event (bytes);
         - numeric events (allocate, free): `num` int64 (id, requested bytes), `nb` int32 block
@@ -559,7 +582,15 @@ cdef class EventRing:
         return self.count
 
 
-# -- reading exported columns (allocator/history/history.py keeps them as its segments) ------
+# -- reading exported columns (allocator/history/segments.py keeps them as its segments) ----
+cdef inline tuple _columns(object cols):
+    """Exported columns as a tuple: export()'s own, or a tuple subclass naming them
+    (allocator/history/columns.py EventColumns). Raises TypeError."""
+    if not isinstance(cols, tuple):
+        raise TypeError(f"event columns are {type(cols).__name__}, not a tuple")
+    return <tuple>cols
+
+
 cdef inline Py_ssize_t _decode_ids(const int32_t *enc, Py_ssize_t ne, int32_t *out) noexcept:
     """Expand `ne` encoded entries (see EventRing.export) into `out`; returns the id count."""
     cdef Py_ssize_t i = 0, n = 0, r
@@ -576,7 +607,7 @@ cdef inline Py_ssize_t _decode_ids(const int32_t *enc, Py_ssize_t ne, int32_t *o
     return n
 
 
-def replay_columns(tuple cols, int32_t[::1] owner, uint8_t[::1] state, int64_t after, int64_t upto,
+def replay_columns(columns, int32_t[::1] owner, uint8_t[::1] state, int64_t after, int64_t upto,
                    int64_t[::1] acc, int64_t[::1] pos, const uint8_t[::1] python_kinds):
     """Apply the numeric events of an exported segment ("cols2") with after < seq <= upto to the
     map (owner/state) and to acc = [requested, allocations, last_id, frees], in order.
@@ -585,16 +616,18 @@ def replay_columns(tuple cols, int32_t[::1] owner, uint8_t[::1] state, int64_t a
     index of the next Python-recorded event in range whose kind code is flagged in
     `python_kinds` (pos is then past it: the caller applies objs[pos[4] - 1] and calls again),
     or -1 when the range (or the segment) is done. Keyed events change no block: skipped."""
-    cdef int64_t first = cols[1], last = cols[2], seq
-    cdef const uint8_t[::1] kind = cols[4]
-    cdef const uint8_t[::1] aux = cols[5]
-    cdef const int64_t[::1] num = np.frombuffer(cols[6], dtype=np.int64)
-    cdef const int32_t[::1] nb = np.frombuffer(cols[7], dtype=np.int32)
-    cdef const int32_t[::1] ne = np.frombuffer(cols[8], dtype=np.int32)
-    cdef const int32_t[::1] ids = np.frombuffer(cols[9], dtype=np.int32)
+    cdef tuple cols = _columns(columns)
+    cdef int64_t first = cols[C_FIRST], last = cols[C_LAST], seq
+    cdef const uint8_t[::1] kind = cols[C_KIND]
+    cdef const uint8_t[::1] aux = cols[C_AUX]
+    cdef const int64_t[::1] num = np.frombuffer(cols[C_NUM], dtype=np.int64)
+    cdef const int32_t[::1] nb = np.frombuffer(cols[C_NB], dtype=np.int32)
+    cdef const int32_t[::1] ne = np.frombuffer(cols[C_NE], dtype=np.int32)
+    cdef const int32_t[::1] ids = np.frombuffer(cols[C_IDS], dtype=np.int32)
     cdef Py_ssize_t n = <Py_ssize_t>(last - first + 1), i = pos[0], j = pos[1], p = pos[2]
     cdef Py_ssize_t m = pos[3], o = pos[4], q, c, nblocks = min(owner.shape[0], state.shape[0])
-    cdef int alloc_code = cols[13].index("allocate") if "allocate" in cols[13] else -1
+    cdef list names = cols[C_NAMES]
+    cdef int alloc_code = names.index("allocate") if "allocate" in names else -1
     cdef uint8_t k
     cdef int32_t aid, b
     cdef int32_t[::1] scratch
@@ -602,7 +635,7 @@ def replay_columns(tuple cols, int32_t[::1] owner, uint8_t[::1] state, int64_t a
     cdef Py_ssize_t bufcap = 0
     if upto < first + i:
         return -1
-    scratch_arr = _scratch(cols[7])
+    scratch_arr = _scratch(cols[C_NB])
     scratch = scratch_arr
     buf = &scratch[0]
     bufcap = scratch.shape[0]
@@ -662,23 +695,25 @@ def _scratch(bytes nb):
     return np.empty(max(1, int(counts.max()) if counts.size else 1), dtype=np.int32)
 
 
-def rows_of_columns2(tuple cols) -> list:
+def rows_of_columns2(columns) -> list:
     """An exported segment ("cols2") as the flat tuples EventRing.raw_after() makes."""
-    cdef int64_t first = cols[1], last = cols[2]
+    cdef tuple cols = _columns(columns)
+    cdef int64_t first = cols[C_FIRST], last = cols[C_LAST]
     cdef Py_ssize_t n = <Py_ssize_t>(last - first + 1), i, j = 0, p = 0, m = 0, o = 0, c, x, pos
-    ts = np.frombuffer(cols[3], dtype=np.float64).tolist()
-    cdef const uint8_t[::1] kind = cols[4]
-    cdef const uint8_t[::1] aux = cols[5]
-    cdef const int64_t[::1] num = np.frombuffer(cols[6], dtype=np.int64)
-    cdef const int32_t[::1] nb = np.frombuffer(cols[7], dtype=np.int32)
-    cdef const int32_t[::1] ne = np.frombuffer(cols[8], dtype=np.int32)
-    cdef const int32_t[::1] ids = np.frombuffer(cols[9], dtype=np.int32)
-    cdef const int64_t[::1] wide = np.frombuffer(cols[10], dtype=np.int64)
-    cdef list keys = cols[11], objs = cols[12], names = cols[13], strings = cols[14], out = []
-    cdef int64_t block_bytes = cols[15]
+    ts = np.frombuffer(cols[C_TS], dtype=np.float64).tolist()
+    cdef const uint8_t[::1] kind = cols[C_KIND]
+    cdef const uint8_t[::1] aux = cols[C_AUX]
+    cdef const int64_t[::1] num = np.frombuffer(cols[C_NUM], dtype=np.int64)
+    cdef const int32_t[::1] nb = np.frombuffer(cols[C_NB], dtype=np.int32)
+    cdef const int32_t[::1] ne = np.frombuffer(cols[C_NE], dtype=np.int32)
+    cdef const int32_t[::1] ids = np.frombuffer(cols[C_IDS], dtype=np.int32)
+    cdef const int64_t[::1] wide = np.frombuffer(cols[C_WIDE], dtype=np.int64)
+    cdef list keys = cols[C_KEYS], objs = cols[C_OBJS], names = cols[C_NAMES]
+    cdef list strings = cols[C_STRINGS], out = []
+    cdef int64_t block_bytes = cols[C_BLOCK_BYTES]
     cdef uint8_t k
     cdef str name, layout
-    scratch_arr = _scratch(cols[7])
+    scratch_arr = _scratch(cols[C_NB])
     cdef int32_t[::1] scratch = scratch_arr
     for i in range(n):
         k = kind[i]
@@ -718,27 +753,30 @@ def rows_of_columns2(tuple cols) -> list:
     return out
 
 
-def validate_columns(tuple cols) -> object:
+def validate_columns(columns) -> object:
     """None when an exported segment ("cols2", e.g. read back from a recording file) is
     consistent, so replay_columns / rows_of_columns2 stay inside its arrays; else what is wrong.
     Block ids themselves are range-checked by the replay."""
-    if len(cols) != 16 or cols[0] != "cols2":
+    if not isinstance(columns, tuple):
         return "not a cols2 segment"
-    for col in (3, 4, 5, 6, 7, 8, 9, 10):
+    cdef tuple cols = <tuple>columns
+    if len(cols) != C_COUNT or cols[C_FORMAT] != "cols2":
+        return "not a cols2 segment"
+    for col in (C_TS, C_KIND, C_AUX, C_NUM, C_NB, C_NE, C_IDS, C_WIDE):
         if type(cols[col]) is not bytes:
-            return f"column {col} is not bytes"
-    for col in (11, 12, 13, 14):
+            return f"column {COLUMN_FIELDS[col]} is not bytes"
+    for col in (C_KEYS, C_OBJS, C_NAMES, C_STRINGS):
         if type(cols[col]) is not list:
-            return f"column {col} is not a list"
-    if type(cols[1]) is not int or type(cols[2]) is not int:
+            return f"column {COLUMN_FIELDS[col]} is not a list"
+    if type(cols[C_FIRST]) is not int or type(cols[C_LAST]) is not int:
         return "first/last are not ints"
-    cdef int64_t first = cols[1], last = cols[2]
+    cdef int64_t first = cols[C_FIRST], last = cols[C_LAST]
     cdef Py_ssize_t n = <Py_ssize_t>(last - first + 1), i, nnum = 0, nkey = 0, nobj = 0, j, p = 0
     cdef Py_ssize_t q, c
-    if n <= 0 or len(cols[3]) != 8 * n or len(cols[4]) != n or len(cols[5]) != n:
+    if n <= 0 or len(cols[C_TS]) != 8 * n or len(cols[C_KIND]) != n or len(cols[C_AUX]) != n:
         return "per-event columns do not hold last - first + 1 events"
-    cdef const uint8_t[::1] kind = cols[4]
-    cdef list names = cols[13]
+    cdef const uint8_t[::1] kind = cols[C_KIND]
+    cdef list names = cols[C_NAMES]
     for i in range(n):
         if (kind[i] & CODE_MASK) >= len(names) or type(names[kind[i] & CODE_MASK]) is not str:
             return f"event {first + i} has an unknown kind code"
@@ -752,22 +790,22 @@ def validate_columns(tuple cols) -> object:
             nnum += 1
             if names[kind[i] & CODE_MASK] not in ("allocate", "free"):
                 return f"event {first + i}: numeric kind {names[kind[i] & CODE_MASK]!r}"
-    if nobj != len(cols[12]) or nkey != len(cols[11]):
+    if nobj != len(cols[C_OBJS]) or nkey != len(cols[C_KEYS]):
         return "object or key counts do not match the kinds"
-    if any(type(o) is not tuple for o in cols[12]):
+    if any(type(o) is not tuple for o in cols[C_OBJS]):
         return "an event's values are not a tuple"
-    if type(cols[15]) is not int or cols[15] <= 0:
+    if type(cols[C_BLOCK_BYTES]) is not int or cols[C_BLOCK_BYTES] <= 0:
         return "block_bytes is not a positive int"
-    if len(cols[6]) != 16 * nnum or len(cols[7]) != 4 * nnum or len(cols[8]) != 4 * nnum:
+    if len(cols[C_NUM]) != 16 * nnum or len(cols[C_NB]) != 4 * nnum or len(cols[C_NE]) != 4 * nnum:
         return "numeric columns do not match the numeric events"
-    if len(cols[10]) != 8 * NVALS * nkey or len(cols[9]) % 4:
+    if len(cols[C_WIDE]) != 8 * NVALS * nkey or len(cols[C_IDS]) % 4:
         return "keyed or id columns have the wrong size"
-    for s in cols[14]:
+    for s in cols[C_STRINGS]:
         if type(s) is not str:
             return "the string table holds a non-string"
-    cdef const int32_t[::1] nb = np.frombuffer(cols[7], dtype=np.int32)
-    cdef const int32_t[::1] ne = np.frombuffer(cols[8], dtype=np.int32)
-    cdef const int32_t[::1] ids = np.frombuffer(cols[9], dtype=np.int32)
+    cdef const int32_t[::1] nb = np.frombuffer(cols[C_NB], dtype=np.int32)
+    cdef const int32_t[::1] ne = np.frombuffer(cols[C_NE], dtype=np.int32)
+    cdef const int32_t[::1] ids = np.frombuffer(cols[C_IDS], dtype=np.int32)
     for j in range(nnum):
         if ne[j] < -1 or nb[j] < 0:
             return "negative counts"
@@ -795,11 +833,11 @@ def validate_columns(tuple cols) -> object:
 
 
 cdef object _check_wide(tuple cols):
-    cdef const int64_t[::1] wide = np.frombuffer(cols[10], dtype=np.int64)
-    cdef const uint8_t[::1] kind = cols[4]
+    cdef const int64_t[::1] wide = np.frombuffer(cols[C_WIDE], dtype=np.int64)
+    cdef const uint8_t[::1] kind = cols[C_KIND]
     cdef Py_ssize_t i, m = 0, pos, x
-    cdef list names = cols[13]
-    cdef Py_ssize_t nstr = len(cols[14])
+    cdef list names = cols[C_NAMES]
+    cdef Py_ssize_t nstr = len(cols[C_STRINGS])
     for i in range(kind.shape[0]):
         if not (kind[i] & FLAG_KEY) or (kind[i] & FLAG_OBJ):
             continue

@@ -138,7 +138,7 @@ EVENT_KINDS: dict[str, EventKind] = _by_name(
     # Map-changing kinds end with the block-map rows they change (`block_ids`: rows now owned;
     # `freed_ids`: rows released; `moves`: (src, dst, count) runs applied in order) and what
     # the history needs to rebuild the numbers (state code, bytes added or removed), so any
-    # past map replays exactly from a keyframe (allocator/history/history.py). Cache kinds (put,
+    # past map replays exactly from a keyframe (allocator/history/replay.py). Cache kinds (put,
     # evict, remove) change the map through the allocate / extend / truncate / free they cause.
     EventKind("allocate", ("id", "requested_bytes", "allocated_bytes", "blocks", "block_ids", "state"), "alloc"),
     EventKind("extend", ("id", "requested_bytes", "allocated_bytes", "moved", "block_ids", "freed_ids",

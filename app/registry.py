@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from allocator import MirrorPool, Pool, PoolSpec
 from allocator.errors import Conflict, ExceedsCapacity, NotFound, TooLarge
-from allocator.history.history import DEFAULT_HISTORY_BYTES
+from allocator.history import History
 
 from .settings import Settings, total_pool_cap
 
@@ -148,11 +147,16 @@ class Registry:
         if held + planned > self.total_cap:
             raise Conflict(f"pools already hold {held} of the server's {self.total_cap} bytes "
                            f"(KVSCOPE_MAX_TOTAL_BYTES): {planned} more do not fit; delete a pool first")
-        if spec.history_bytes == DEFAULT_HISTORY_BYTES and s.history_bytes != DEFAULT_HISTORY_BYTES:
-            spec = dataclasses.replace(spec, history_bytes=s.history_bytes)
-        handle = PoolHandle(spec.name, spec.build())
+        handle = PoolHandle(spec.name, self._keep_history(spec.build()))
         self._pools[spec.name] = handle
         return handle
+
+    def _keep_history(self, pool: Pool) -> Pool:
+        """`pool` with the event history the server keeps of every live pool it serves
+        (`KVSCOPE_HISTORY_BYTES` of budget; 0: none), unless it keeps one already."""
+        if self.settings.history_bytes and pool.history is None:
+            History(pool, self.settings.history_bytes)
+        return pool
 
     def adopt(self, name: str, pool) -> PoolHandle:
         """Register an already built pool (an opened recording). Raises Conflict."""
@@ -174,7 +178,7 @@ class Registry:
             raise TooLarge(f"{num_blocks} blocks exceeds the cap of {s.max_blocks}")
         pool = MirrorPool(num_blocks, spec.get("block_bytes") or 1, name=name, device="cpu",
                           tokens_per_block=spec.get("tokens_per_block"))
-        handle = PoolHandle(name, pool)
+        handle = PoolHandle(name, self._keep_history(pool))
         self._pools[name] = handle
         return handle
 

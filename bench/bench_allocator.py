@@ -118,7 +118,8 @@ def fmt(rates: list[float]) -> str:
 
 # -- kvscope workloads ---------------------------------------------------------------------
 def kv_pool():
-    return create_pool("paged", num_blocks=POOL_BLOCKS, block_bytes=BLOCK, device="cpu")
+    # With its event history, as the server keeps every pool it serves.
+    return create_pool("paged", num_blocks=POOL_BLOCKS, block_bytes=BLOCK, device="cpu", history=True)
 
 
 def kv_alloc_free(blocks_per_op: int) -> Workload:
@@ -167,7 +168,7 @@ def kv_churn() -> tuple[Callable[[], None], int]:
 
 def kv_cache(entry_blocks: int, budget: int = CACHE_BLOCKS) -> Workload:
     def build():
-        pool = create_pool("paged", num_blocks=2 * budget, block_bytes=BLOCK, device="cpu")
+        pool = create_pool("paged", num_blocks=2 * budget, block_bytes=BLOCK, device="cpu", history=True)
         cache = KVCache(pool, budget * BLOCK, "lru")
         size, n = entry_blocks * BLOCK, CACHE_MOVED // entry_blocks
         for i in range(budget // entry_blocks):
@@ -303,7 +304,7 @@ def defrag_bandwidth() -> dict:
     blocks, bb = sized(2048, 256), 64 * 1024
     copy_bw = total_bw = ref = 0.0
     for _ in range(sized(5, 1)):
-        pool = create_pool("paged", num_blocks=blocks, block_bytes=bb, device="cpu")
+        pool = create_pool("paged", num_blocks=blocks, block_bytes=bb, device="cpu", history=True)
         pool.storage.data.fill_(1)
         ids = [pool.allocate(bb) for _ in range(blocks)]
         for aid in ids[::2]:

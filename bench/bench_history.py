@@ -1,7 +1,8 @@
 """History benchmark: what keeping every event costs the allocator, and how fast the past reads.
 
 1. blocks/s of single-block and 16-block allocate+free and of cache puts that evict on every
-   put, with the pool's history ON (the default) and OFF (`history_bytes=0`), measured in
+   put, with the pool's history ON (as the server keeps it) and OFF (a pool made from Python
+   keeps none unless asked), measured in
    alternating windows of the same run; ratio on/off (aim: >= 0.5, i.e. never halved).
 2. A 1,000,000-event history (churn of 1-32-block requests on a 65,536-block paged pool, the
    same on a contiguous pool, and on a 1,000,000-block paged pool): time to rebuild the block map and stats at 200 random

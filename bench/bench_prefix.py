@@ -50,8 +50,8 @@ def vllm_module():
 
 
 def kv_pool():
-    return create_pool("paged", num_blocks=BLOCKS, block_bytes=64, tokens_per_block=BS,
-                       device="cpu", prefix_caching={"policy": "lru"}, event_capacity=10_000)
+    return create_pool("paged", num_blocks=BLOCKS, block_bytes=64, tokens_per_block=BS, device="cpu",
+                       prefix_caching={"policy": "lru"}, event_capacity=10_000, history=True)
 
 
 # -- kvscope ---------------------------------------------------------------------------------

@@ -47,14 +47,14 @@ def trace_stream(trace: Trace | None = None) -> tuple[list[str], list[int]]:
 def policy_hits(keys: list[str], sizes: list[int] | None, capacity: int, policy: str) -> int:
     """Hits of `policy` on a real KVCache. `capacity` in entries (unit) or tokens (sized)."""
     if sizes is None:
-        pool = PagedPool(capacity, 1, device="cpu", event_capacity=1, history_bytes=0)
+        pool = PagedPool(capacity, 1, device="cpu", event_capacity=1)
         cache = KVCache(pool, capacity, policy=policy)
         for k in keys:
             if cache.get(k) is None:
                 cache.put(k, 1)
         return cache.hits
     blocks = capacity // TOKENS_PER_BLOCK
-    pool = PagedPool(blocks, TOKENS_PER_BLOCK, device="cpu", event_capacity=1, history_bytes=0)
+    pool = PagedPool(blocks, TOKENS_PER_BLOCK, device="cpu", event_capacity=1)
     cache = KVCache(pool, blocks * TOKENS_PER_BLOCK, policy=policy)
     limit = blocks * TOKENS_PER_BLOCK
     for k, size in zip(keys, sizes):

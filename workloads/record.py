@@ -46,7 +46,7 @@ def record(args: argparse.Namespace, out=sys.stdout) -> dict:
               and SCENARIO_INFO[args.workload].uses_prefix)
     extra = {"tokens_per_block": DEFAULT_TOKENS_PER_BLOCK, "prefix_caching": {"policy": args.policy}} if prefix else {}
     pool = create_pool(args.strategy, num_blocks=args.blocks, block_bytes=args.block_bytes, device="cpu",
-                       name=args.workload, **extra)
+                       name=args.workload, history=True, **extra)
     uses_cache = args.workload == "trace" or SCENARIO_INFO[args.workload].uses_cache
     if uses_cache:
         KVCache(pool, pool.capacity_bytes, args.policy)

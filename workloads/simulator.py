@@ -332,7 +332,7 @@ def build_pool_and_strategy(cfg: SimConfig) -> tuple[Pool, Strategy]:
     tb = cfg.sim_bytes_per_token
     tokens = cfg.capacity_tokens()
     max_len = cfg.max_length()
-    kw = dict(device="cpu", name=cfg.strategy, event_capacity=1, history_bytes=0)
+    kw = dict(device="cpu", name=cfg.strategy, event_capacity=1)
     if cfg.strategy == "paged":
         pool = PagedPool(tokens // cfg.tokens_per_block, cfg.tokens_per_block * tb, **kw)
         return pool, PagedStrategy(pool, tb, max_len, cfg.tokens_per_block)

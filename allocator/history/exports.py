@@ -12,7 +12,11 @@ import numpy as np
 from ..pools.blockmap import NO_OWNER
 from ..pools.events import BLOCK_FIELDS, block_list, event_dict
 from ..vocab import EVENT_FIELDS
-from .history import HistoryView, Replayer
+from .columns import KIND, ROW, SEQ, TS
+from .replay import Replayer
+from .view import HistoryView
+
+_ALLOCATE, _FREE, _OOM = ROW["allocate"], ROW["free"], ROW["oom"]
 
 # Where the pool's segment starts in the snapshot's address space (any page-aligned value).
 BASE_ADDRESS = 0x7F00_0000_0000
@@ -80,7 +84,7 @@ def memory_snapshot_dict(view: HistoryView, max_events: int = DEFAULT_MAX_EVENTS
     first_ts = None
     rows_iter = list(view.rows(start, view.last_seq))
     if rows_iter:
-        first_ts = rows_iter[0][1]
+        first_ts = rows_iter[0][TS]
     owners = rep.owner
     live = np.flatnonzero(owners != NO_OWNER)
     if live.size:
@@ -89,14 +93,14 @@ def memory_snapshot_dict(view: HistoryView, max_events: int = DEFAULT_MAX_EVENTS
         for aid, rows in zip(ids.tolist(), np.split(live[order], cuts[1:])):
             trace.alloc(aid, rows.tolist(), first_ts or 0.0, start)
     for row in rows_iter:
-        seq, ts, kind = row[0], row[1], row[2]
+        seq, ts, kind = row[SEQ], row[TS], row[KIND]
         ev = None
         if kind == "allocate":
             ev = event_dict(row)
-            trace.requested_of[row[3]] = row[4]
-            trace.alloc(row[3], ev["block_ids"], ts, seq)
+            trace.requested_of[row[_ALLOCATE.id]] = row[_ALLOCATE.requested_bytes]
+            trace.alloc(row[_ALLOCATE.id], ev["block_ids"], ts, seq)
         elif kind == "free":
-            trace.free(row[3], ts, seq)
+            trace.free(row[_FREE.id], ts, seq)
         elif kind in ("extend", "truncate"):
             ev = event_dict(row)
             aid = ev["id"]
@@ -126,8 +130,8 @@ def memory_snapshot_dict(view: HistoryView, max_events: int = DEFAULT_MAX_EVENTS
             for aid in list(trace.rows_of):
                 trace.free(aid, ts, seq)
         elif kind == "oom":
-            trace.entries.append({"action": "oom", "addr": 0, "size": row[3], "stream": 0, "frames": [],
-                                  "time_us": int(ts * 1e6), "device_free": row[4]})
+            trace.entries.append({"action": "oom", "addr": 0, "size": row[_OOM.requested_bytes], "stream": 0,
+                                  "frames": [], "time_us": int(ts * 1e6), "device_free": row[_OOM.free_bytes]})
         rep.apply(row)
     # The final map as the segment's blocks: one block per run of one owner.
     owner = rep.owner

@@ -1,23 +1,15 @@
-"""History: a pool's whole event history with keyframes, so any past block map can be rebuilt."""
+"""History: a pool's whole event history, packed, with keyframes, so any past block map can be
+rebuilt. A pool extension: the server attaches one to every pool it serves; a pool made from
+Python keeps none unless asked (`History(pool)`, or `create_pool(..., history=True)`)."""
 
 from __future__ import annotations
 
-import gc
-import io
-import pickle
-import pickletools
-import zlib
-from bisect import bisect_right
-from dataclasses import dataclass, field
-
-import numpy as np
-
-from .._core import map_summary, replay_columns, rows_of_columns2, validate_columns
-from ..errors import Conflict, NotFound
-from ..pools.blockmap import CACHED, FREE, NO_OWNER, PINNED, SHARED, STATE_NAMES, USED
-from ..pools.events import event_dict, packed_list
-from ..pools.metrics import fragmentation_stats
+from ..errors import positive_int
 from ..vocab import EVICTION_REASONS
+from .columns import COUNTER_NAMES, KIND, ROW, SEQ, CacheFigures, EventColumns
+from .keyframes import PAGE_BLOCKS, Keyframe, keyframe_of, unique_bytes
+from .segments import Segment
+from .view import HistoryView
 
 DEFAULT_HISTORY_BYTES = 64 << 20
 # Events between keyframes: EVENTS_PER_KEYFRAME_BLOCK per block of the pool (one per four blocks
@@ -28,378 +20,12 @@ DEFAULT_HISTORY_BYTES = 64 << 20
 # pool's keyframes near 1 ns an event; the cap keeps a read within ~100 ms.
 KEYFRAME_EVENTS = 131_072
 EVENTS_PER_KEYFRAME_BLOCK = 4
-COUNTER_NAMES = ("extends", "truncates", "moves", "moved_blocks", "defragmentations",
-                 "ooms_capacity", "ooms_fragmentation")
-
-
-class OutsideHistory(NotFound):
-    """A point before the oldest kept event or after the newest one."""
-
-    def __init__(self, seq: int, first: int, last: int, dropped: int) -> None:
-        why = (f"; older events were dropped to keep the history within its memory budget "
-               f"({dropped} so far)" if dropped and seq < first else "")
-        super().__init__("history point", seq)
-        self.args = (f"event seq {seq} is outside the history, which holds seq {first}..{last}{why}",)
-        self.first, self.last = first, last
-
-    def details(self) -> dict:
-        return {"kind": self.kind, "id": self.ident, "first_seq": self.first, "last_seq": self.last}
-
-
-class _PlainUnpickler(pickle.Unpickler):
-    """Loads only plain data (tuples, lists, dicts, numbers, strings, bytes, None) and ranges:
-    a recording file from elsewhere cannot make the loader import or call anything else."""
-
-    def find_class(self, module: str, name: str):
-        if (module, name) == ("builtins", "range"):
-            return range
-        raise pickle.UnpicklingError(f"recording data may not name {module}.{name}")
-
-
-def safe_loads(blob: bytes, bounded: bool = False, refs: bool = True):
-    """`pickle.loads` restricted to what the history writes. `bounded` (bytes from a file):
-    `check_pickle(blob, refs)` first, so no size the pickle declares is allocated before it is
-    seen to fit. Raises pickle.UnpicklingError."""
-    if bounded:
-        check_pickle(blob, refs)
-    return _PlainUnpickler(io.BytesIO(blob)).load()
-
-
-_MEMO_GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
-
-
-def check_pickle(blob, refs: bool = True) -> None:
-    """Raises pickle.UnpicklingError unless `blob` is bytes whose every opcode is whole: each
-    frame, bytes and string it declares fits in what is left of it. The C unpickler allocates
-    a declared size before reading it (a 2^50-byte BINBYTES8 is a MemoryError, a 2^63-byte
-    frame an OverflowError); this walk allocates at most the blob's own size. ~1 us an opcode.
-    `refs` False: no object may be used twice (segments are written without a memo; a list
-    of lists each holding the one before twice is 2^depth elements to whoever walks it)."""
-    if blob.__class__ is not bytes:
-        raise pickle.UnpicklingError(f"recording data is {type(blob).__name__}, not bytes")
-    f = io.BytesIO(blob)
-    try:
-        for op, arg, pos in pickletools.genops(f):
-            if op.name == "FRAME" and arg > len(blob) - f.tell():
-                raise pickle.UnpicklingError(f"a pickle frame of {arg} bytes at offset {pos} "
-                                             f"runs past the data's {len(blob)} bytes")
-            if not refs and op.name in _MEMO_GETS:
-                raise pickle.UnpicklingError(f"recorded events refer back to an object (offset {pos}); "
-                                             "events are written with no shared objects")
-    except (ValueError, OverflowError) as exc:  # pickletools: a length past the end, a bad opcode
-        raise pickle.UnpicklingError(f"recording data is not a whole pickle: {exc}") from None
-
-
-@dataclass(slots=True)
-class Keyframe:
-    """The block map and the numbers right after event `seq`, from which events after `seq`
-    replay. The owner (int32) and state (uint8) arrays are cut in pages of PAGE_BLOCKS blocks,
-    each zlib-compressed; a keyframe shares (the same bytes object) every page that did not
-    change since the keyframe before it, so a keyframe costs what changed, not the whole map.
-
-    `own_bytes`: the compressed bytes this keyframe holds that no older kept keyframe holds
-    (what dropping the oldest keyframe frees is recomputed when it goes; see History._trim).
-    """
-
-    seq: int
-    owner_pages: tuple
-    state_pages: tuple
-    requested: int
-    allocations: int  # live allocation count
-    last_id: int
-    frees: int
-    counters: tuple  # values of COUNTER_NAMES
-    own_bytes: int = -1
-    # The KV cache's own figures then (policy, capacity_bytes, hits, misses, evictions by
-    # EVICTION_REASONS, its entries' allocation ids as int64 bytes), or None: no cache.
-    cache: tuple | None = None
-
-    def __post_init__(self) -> None:
-        if self.own_bytes < 0:
-            self.own_bytes = _unique_bytes(self.owner_pages + self.state_pages)
-
-    @property
-    def nbytes(self) -> int:
-        return self.own_bytes + 200
-
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        owner = np.frombuffer(b"".join(map(zlib.decompress, self.owner_pages)), dtype=np.int32).copy()
-        state = np.frombuffer(b"".join(map(zlib.decompress, self.state_pages)), dtype=np.uint8).copy()
-        return owner, state
-
-    def size_problem(self, num_blocks: int) -> str | None:
-        """None when the pages inflate to exactly `num_blocks` owners and states; else what is
-        wrong. Bounded: no page inflates past what is still due plus one byte (a zlib bomb
-        stops there), so a file from elsewhere cannot make this allocate more than the map."""
-        for pages, width in ((self.owner_pages, 4), (self.state_pages, 1)):
-            due = num_blocks * width
-            for page in pages:
-                try:
-                    got = len(zlib.decompressobj().decompress(page, due + 1))
-                except (zlib.error, TypeError) as exc:
-                    return f"keyframe {self.seq}: {exc}"
-                due -= got
-                if due < 0:
-                    break
-            if due != 0:
-                return f"keyframe {self.seq} does not hold {num_blocks} blocks"
-        return None
-
-    def to_row(self) -> dict:
-        return {"seq": self.seq, "owner_z": _pages_blob(self.owner_pages),
-                "state_z": _pages_blob(self.state_pages),
-                "scalars": pickle.dumps((self.requested, self.allocations, self.last_id, self.frees,
-                                         self.counters) + ((self.cache,) if self.cache else ()), 4)}
-
-    @classmethod
-    def from_row(cls, seq: int, owner_z: bytes, state_z: bytes, scalars: bytes) -> Keyframe:
-        """A keyframe as a recording stores it (`to_row`), every field checked to be what the
-        writer writes. Raises pickle.UnpicklingError."""
-        values = safe_loads(scalars, bounded=True)
-        if not (values.__class__ is tuple and len(values) in (5, 6) and seq.__class__ is int
-                and all(v.__class__ is int for v in values[:4]) and values[4].__class__ is tuple
-                and len(values[4]) == len(COUNTER_NAMES) and all(v.__class__ is int for v in values[4])):
-            raise pickle.UnpicklingError(f"keyframe {seq!r}: its figures are not (requested, allocations, "
-                                         f"last id, frees, {len(COUNTER_NAMES)} counters[, cache])")
-        requested, allocations, last_id, frees, counters, *cache = values
-        return cls(seq, _blob_pages(owner_z), _blob_pages(state_z), requested, allocations, last_id,
-                   frees, counters, cache=_cache_scalars(cache[0]) if cache else None)
-
-
-PAGE_BLOCKS = 16_384  # blocks per keyframe page (64 KiB of owners before compression)
-
-
-def _cache_scalars(value) -> tuple:
-    """A keyframe's cache figures as read back from a file, checked to be what _snapshot writes."""
-    ok = (isinstance(value, tuple) and len(value) == 6 and isinstance(value[0], str)
-          and all(isinstance(v, int) for v in value[1:4]) and isinstance(value[4], tuple)
-          and len(value[4]) == len(EVICTION_REASONS) and all(isinstance(v, int) for v in value[4])
-          and isinstance(value[5], bytes) and len(value[5]) % 8 == 0)
-    if not ok:
-        raise pickle.UnpicklingError("a keyframe's cache figures are not (policy, capacity, hits, "
-                                     "misses, evictions, entry ids)")
-    return value
-
-
-def _pages_blob(pages: tuple) -> bytes:
-    """One page as its zlib stream (what recordings always held); several as a pickled tuple
-    (a pickle starts with 0x80, a zlib stream with 0x78: the reader tells them apart)."""
-    return pages[0] if len(pages) == 1 else pickle.dumps(tuple(pages), 4)
-
-
-def _blob_pages(blob: bytes) -> tuple:
-    if blob.__class__ is not bytes:
-        raise pickle.UnpicklingError(f"a keyframe's pages are {type(blob).__name__}, not bytes")
-    if blob[:1] == b"\x80":
-        pages = safe_loads(blob, bounded=True)
-        if not (isinstance(pages, tuple) and all(isinstance(p, bytes) for p in pages)):
-            raise pickle.UnpicklingError("a keyframe's pages are not bytes")
-        return pages
-    return (blob,)
-
-
-def _compress_pages(arr: np.ndarray, dirty, old: tuple | None, page_blocks: int,
-                    uniform: bool = False) -> tuple:
-    """arr cut in pages of `page_blocks`, compressed; pages not in `dirty` reuse `old`'s (None:
-    compress every page). `uniform`: every element is the same (a new pool's map), so every
-    full page is the same bytes object, compressed once."""
-    n = arr.shape[0]
-    out = []
-    same = None
-    for i, start in enumerate(range(0, n, page_blocks)):
-        if old is not None and i not in dirty:
-            out.append(old[i])
-        elif uniform and start + page_blocks <= n:
-            if same is None:
-                same = zlib.compress(memoryview(arr[start:start + page_blocks]).cast("B"), 1)
-            out.append(same)
-        else:
-            out.append(zlib.compress(memoryview(arr[start:start + page_blocks]).cast("B"), 1))
-    return tuple(out)
-
-
-def _unique_bytes(pages, exclude=()) -> int:
-    """Bytes of the distinct page objects in `pages` that are not in `exclude` (by identity)."""
-    skip = {id(p) for p in exclude}
-    seen: dict[int, int] = {}
-    for p in pages:
-        if id(p) not in skip:
-            seen[id(p)] = len(p)
-    return sum(seen.values())
-
-
-COLUMNS = "cols1"  # marks a segment stored as EventRing.export() columns
-NVALS = 6  # int64 values per numeric event (allocator/_events.pxi)
-FLAG_OBJ = 0x80
-FLAG_KEY = 0x40
-CODE_MASK = 0x3F
-
-
-def rows_of_columns(data: tuple) -> list[tuple]:
-    """Older "cols1" columns (recordings of an earlier build) back to flat tuples in the vocabulary's layout, as
-    EventRing.raw_after() makes them: numeric allocate (id, requested, allocated, blocks,
-    block_ids, state), free (id, blocks, block_ids, requested_bytes)."""
-    _, first, last, ts, kind, vals, aux, nids, ids, objs, names = data
-    ts = np.frombuffer(ts, dtype=np.float64).tolist()
-    kind = np.frombuffer(kind, dtype=np.uint8).tolist()
-    vals = np.frombuffer(vals, dtype=np.int64).reshape(-1, NVALS).tolist()
-    aux = np.frombuffer(aux, dtype=np.uint8).tolist()
-    nids = np.frombuffer(nids, dtype=np.int32).tolist()
-    id_arr = np.frombuffer(ids, dtype=np.int32)
-    out: list[tuple] = []
-    pos = oi = 0
-    for i, k in enumerate(kind):
-        seq = first + i
-        if k & FLAG_OBJ:
-            out.append((seq, ts[i], names[k & CODE_MASK]) + tuple(objs[oi]))
-            oi += 1
-            continue
-        m = nids[i]
-        if m == 1:
-            bid = int(id_arr[pos])
-        elif m > 1:
-            bid = id_arr[pos:pos + m].tobytes()
-        else:
-            bid = None
-        pos += max(m, 0)
-        v = vals[i]
-        name = names[k & CODE_MASK]
-        if name == "free":
-            out.append((seq, ts[i], name, v[0], v[1], bid, v[2]))
-        else:
-            out.append((seq, ts[i], name, v[0], v[1], v[2], v[3], bid, aux[i]))
-    return out
-
-
-COLUMNS2 = "cols2"  # EventRing.export()'s compact columns (allocator/_events.pxi)
-# Kinds Replayer.apply leaves the map and numbers alone for: the compiled replay skips them.
-# Every other Python-recorded kind goes through Replayer.apply (the safe default for new kinds).
-UNREPLAYED_KINDS = frozenset({"put", "hit", "miss", "remove", "evict", "policy", "workload"})
-# Kinds that move the cache's own figures (counted from the kind column on the compiled path).
-CACHE_KINDS = frozenset({"hit", "miss", "evict", "policy", "put"})
-
-
-class Segment:
-    """Events first..last (contiguous seqs).
-
-    Written by the history: EventRing.export()'s columns as they came (`cols`, no Python
-    object per event; the value tuples of Python-recorded events pickled once into bytes, as
-    pickling ranges and lists is what those strategies' events cost anyway). Read back from a
-    recording or an older build: `blob`, a pickle of those columns, of "cols1" columns or of
-    row tuples. `rows()` gives row tuples for any of them; `columns()` the "cols2" columns
-    (objects unpickled) or None. A segment read from a file (`untrusted`) has its pickles
-    walked (`check_pickle`) before its first load.
-    """
-
-    __slots__ = ("first", "last", "_blob", "_cols", "nbytes", "_untrusted")
-
-    def __init__(self, first: int, last: int, blob: bytes | None = None, cols: tuple | None = None,
-                 untrusted: bool = False) -> None:
-        self.first, self.last, self._blob, self._cols = first, last, blob, cols
-        self._untrusted = untrusted
-        if cols is not None:
-            self.nbytes = 200 + sum(len(cols[i]) for i in (3, 4, 5, 6, 7, 8, 9, 10, 12)) + 64 * len(cols[11])
-        else:
-            self.nbytes = len(blob) + 100
-
-    @property
-    def blob(self) -> bytes:
-        """The pickled form (what a recording stores)."""
-        if self._blob is None:
-            buf = io.BytesIO()
-            pickler = pickle.Pickler(buf, 5)
-            pickler.fast = True
-            pickler.dump(self._cols)
-            return buf.getvalue()
-        return self._blob
-
-    def columns(self) -> tuple | None:
-        """The "cols2" columns with the Python-recorded values as a list, or None for a segment
-        in another form. Raises pickle.UnpicklingError for a file's inconsistent columns."""
-        cols = self._cols
-        if cols is None:
-            data = safe_loads(self._blob, self._untrusted, refs=False)
-            if not (data.__class__ is tuple and data and data[0] == COLUMNS2):
-                return None
-            if len(data) == 16 and data[12].__class__ in (bytes, list):
-                cols = _objs_loaded(data, self._untrusted)
-            else:
-                cols = data
-            self._untrusted = False  # walked whole once: later loads of the same bytes are safe
-            why = validate_columns(cols)
-            if why is not None:
-                raise pickle.UnpicklingError(f"recording segment {self.first}..{self.last}: {why}")
-            return cols
-        return _objs_loaded(cols)
-
-    def rows(self) -> list[tuple]:
-        cols = self.columns()
-        if cols is not None:
-            return rows_of_columns2(cols)
-        data = safe_loads(self._blob, self._untrusted, refs=False)
-        self._untrusted = False  # walked whole once: later loads of the same bytes are safe
-        if data.__class__ is tuple and data and data[0] == COLUMNS:
-            return rows_of_columns(data)
-        if not (data.__class__ is list and all(r.__class__ is tuple and len(r) >= 3 for r in data)):
-            raise pickle.UnpicklingError(f"recording segment {self.first}..{self.last} holds neither "
-                                         "event columns nor event rows")
-        return data
-
-    @classmethod
-    def of_columns(cls, cols: tuple) -> Segment:
-        """From `EventRing.export()`: kept as they come, the Python-recorded values pickled."""
-        objs = cols[12]
-        if objs:
-            buf = io.BytesIO()
-            pickler = pickle.Pickler(buf, 5)
-            pickler.fast = True  # no memo: events hold no shared or cyclic objects
-            pickler.dump(objs)
-            objs = buf.getvalue()
-        else:
-            objs = b""
-        return cls(cols[1], cols[2], cols=cols[:12] + (objs,) + cols[13:])
-
-    @classmethod
-    def pack(cls, rows: list[tuple]) -> Segment:
-        buf = io.BytesIO()
-        pickler = pickle.Pickler(buf, 5)
-        pickler.fast = True  # no memo: ~30% faster, and events hold no shared or cyclic objects
-        pickler.dump(rows)
-        return cls(rows[0][0], rows[-1][0], buf.getvalue())
-
-
-def mostly_python(cols: tuple) -> bool:
-    """Whether a "cols2" segment is mostly Python-recorded events (contiguous, tiered, prefix
-    pools): stopping the compiled replay at each costs more than decoding the rows and writing
-    them vectorised (Replayer.apply_rows)."""
-    return len(cols[12]) * 4 > cols[2] - cols[1] + 1
-
-
-def _objs_loaded(cols: tuple, bounded: bool = False) -> tuple:
-    """Columns with the Python-recorded values as a list (they are kept pickled)."""
-    objs = cols[12]
-    if objs.__class__ is bytes:
-        return cols[:12] + (safe_loads(objs, bounded, refs=False) if objs else [],) + cols[13:]
-    return cols
-
-
-def keyframe_of(seq: int, owner: np.ndarray, state: np.ndarray, requested: int, allocations: int,
-                last_id: int, frees: int, counters, dirty=None, base: Keyframe | None = None,
-                page_blocks: int = PAGE_BLOCKS, empty: bool = False, cache: tuple | None = None) -> Keyframe:
-    """A keyframe of the map now; with `base` (the previous keyframe), only the pages in `dirty`
-    (page indexes changed since `base`) are compressed, the others shared with it. `empty`:
-    the map is all free (a new pool)."""
-    old_o = base.owner_pages if base is not None else None
-    old_s = base.state_pages if base is not None else None
-    owner_pages = _compress_pages(owner, dirty, old_o, page_blocks, empty)
-    state_pages = _compress_pages(state, dirty, old_s, page_blocks, empty)
-    own = _unique_bytes(owner_pages + state_pages, (old_o or ()) + (old_s or ()))
-    return Keyframe(seq, owner_pages, state_pages, requested, allocations, last_id, frees,
-                    tuple(counters), own, cache)
 
 
 class History:
-    """Every event of one pool since it was made (or since the oldest kept keyframe), packed.
+    """Every event of one pool since the history was attached to it (or since the oldest kept
+    keyframe), packed. Made on a pool, it attaches itself as the pool's extension "history"
+    (`pool.history`; a new one replaces the old) and drains the pool's event ring from then on.
 
     The pool's EventLog ring holds the newest events; before it would drop one, the log calls
     `spill()`, which takes the ring's unconsumed events as compact columns into a `Segment`
@@ -416,6 +42,10 @@ class History:
 
     def __init__(self, pool, max_bytes: int = DEFAULT_HISTORY_BYTES,
                  keyframe_every: int | None = None, page_blocks: int = PAGE_BLOCKS) -> None:
+        positive_int(max_bytes, "history_bytes")
+        positive_int(page_blocks, "page_blocks")
+        if keyframe_every is not None:
+            positive_int(keyframe_every, "keyframe_every")
         self.pool = pool
         self.page_blocks = page_blocks
         self.max_bytes = max_bytes
@@ -432,15 +62,33 @@ class History:
         self.consumed = self.origin_seq = pool.events.last_seq
         self._base: Keyframe | None = None  # the keyframe the next one may share pages with
         self._since = 0  # the block map's change-tracking token taken with _base
-        if hasattr(pool, "_allocs"):
-            self._add_keyframe(self._snapshot())
-        else:  # made from Pool.__init__, before the strategy's structures exist: pool empty
-            bm = pool.blockmap
-            self._add_keyframe(keyframe_of(self.consumed, bm.owners_np(), bm.states_np(), 0, 0, 0, 0,
-                                           [0] * len(COUNTER_NAMES), page_blocks=page_blocks,
-                                           empty=True))
+        self._add_keyframe(self._snapshot(first=True))
+        self.attached = True
+        old = pool.history
+        if old is not None:
+            old.detach()
         pool.events.sink = self
+        pool.attach("history", self)
         self._arm()
+
+    # -- as the pool's extension -----------------------------------------------------------------
+    def on_pool_reset(self) -> None:
+        """Nothing to do: the pool's `reset` event replays as "every block free"."""
+
+    def stats(self) -> None:
+        """Nothing under the pool's stats (its own figures: `info()`, GET .../history)."""
+        return None
+
+    def detach(self) -> None:
+        """Stop keeping the pool's events (`pool.history = None`, or a new History on the pool):
+        the ring's events so far are taken in, and the history stays readable as it is then."""
+        if not self.attached:
+            return
+        events = self.pool.events
+        if events.sink is self:
+            self.spill()
+            events.sink = None
+        self.attached = False
 
     @property
     def first_seq(self) -> int:
@@ -454,16 +102,17 @@ class History:
         events.spill_at = self.consumed + events.capacity - 1
         events.spill_bpos = events.bpos + events.bcap // 2
 
-    def _snapshot(self, reuse: bool = False) -> Keyframe:
+    def _snapshot(self, reuse: bool = False, first: bool = False) -> Keyframe:
         """A keyframe of the pool now. With `reuse` (the history's own keyframes, taken in
         order), pages unchanged since the previous one are shared with it: the block map's
-        chunk stamps (BlockMap.changes_since, a reader of its own) say which changed."""
+        chunk stamps (BlockMap.changes_since, a reader of its own) say which changed. `first`
+        (the history's first): a map all alike (a new pool's) is compressed one page only."""
         p = self.pool
         last_id = p._last_id
         newest = p.events.raw_after(p.events.last_seq - 1) if len(p.events) else ()
-        if newest and newest[0][2] == "allocate":
+        if newest and newest[0][KIND] == "allocate":
             # Strategies other than paged record the allocate before Pool.allocate stores the id.
-            last_id = max(last_id, newest[0][3])
+            last_id = max(last_id, newest[0][ROW["allocate"].id])
         bm = p.blockmap
         dirty = base = None
         if reuse:
@@ -476,13 +125,14 @@ class History:
             else:
                 self._since = bm.checkpoint()
         cache = p.cache
-        figures = None if cache is None else (
+        figures = None if cache is None else CacheFigures(
             cache.policy, cache.capacity_bytes, cache.hits, cache.misses,
-            tuple(cache.evictions[r] for r in EVICTION_REASONS),
-            cache.entry_ids().tobytes())
-        kf = keyframe_of(p.events.last_seq, bm.owners_np(), bm.states_np(), p.requested_total, len(p),
-                         last_id, p._frees, [p.counters[n] for n in COUNTER_NAMES], dirty, base,
-                         self.page_blocks, cache=figures)
+            tuple(cache.evictions[r] for r in EVICTION_REASONS), cache.entry_ids().tobytes())
+        owner, state = bm.owners_np(), bm.states_np()
+        uniform = first and bool((owner == owner[0]).all() and (state == state[0]).all())
+        kf = keyframe_of(p.events.last_seq, owner, state, p.requested_total, len(p), last_id, p._frees,
+                         [p.counters[n] for n in COUNTER_NAMES], dirty, base, self.page_blocks,
+                         uniform=uniform, cache=figures)
         if reuse:
             self._base = kf
         return kf
@@ -494,15 +144,16 @@ class History:
     def spill(self) -> None:
         """Pack the ring's unconsumed events; keyframe the live map when one is due."""
         events = self.pool.events
-        cols = events.export(self.consumed, self.pool.block_bytes)
-        if cols is not None and cols[1] != self.consumed + 1:
+        exported = events.export(self.consumed, self.pool.block_bytes)
+        cols = None if exported is None else EventColumns._make(exported)
+        if cols is not None and cols.first != self.consumed + 1:
             # The ring dropped events before they reached us (an event with more block ids
             # than half the id ring): start over from a keyframe of the map now.
             self._restart()
             return
         if cols is not None:
             if self._has_ranges:
-                cols = cols[:12] + ([_packable_values(v) for v in cols[12]],) + cols[13:]
+                cols = cols._replace(objs=[_packable_values(v) for v in cols.objs])
             seg = Segment.of_columns(cols)
             self.segments.append(seg)
             self.nbytes += seg.nbytes
@@ -532,14 +183,14 @@ class History:
             nxt = self.keyframes[0]
             # Pages the next keyframe shares with the dropped one stay: they become its own.
             mine = old.owner_pages + old.state_pages
-            shared = _unique_bytes(mine) - _unique_bytes(mine, nxt.owner_pages + nxt.state_pages)
+            shared = unique_bytes(mine) - unique_bytes(mine, nxt.owner_pages + nxt.state_pages)
             nxt.own_bytes += shared
             self.nbytes -= old.nbytes - shared
             keep_from = self.keyframes[0].seq
             while self.segments and self.segments[0].first <= keep_from:
                 seg = self.segments[0]
                 if seg.last > keep_from:  # split: keep the events after the keyframe
-                    rows = [r for r in seg.rows() if r[0] > keep_from]
+                    rows = [r for r in seg.rows() if r[SEQ] > keep_from]
                     self.segments[0] = Segment.pack(rows)
                     self.nbytes += self.segments[0].nbytes - seg.nbytes
                     break
@@ -560,7 +211,7 @@ class History:
             seg = self.segments.pop()
             self.nbytes -= seg.nbytes
             if seg.first <= seq:
-                kept = Segment.pack([r for r in seg.rows() if r[0] <= seq])
+                kept = Segment.pack([r for r in seg.rows() if r[SEQ] <= seq])
                 self.segments.append(kept)
                 self.nbytes += kept.nbytes
         self.consumed = min(self.consumed, seq)
@@ -573,11 +224,16 @@ class History:
         p = self.pool
         return HistoryView(
             geometry=pool_geometry(p), keyframes=list(self.keyframes), segments=list(self.segments),
-            tail=p.events.raw_after(self.consumed), last_seq=p.events.last_seq,
+            tail=p.events.raw_after(self.consumed) if self.attached else [], last_seq=self.last_seq,
             dropped_events=self.dropped_events)
 
+    @property
+    def last_seq(self) -> int:
+        """The newest event kept: the pool's newest while attached."""
+        return self.pool.events.last_seq if self.attached else self.consumed
+
     def info(self) -> dict:
-        return {"first_seq": self.first_seq, "last_seq": self.pool.events.last_seq,
+        return {"first_seq": self.first_seq, "last_seq": self.last_seq,
                 "keyframes": len(self.keyframes), "bytes": self.nbytes, "max_bytes": self.max_bytes,
                 "dropped_events": self.dropped_events, "keyframe_every": self.keyframe_every}
 
@@ -598,41 +254,6 @@ def pool_geometry(pool) -> dict:
     return geo
 
 
-def _rows(value) -> np.ndarray | slice | int | None:
-    """A stored block-id field as an index for numpy."""
-    if value is None:
-        return None
-    cls = value.__class__
-    if cls is int:
-        return value
-    if cls is bytes:
-        return np.frombuffer(value, dtype=np.int32) if value else None
-    if cls is range:
-        return slice(value.start, value.stop)
-    if cls is tuple:  # a packed range
-        return slice(value[0], value[1])
-    return np.asarray(value, dtype=np.int64) if len(value) else None
-
-
-def _id_seq(value):
-    """A prefix event's `blocks` (native int32 bytes from the core, a list from a mirror or an
-    older recording, or None) as something to iterate over."""
-    return packed_list(value) or ()
-
-
-def _count(value) -> int:
-    if value is None:
-        return 0
-    cls = value.__class__
-    if cls is int:
-        return 1
-    if cls is bytes:
-        return len(value) // 4
-    if cls is tuple:
-        return value[1] - value[0]
-    return len(value)
-
-
 def _packable_values(values: tuple) -> tuple:
     """One event's values with ranges as (start, stop) (a range pickles ~30x slower)."""
     if range in map(type, values):
@@ -640,600 +261,4 @@ def _packable_values(values: tuple) -> tuple:
     return values
 
 
-# Kinds `Replayer._prefix_writes` applies (prefix caching and mirrors).
-PREFIX_KINDS = frozenset(("stored", "removed", "cleared", "open", "append", "close"))
-
-
-class Replayer:
-    """Block map and numbers being rolled forward one stored event at a time."""
-
-    __slots__ = ("owner", "state", "requested", "allocations", "last_id", "frees", "counters", "seq",
-                 "cache")
-
-    def __init__(self, kf: Keyframe) -> None:
-        self.owner, self.state = kf.arrays()
-        self.requested, self.allocations, self.last_id, self.frees = (
-            kf.requested, kf.allocations, kf.last_id, kf.frees)
-        self.counters = dict(zip(COUNTER_NAMES, kf.counters))
-        # The cache's figures (None: the pool had no cache at the keyframe): rolled forward by
-        # hit / miss / evict / policy / put events.
-        self.cache = self.cache_of(kf)
-        self.seq = kf.seq
-
-    @staticmethod
-    def cache_of(kf: Keyframe) -> dict | None:
-        """A keyframe's cache figures as the replay rolls them, or None."""
-        if kf.cache is None:
-            return None
-        return {"policy": kf.cache[0], "capacity_bytes": kf.cache[1], "hits": kf.cache[2],
-                "misses": kf.cache[3], "evictions": dict(zip(EVICTION_REASONS, kf.cache[4])),
-                # allocation ids that held an entry since the keyframe (ids are never reused:
-                # one whose blocks are gone was evicted or removed)
-                "ids": set(np.frombuffer(kf.cache[5], dtype=np.int64).tolist())}
-
-    def _count_cache(self, row: tuple) -> None:
-        c, kind = self.cache, row[2]
-        if kind == "hit":
-            c["hits"] += 1
-        elif kind == "miss":
-            c["misses"] += 1
-        elif kind == "evict":
-            _count_eviction(c, _field(row, 6))
-        elif kind == "put":
-            _add_id(c, _field(row, 4))
-        elif isinstance(_field(row, 3), str):
-            c["policy"] = row[3]
-
-    def _count_cache_columns(self, cols: tuple, after: int, upto: int) -> None:
-        """The cache's figures over a "cols2" segment's events after < seq <= upto, counted
-        from the kind column (the compiled replay skips these kinds)."""
-        first = cols[1]
-        lo, hi = max(after + 1, first) - first, min(upto, cols[2]) - first + 1
-        if hi <= lo:
-            return
-        names, c = cols[13], self.cache
-        kind = np.frombuffer(cols[4], dtype=np.uint8)
-        codes = kind[lo:hi] & CODE_MASK
-        for name, figure in (("hit", "hits"), ("miss", "misses")):
-            if name in names:
-                c[figure] += int(np.count_nonzero(codes == names.index(name)))
-        is_obj = (kind & FLAG_OBJ) != 0
-        is_key = ((kind & FLAG_KEY) != 0) & ~is_obj
-        key_index = np.cumsum(is_key) - 1  # of each event: its place among the keyed events
-        obj_index = np.cumsum(is_obj) - 1  # ... and among the Python-recorded ones
-        wide = np.frombuffer(cols[10], dtype=np.int64)
-        for name, field_at in (("evict", 2), ("put", 0)):  # reason (a string index), the id
-            if name not in names:
-                continue
-            at = np.flatnonzero(codes == names.index(name)) + lo
-            keyed = at[is_key[at]]
-            values = wide[key_index[keyed] * NVALS + field_at]
-            objs = [_field(cols[12][obj_index[i]], 3 if name == "evict" else 1)
-                    for i in at[is_obj[at]].tolist()]
-            if name == "evict":
-                sids, n = np.unique(values, return_counts=True)
-                for sid, k in zip(sids.tolist(), n.tolist()):
-                    reason = cols[14][sid]
-                    c["evictions"][reason] = c["evictions"].get(reason, 0) + k
-                for reason in objs:
-                    _count_eviction(c, reason)
-            else:
-                c["ids"].update(values.tolist())
-                for aid in objs:
-                    _add_id(c, aid)
-        if "policy" in names:
-            at = np.flatnonzero(codes == names.index("policy"))
-            if at.size:
-                i = int(at[-1]) + lo
-                policy = _field(cols[12][int(np.count_nonzero(is_obj[:i]))], 0)
-                if isinstance(policy, str):
-                    c["policy"] = policy
-
-    def apply_columns(self, cols: tuple, after: int, upto: int) -> None:
-        """Apply the events of a "cols2" segment with after < seq <= upto: allocate and free
-        in compiled code (allocator/_events.pxi replay_columns), Python-recorded events that
-        change the map through `apply`, in order. Same result as `apply` row by row."""
-        names = cols[13]
-        if mostly_python(cols):
-            self.apply_rows(r for r in rows_of_columns2(cols) if after < r[0] <= upto)
-            self.seq = min(upto, cols[2])
-            return
-        if self.cache is not None:
-            self._count_cache_columns(cols, after, upto)
-        acc = np.array([self.requested, self.allocations, self.last_id, self.frees], dtype=np.int64)
-        pos = np.zeros(5, dtype=np.int64)
-        mask = np.frombuffer(bytes(n not in UNREPLAYED_KINDS for n in names) + bytes(64 - len(names)),
-                             dtype=np.uint8)
-        ts = None
-        while True:
-            i = replay_columns(cols, self.owner, self.state, after, upto, acc, pos, mask)
-            if i < 0:
-                break
-            self.requested, self.allocations, self.last_id, self.frees = acc.tolist()
-            if ts is None:
-                ts = np.frombuffer(cols[3], dtype=np.float64)
-            kind = names[cols[4][i] & CODE_MASK]
-            self.apply((cols[1] + i, float(ts[i]), kind) + tuple(cols[12][pos[4] - 1]))
-            acc[:] = (self.requested, self.allocations, self.last_id, self.frees)
-        self.requested, self.allocations, self.last_id, self.frees = acc.tolist()
-        self.seq = min(upto, cols[2])
-
-    def apply(self, row: tuple) -> None:
-        kind = row[2]
-        owner, state = self.owner, self.state
-        if kind == "allocate":
-            idx = _rows(row[7])
-            if idx is not None:
-                owner[idx] = row[3]
-                state[idx] = row[8]
-            self.requested += row[4]
-            self.allocations += 1
-            self.last_id = max(self.last_id, row[3])
-        elif kind == "free":
-            idx = _rows(row[5])
-            if idx is not None:
-                owner[idx] = NO_OWNER
-                state[idx] = FREE
-            self.requested -= row[6]
-            self.allocations -= 1
-            self.frees += 1
-        elif kind == "extend":
-            freed = _rows(row[8])
-            if freed is not None:
-                owner[freed] = NO_OWNER
-                state[freed] = FREE
-                self.counters["moves"] += 1
-                self.counters["moved_blocks"] += _count(row[8])
-            idx = _rows(row[7])
-            if idx is not None:
-                owner[idx] = row[3]
-                state[idx] = row[10]
-            self.requested += row[9]
-            self.counters["extends"] += 1
-        elif kind == "truncate":
-            idx = _rows(row[6])
-            if idx is not None:
-                owner[idx] = NO_OWNER
-                state[idx] = FREE
-            self.requested -= row[7]
-            self.counters["truncates"] += 1
-        elif kind == "state":
-            idx = _rows(row[5])
-            if idx is not None:
-                state[idx] = row[4]
-        elif kind == "defragment":
-            for s, d, n in row[8] or ():
-                o, st = owner[s:s + n].copy(), state[s:s + n].copy()
-                owner[s:s + n] = NO_OWNER
-                state[s:s + n] = FREE
-                owner[d:d + n] = o
-                state[d:d + n] = st
-            self.counters["defragmentations"] += 1
-            self.counters["moved_blocks"] += row[3]
-            self.counters["moves"] += row[9] or 0
-        elif kind == "reset":
-            owner[:] = NO_OWNER
-            state[:] = FREE
-            self.requested = 0
-            self.allocations = 0
-        elif kind == "oom":
-            self.counters["ooms_" + row[6]] += 1
-        elif kind in CACHE_KINDS:
-            if self.cache is not None:
-                self._count_cache(row)
-        elif kind in PREFIX_KINDS:
-            self._apply_prefix(row)
-        self.seq = row[0]
-
-    def _apply_prefix(self, row: tuple) -> None:
-        """Prefix-cache events: `stored` places blocks with the
-        owners and state it carries (a mirror's; a prefix-caching pool's stored blocks are
-        already its sequences'); `removed` frees the blocks it names unless `taken_by` took
-        them (that event placed them); `cleared` frees its `freed_ids`, else every block named;
-        open / append / close place a sequence's blocks as their fields say (allocator/vocab.py)."""
-        self._prefix_writes(row, self._write_now)
-
-    def _write_now(self, ids, owner, state) -> None:
-        idx = _rows(ids)
-        if idx is None:
-            return
-        if owner is not None:
-            self.owner[idx] = owner
-        self.state[idx] = state
-
-    def _prefix_writes(self, row: tuple, write) -> None:
-        """What a prefix event changes, as write(ids, owner or None (kept), state) calls in
-        order, plus the numbers it changes."""
-        kind, n = row[2], len(row)
-        if kind == "open":
-            if n > 8:  # recorded before shared_ids / added_bytes: the map cannot be told
-                blocks, shared = row[6], row[7]
-                if shared is not None:
-                    held = set(np.frombuffer(shared, dtype=np.int32).tolist())
-                    blocks = [b for b in _id_seq(blocks) if b not in held]
-                write(blocks, row[3], USED)
-                if shared is not None:
-                    write(shared, None, SHARED)
-                self.requested += row[8]
-            self.last_id = max(self.last_id, row[3])
-        elif kind == "append":
-            if n > 6:
-                write(row[5], row[3], USED)
-                self.requested += row[6]
-        elif kind == "close":
-            if n > 8:
-                write(row[5], NO_OWNER, FREE)
-                write(row[6], None, CACHED)
-                write(row[7], None, USED)
-                self.requested += row[8]
-        elif kind == "stored":
-            if n <= 10:  # a prefix-caching pool's (or recorded before `owners` / `state`)
-                return
-            st = row[10]
-            for b, o in zip(_id_seq(row[3]), row[9]):
-                if b >= 0:
-                    write(b, o, st)
-        elif kind == "removed":
-            if n > 6 and row[6] is not None:
-                self.last_id = max(self.last_id, row[6])
-            else:
-                write([b for b in _id_seq(row[3]) if b >= 0], NO_OWNER, FREE)
-        elif kind == "cleared":
-            freed = row[5] if n > 5 else None
-            if freed is None:
-                freed = [b for b in _id_seq(row[3]) if b >= 0]
-            write(freed, NO_OWNER, FREE)
-
-    def apply_rows(self, rows) -> None:
-        """`apply` for many rows at once, vectorised: block writes are gathered as int32 bytes
-        and, per block, the last write wins (np.maximum.at over write order); a defragment or
-        reset in between flushes what came before it. Same result as `apply` row by row."""
-        opieces, olens, ovals = [], [], []  # owner writes
-        spieces, slens, svals = [], [], []  # state writes (state events write state only)
-        counters = self.counters
-        seq = self.seq
-
-        def write(value, own, st) -> None:
-            if value is None:
-                return
-            piece = _ids_bytes(value)
-            if not piece:
-                return
-            k = len(piece) >> 2
-            if own is not None:
-                opieces.append(piece)
-                olens.append(k)
-                ovals.append(own)
-            spieces.append(piece)
-            slens.append(k)
-            svals.append(st)
-
-        def flush() -> None:
-            _last_write(self.owner, opieces, olens, ovals)
-            _last_write(self.state, spieces, slens, svals)
-            for lst in (opieces, olens, ovals, spieces, slens, svals):
-                lst.clear()
-
-        for row in rows:
-            kind = row[2]
-            seq = row[0]
-            if kind == "allocate":
-                write(row[7], row[3], row[8])
-                self.requested += row[4]
-                self.allocations += 1
-                if row[3] > self.last_id:
-                    self.last_id = row[3]
-            elif kind == "free":
-                write(row[5], NO_OWNER, FREE)
-                self.requested -= row[6]
-                self.allocations -= 1
-                self.frees += 1
-            elif kind == "extend":
-                if row[8] is not None:
-                    write(row[8], NO_OWNER, FREE)
-                    counters["moves"] += 1
-                    counters["moved_blocks"] += _count(row[8])
-                write(row[7], row[3], row[10])
-                self.requested += row[9]
-                counters["extends"] += 1
-            elif kind == "truncate":
-                write(row[6], NO_OWNER, FREE)
-                self.requested -= row[7]
-                counters["truncates"] += 1
-            elif kind == "state":
-                write(row[5], None, row[4])
-            elif kind == "oom":
-                counters["ooms_" + row[6]] += 1
-            elif kind in CACHE_KINDS:
-                if self.cache is not None:
-                    self._count_cache(row)
-            elif kind in PREFIX_KINDS:
-                self._prefix_writes(row, write)
-            elif kind in ("defragment", "reset"):
-                flush()
-                self.apply(row)
-        flush()
-        self.seq = seq
-
-
-_pack_i = __import__("struct").Struct("=i").pack
-
-
-def _ids_bytes(value) -> bytes:
-    """A stored block-id field as native int32 bytes."""
-    cls = value.__class__
-    if cls is bytes:
-        return value
-    if cls is int:
-        return _pack_i(value)
-    if cls is range:
-        return np.arange(value.start, value.stop, dtype=np.int32).tobytes()
-    if cls is tuple:
-        return np.arange(value[0], value[1], dtype=np.int32).tobytes()
-    return np.asarray(value, dtype=np.int32).tobytes()
-
-
-def _last_write(target: np.ndarray, pieces: list, lens: list, vals: list) -> None:
-    """target[i] = the value of the last write to i, for writes given as (ids, value) in order."""
-    if not pieces:
-        return
-    idx = np.frombuffer(b"".join(pieces), dtype=np.int32)
-    values = np.repeat(np.asarray(vals, dtype=target.dtype if target.dtype != np.uint8 else np.int64), lens)
-    last = np.full(target.size, -1, dtype=np.int64)
-    np.maximum.at(last, idx, np.arange(idx.size, dtype=np.int64))
-    hit = np.flatnonzero(last >= 0)
-    target[hit] = values[last[hit]]
-
-
-@dataclass(slots=True)
-class HistoryView:
-    """A frozen history (live snapshot or a recording): map, stats and events at any kept seq."""
-
-    geometry: dict
-    keyframes: list[Keyframe]
-    segments: list[Segment]
-    tail: list[tuple] = field(default_factory=list)  # unpacked events after the last segment
-    last_seq: int = 0
-    dropped_events: int = 0
-
-    @property
-    def first_seq(self) -> int:
-        return self.keyframes[0].seq
-
-    def check_seq(self, seq: int) -> None:
-        if not self.first_seq <= seq <= self.last_seq:
-            raise OutsideHistory(seq, self.first_seq, self.last_seq, self.dropped_events)
-
-    def rows(self, after: int, upto: int):
-        """Stored event tuples with after < seq <= upto, oldest first."""
-        segs = self.segments
-        i = bisect_right([s.last for s in segs], after)
-        for seg in segs[i:]:
-            if seg.first > upto:
-                return
-            for r in seg.rows():
-                if after < r[0] <= upto:
-                    yield r
-        for r in self.tail:
-            if r[0] > upto:
-                return
-            if r[0] > after:
-                yield r
-
-    def replay_to(self, seq: int) -> Replayer:
-        """The map and numbers right after event `seq`. Raises OutsideHistory."""
-        self.check_seq(seq)
-        k = bisect_right([kf.seq for kf in self.keyframes], seq) - 1
-        rep = Replayer(self.keyframes[k])
-        self.advance(rep, seq)
-        return rep
-
-    def advance(self, rep: Replayer, upto: int, count: tuple = (), columns: dict | None = None):
-        """Roll `rep` forward to right after event `upto` (> rep.seq, within the history).
-        Returns (events of each kind in `count` among those applied, ts of event `upto` or
-        None when it is a keyframe's). `columns`: a dict the caller keeps across calls, so
-        each segment is decoded once (Segment.columns() unpickles a file's segment). A replay
-        that started before the cache existed takes the cache's figures from the first
-        keyframe it passes that holds them."""
-        if rep.cache is None:
-            for kf in self.keyframes:
-                if rep.seq < kf.seq <= upto and kf.cache is not None:
-                    counts, ts = self._roll(rep, kf.seq, count, columns)
-                    rep.cache = Replayer.cache_of(kf)
-                    if upto > kf.seq:
-                        more, ts = self._roll(rep, upto, count, columns)
-                        counts = {k: counts[k] + more[k] for k in counts}
-                    return counts, ts
-        return self._roll(rep, upto, count, columns)
-
-    def _roll(self, rep: Replayer, upto: int, count: tuple, columns: dict | None):
-        after = rep.seq
-        counts = dict.fromkeys(count, 0)
-        ts = None
-        # Row tuples (older segments, the ring's tail) make short-lived tuples: a full
-        # collection triggered by them would scan every object of the process for nothing.
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            segs = self.segments
-            memo = {} if columns is None else columns
-            for seg in segs[bisect_right([s.last for s in segs], after):]:
-                if seg.first > upto:
-                    break
-                lo, hi = max(after + 1, seg.first) - seg.first, min(upto, seg.last) - seg.first + 1
-                got = memo.get(id(seg))
-                if got is None:
-                    cols = seg.columns()
-                    if cols is None or mostly_python(cols):  # row segments too: vectorised rows
-                        got = ("rows", seg.rows() if cols is None else rows_of_columns2(cols))
-                    else:
-                        got = ("cols", cols)
-                    memo[id(seg)] = got
-                if got[0] == "rows":  # seqs are contiguous: row i is event first + i
-                    ts = self._apply_rows(rep, got[1][lo:hi], counts, ts)
-                    continue
-                cols = got[1]
-                if count:
-                    kinds = np.frombuffer(cols[4], dtype=np.uint8)[lo:hi] & CODE_MASK
-                    for name in count:
-                        if name in cols[13]:
-                            counts[name] += int(np.count_nonzero(kinds == cols[13].index(name)))
-                if hi > lo:
-                    ts = float(np.frombuffer(cols[3], dtype=np.float64)[hi - 1])
-                rep.apply_columns(cols, after, upto)
-            ts = self._apply_rows(rep, [r for r in self.tail if after < r[0] <= upto], counts, ts)
-        finally:
-            if was_enabled:
-                gc.enable()
-        rep.seq = upto
-        return counts, ts
-
-    @staticmethod
-    def _apply_rows(rep: Replayer, rows: list, counts: dict, ts):
-        if not rows:
-            return ts
-        for r in rows:
-            if r[2] in counts:
-                counts[r[2]] += 1
-        rep.apply_rows(rows)
-        return rows[-1][1]
-
-    def stats_at(self, seq: int) -> dict:
-        """The pool's stats as they were right after event `seq` (without cache stats)."""
-        return stats_of(self.geometry, self.replay_to(seq))
-
-    def events(self, after: int = 0, limit: int = 1000, kinds: set[str] | None = None,
-               upto: int | None = None) -> list[dict]:
-        out = []
-        for row in self.rows(max(after, self.first_seq), self.last_seq if upto is None else upto):
-            if kinds is None or row[2] in kinds:
-                out.append(event_dict(row))
-                if len(out) >= limit:
-                    break
-        return out
-
-
-def free_lengths(geometry: dict, owner: np.ndarray, state: np.ndarray) -> np.ndarray:
-    """Free extents as the strategy's own `_free_lengths` reports them, from the map alone."""
-    if geometry["strategy"] == "tiered":
-        tiers = geometry["tiers"]
-        parts = []
-        for t in tiers[:-1]:
-            nfree = int((owner[t["start"]: t["start"] + t["count"] * t["units"]: t["units"]] == NO_OWNER).sum())
-            parts.append(np.full(nfree, t["units"], dtype=np.int64))
-        big = tiers[-1]
-        nfree = int((owner[big["start"]: big["start"] + big["count"] * big["units"]: big["units"]] == NO_OWNER).sum())
-        if nfree:
-            parts.append(np.array([nfree * big["units"]], dtype=np.int64))
-        return np.concatenate(parts) if parts else np.empty(0, np.int64)
-    free = state == FREE
-    if not free.any():
-        return np.empty(0, np.int64)
-    edges = np.diff(np.concatenate(([False], free, [False])).astype(np.int8))
-    return np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
-
-
-def stats_of(geometry: dict, rep: Replayer) -> dict:
-    """Pool.stats() fields rebuilt from a replayed map, with the cache's figures where the
-    replay holds them (`cache_stats_of`); a prefix pool's `prefix` section is not kept."""
-    n, bb = geometry["num_blocks"], geometry["block_bytes"]
-    used, counts, free_runs = map_summary(rep.owner, rep.state)  # one compiled pass
-    prefix = geometry.get("prefix_caching")
-    if prefix is not None:  # a prefix-caching pool's idle cached blocks are not used
-        if not prefix.get("kv_cache"):
-            used -= int(counts[CACHED])
-        elif rep.cache is None:
-            raise Conflict("this prefix-caching pool has a KV cache, and its history holds the "
-                           "cache's entries only from its first keyframe taken with the cache on: "
-                           "before that its used blocks cannot be told from its idle cached prefix "
-                           "blocks (the block map is rebuilt: ask for blockmap?at_seq=)")
-        else:  # idle prefix blocks: CACHED blocks that are no KV cache entry's
-            kv = np.isin(rep.owner, np.fromiter(rep.cache["ids"], dtype=np.int64, count=len(rep.cache["ids"])))
-            used -= int(np.count_nonzero((rep.state == CACHED) & ~kv))
-    allocated = used * bb
-    lengths = free_runs if geometry["strategy"] != "tiered" else free_lengths(geometry, rep.owner, rep.state)
-    frag = fragmentation_stats(lengths, bb, rep.requested, allocated)
-    out = {
-        "strategy": geometry["strategy"],
-        "total_blocks": n,
-        "used_blocks": used,
-        "free_blocks": n - used,
-        "blocks_by_state": {STATE_NAMES[i]: int(counts[i]) for i in STATE_NAMES},
-        "block_bytes": bb,
-        "capacity_bytes": n * bb,
-        "utilization": used / n,
-        "requested_bytes": rep.requested,
-        "allocated_bytes": allocated,
-        "allocation_count": rep.allocations,
-        **frag,
-        "scatter_fails": geometry["scatter_fails"],
-        "stranded_free_bytes": frag["free_bytes"] - frag["largest_free_bytes"] if geometry["scatter_fails"] else 0,
-        "counters": {"allocations": rep.last_id, "frees": rep.frees, **rep.counters},
-        "ooms": {"capacity": rep.counters["ooms_capacity"],
-                 "fragmentation": rep.counters["ooms_fragmentation"]},
-        "last_event_seq": rep.seq,
-    }
-    if rep.cache is not None:
-        out["cache"] = cache_stats_of(geometry, rep, counts)
-    if geometry["strategy"] == "contiguous":
-        out["fit"] = geometry["fit"]
-    if geometry["strategy"] == "tiered":
-        out["tiers"] = [
-            {"name": t["name"], "block_bytes": t["units"] * bb, "units": t["units"], "start": t["start"],
-             "blocks": t["count"],
-             "free_blocks": int((rep.owner[t["start"]: t["start"] + t["count"] * t["units"]: t["units"]]
-                                 == NO_OWNER).sum())}
-            for t in geometry["tiers"]]
-    return out
-
-
-def _field(values: tuple, i: int):
-    """values[i], or None when a (recorded) event is shorter than its kind."""
-    return values[i] if len(values) > i else None
-
-
-def _count_eviction(cache: dict, reason) -> None:
-    if isinstance(reason, str):  # a file's event may name anything: count only a reason
-        cache["evictions"][reason] = cache["evictions"].get(reason, 0) + 1
-
-
-def _add_id(cache: dict, aid) -> None:
-    if type(aid) is int and 0 < aid < 1 << 63:  # an allocation id (a file's event may hold anything)
-        cache["ids"].add(aid)
-
-
-def cache_stats_of(geometry: dict, rep: Replayer, counts: np.ndarray) -> dict:
-    """KVCache.stats() as it was: its entries are the live allocations a put named since the
-    keyframe (or held then), their bytes those of their blocks (an entry holds whole blocks on
-    every strategy); hits, misses, evictions and the policy are rolled forward too. `refusals` (puts
-    refused for want of room, which record no event) is not kept."""
-    bb, c = geometry["block_bytes"], rep.cache
-    ids = np.fromiter(c["ids"], dtype=np.int64, count=len(c["ids"]))
-    held = np.isin(rep.owner, ids)  # blocks of an allocation that holds an entry
-    lookups = c["hits"] + c["misses"]
-    return {
-        "policy": c["policy"],
-        "capacity_bytes": c["capacity_bytes"],
-        "used_bytes": int(np.count_nonzero(held)) * bb,
-        "pinned_bytes": int(np.count_nonzero(held & (rep.state == PINNED))) * bb,
-        "entries": int(np.unique(rep.owner[held]).size),
-        "hits": c["hits"],
-        "misses": c["misses"],
-        "hit_rate": c["hits"] / lookups if lookups else 0.0,
-        "evictions": dict(c["evictions"]),
-    }
-
-
-def map_runs(owner: np.ndarray, state: np.ndarray) -> list[list[int]]:
-    """The map run-length encoded as [start, count, owner, state], like the live blockmap route."""
-    n = owner.size
-    if n == 0:
-        return []
-    change = np.flatnonzero((owner[1:] != owner[:-1]) | (state[1:] != state[:-1])) + 1
-    starts = np.concatenate(([0], change))
-    counts = np.diff(np.concatenate((starts, [n])))
-    return np.stack([starts, counts, owner[starts], state[starts]], axis=1).tolist()
-
-
-__all__ = ["DEFAULT_HISTORY_BYTES", "History", "HistoryView", "Keyframe", "OutsideHistory", "Replayer",
-           "Segment", "map_runs", "pool_geometry", "stats_of"]
+__all__ = ["DEFAULT_HISTORY_BYTES", "History", "pool_geometry"]

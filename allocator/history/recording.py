@@ -8,10 +8,18 @@ import pickle
 import sqlite3
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import Conflict, InvalidRequest
-from ..vocab import FITS, STRATEGIES
-from .history import History, HistoryView, Keyframe, Segment, pool_geometry
+from ..pools.blockmap import BlockMap
+from ..pools.events import event_dict
+from ..vocab import EVENT_FIELDS, FITS, STRATEGIES
+from .columns import FIRST_FIELD, KIND, SEQ, TS
+from .history import History, pool_geometry
+from .keyframes import Keyframe
+from .replay import Replayer
+from .segments import Segment
+from .view import HistoryView, stats_of
 
 FORMAT = "kvscope-recording"
 VERSION = 1
@@ -37,8 +45,9 @@ class Recorder:
 
     def __init__(self, pool, path: str | Path, meta: dict | None = None) -> None:
         if not isinstance(pool.history, History):
-            raise Conflict(f"pool {pool.name!r} keeps no live history to record (history_bytes=0, "
-                           "or it is a recording itself)")
+            raise Conflict(f"pool {pool.name!r} keeps no live history to record (made without one: "
+                           "create_pool(..., history=True) or History(pool) keeps one; or it is a "
+                           "recording itself)")
         self.pool = pool
         self.path = Path(path)
         if self.path.exists():
@@ -85,8 +94,8 @@ class Recorder:
             if seg.first > self.seq:
                 packs.append(seg)
             else:
-                packs.append(Segment.pack([r for r in seg.rows() if r[0] > self.seq]))
-        tail = [r for r in view.tail if r[0] > max(self.seq, packs[-1].last if packs else 0)]
+                packs.append(Segment.pack([r for r in seg.rows() if r[SEQ] > self.seq]))
+        tail = [r for r in view.tail if r[SEQ] > max(self.seq, packs[-1].last if packs else 0)]
         if tail:
             packs.append(Segment.pack(tail))
         if not packs and not new_kfs:
@@ -339,18 +348,15 @@ def check_rows(view: HistoryView, each=None) -> None:
     the first keyframe, known kinds of at most their fields' length, and the whole history
     replayed from the first keyframe (what any `at_seq` later replays, it replays here first).
     `each(row)`: the caller's own check of a row. Raises whatever a bad row raises."""
-    from ..vocab import EVENT_FIELDS
-    from .history import Replayer
-
     rep = Replayer(view.keyframes[0])
     expected = view.first_seq + 1
     chunk: list = []
     for row in view.rows(view.first_seq, view.last_seq):
-        if row[0] != expected:
-            raise ValueError(f"event seq {row[0]!r} where {expected} was due")
-        fields = EVENT_FIELDS.get(row[2]) if isinstance(row[2], str) else None
-        if fields is None or len(row) > 3 + len(fields) or not isinstance(row[1], (int, float)):
-            raise ValueError(f"event {expected} is not a known kind of event: {tuple(row[:3])!r}")
+        if row[SEQ] != expected:
+            raise ValueError(f"event seq {row[SEQ]!r} where {expected} was due")
+        fields = EVENT_FIELDS.get(row[KIND]) if isinstance(row[KIND], str) else None
+        if fields is None or len(row) > FIRST_FIELD + len(fields) or not isinstance(row[TS], (int, float)):
+            raise ValueError(f"event {expected} is not a known kind of event: {tuple(row[:FIRST_FIELD])!r}")
         if each is not None:
             each(row)
         expected += 1
@@ -391,32 +397,41 @@ def file_stamp(path: str | Path) -> tuple[int, int, int, int] | None:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
+class Verdict(NamedTuple):
+    """What checking a recording file found: the file's stamp then, and why it is not sound
+    (None: sound)."""
+
+    stamp: tuple | None
+    problem: str | None
+
+
 class Verdicts:
     """What checking each recording file found, kept while the file is unchanged (`file_stamp`):
     a file this process wrote (`trust`) or checked whole once is not checked again, and a file
     found damaged is refused again without reading it, until it changes. A file put in the
     directory by hand, or changed since, is checked whole (`open_untrusted`) when first opened.
 
-    Invariant: `_seen[path]` is (the stamp the file had when judged, None when sound or why not).
+    Invariant: `_seen[path]` is the Verdict on the file as it was when judged.
     """
 
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[tuple | None, str | None]] = {}
+        self._seen: dict[str, Verdict] = {}
 
     def trust(self, path: str | Path) -> None:
         """`path` as this process wrote it (a stopped recorder's file, a checked upload)."""
-        self._seen[str(path)] = (file_stamp(path), None)
+        self._seen[str(path)] = Verdict(file_stamp(path), None)
 
     def sound(self, path: str | Path) -> bool:
         """Whether `path`, unchanged since it was judged, was judged a sound recording."""
         seen = self._seen.get(str(path))
-        return seen is not None and seen[1] is None and seen[0] is not None and seen[0] == file_stamp(path)
+        return (seen is not None and seen.problem is None and seen.stamp is not None
+                and seen.stamp == file_stamp(path))
 
     def problem(self, path: str | Path) -> str | None:
         """Why `path`, unchanged since it was judged, is not a sound recording; None when it is
         or when it was not judged as it is now."""
         seen = self._seen.get(str(path))
-        return seen[1] if seen is not None and seen[0] == file_stamp(path) else None
+        return seen.problem if seen is not None and seen.stamp == file_stamp(path) else None
 
     def open(self, path: str | Path, name: str, max_blocks: int, label: str, each=None,
              served=None) -> RecordedPool:
@@ -441,9 +456,9 @@ class Verdicts:
             if served is not None:
                 served(pool)
         except InvalidRequest as exc:
-            self._seen[key] = (file_stamp(path), str(exc))
+            self._seen[key] = Verdict(file_stamp(path), str(exc))
             raise
-        self._seen[key] = (file_stamp(path), None)  # (after reading: opening may recover a WAL)
+        self._seen[key] = Verdict(file_stamp(path), None)  # (after reading: opening may recover a WAL)
         return pool
 
 
@@ -488,14 +503,12 @@ class RecordedEvents:
         self.capacity = len(rows)
 
     def raw_after(self, seq: int) -> list[tuple]:
-        return [r for r in self._rows if r[0] > seq]
+        return [r for r in self._rows if r[SEQ] > seq]
 
     def after(self, seq: int = 0, limit: int = 1000, kinds=None, block_ids: bool = True) -> list[dict]:
-        from ..pools.events import event_dict
-
         out = []
         for row in self._rows:
-            if row[0] > seq and (kinds is None or row[2] in kinds):
+            if row[SEQ] > seq and (kinds is None or row[KIND] in kinds):
                 out.append(event_dict(row))
                 if len(out) >= limit:
                     break
@@ -516,8 +529,6 @@ class RecordedPool:
 
     def __init__(self, path: str | Path, name: str | None = None,
                  preread: tuple[dict, HistoryView] | None = None) -> None:
-        from ..pools.blockmap import BlockMap
-
         meta, view = preread or read_recording(path)
         self.path = str(path)
         self.meta = meta
@@ -555,8 +566,6 @@ class RecordedPool:
         return int((self._final.owner >= 0).sum())
 
     def stats(self) -> dict:
-        from .history import stats_of
-
         return stats_of(self.history.view().geometry, self._final)
 
     def config(self) -> dict:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..errors import InvalidRequest
-from .history import HistoryView, stats_of
+from .columns import TS
+from .view import HistoryView, stats_of
 
 # At most this many points per series: a point costs one stats_of (a pass over the map, ~1 ms
 # at 65,536 blocks), and a chart a few hundred pixels wide shows no more.
@@ -48,7 +49,7 @@ def history_series(view: HistoryView, from_seq: int, to_seq: int, points: int = 
     rep = view.replay_to(seqs[0])
     columns: dict = {}  # each segment decoded once for the whole series
     head = next(view.rows(seqs[0] - 1, seqs[0]), None) if seqs[0] > view.first_seq else None
-    _add_point(cols, view.geometry, rep, head[1] if head else None, dict.fromkeys(COUNT_KINDS, 0))
+    _add_point(cols, view.geometry, rep, head[TS] if head else None, dict.fromkeys(COUNT_KINDS, 0))
     for target in seqs[1:]:
         counts, ts = view.advance(rep, target, tuple(COUNT_KINDS), columns)
         _add_point(cols, view.geometry, rep, ts, counts)

@@ -10,7 +10,7 @@ from .._core import EventRing
 from ..vocab import EVENT_FIELDS  # field names of each kind, after the common (seq, ts, type)
 
 # Fields holding block ids. Stored in the cheapest form that packs fast
-# (allocator/history/history.py pickles events; arrays and ranges pickle ~30x slower than bytes):
+# (allocator/history/ pickles events; arrays and ranges pickle ~30x slower than bytes):
 # an int for one block, bytes of native int32 ids, a list of ints, a range, or (start, stop) for
 # a range once packed.
 # `after()` hands out plain lists.

@@ -18,7 +18,6 @@ from ..errors import (
     block_state,
     positive_int,
 )
-from ..history.history import DEFAULT_HISTORY_BYTES, History
 from ..vocab import STRATEGY_INFO
 from .blockmap import CACHED, FREE, NO_OWNER, PINNED, STATE_NAMES, USED, BlockMap
 from .events import EventLog, stored_ids
@@ -94,13 +93,14 @@ def runs_of(block_ids) -> list[list[int]]:
 
 
 class PoolExtension(Protocol):
-    """A layer built on a pool (KVCache): the pool calls these and nothing else of it."""
+    """A layer built on a pool (the KV cache as "cache", the event history as "history"): the
+    pool calls these and nothing else of it."""
 
     def on_pool_reset(self) -> None:
         """Every allocation is gone (their memory is already free)."""
 
-    def stats(self) -> dict:
-        """Its numbers, shown under its name in the pool's stats."""
+    def stats(self) -> dict | None:
+        """Its numbers, shown under its name in the pool's stats (None: nothing to show there)."""
 
 
 class Pool(ABC):
@@ -147,7 +147,6 @@ class Pool(ABC):
         model: ModelGeometry | None = None,
         tokens_per_block: int | None = None,
         event_capacity: int = 10_000,
-        history_bytes: int | None = DEFAULT_HISTORY_BYTES,
     ) -> None:
         positive_int(num_blocks, "num_blocks")
         positive_int(block_bytes, "block_bytes")
@@ -159,8 +158,9 @@ class Pool(ABC):
         self.storage = BlockStorage(num_blocks, block_bytes, device)
         self.blockmap = BlockMap(num_blocks)
         self.events = EventLog(event_capacity)
-        # Layers built on this pool (the KV cache, by name "cache"): the pool tells them when it
-        # is reset and adds their stats to its own, and knows nothing else of them.
+        # Layers built on this pool (the KV cache as "cache", the event history as "history"):
+        # the pool tells them when it is reset and adds their stats to its own, and knows
+        # nothing else of them.
         self.extensions: dict[str, PoolExtension] = {}
         # Hot-path aliases of the block map's arrays (one attribute load instead of two).
         self._bm = self.blockmap
@@ -178,9 +178,6 @@ class Pool(ABC):
             "ooms_capacity": 0,
             "ooms_fragmentation": 0,
         }
-        # Every event since creation, packed with keyframes (allocator/history/history.py); None
-        # or 0 bytes turns it off (simulators that only want numbers).
-        self.history = History(self, history_bytes) if history_bytes else None
 
     # -- sizes -------------------------------------------------------------------------
     @property
@@ -430,6 +427,23 @@ class Pool(ABC):
         else:
             self.attach("cache", cache)
 
+    @property
+    def history(self):
+        """The event history kept of this pool (allocator/history/history.py History, the
+        extension named "history"), or None: a pool keeps none unless one is attached
+        (`History(pool)`, `create_pool(..., history=True)`; the server attaches one to each
+        pool it serves)."""
+        return self.extensions.get("history")
+
+    @history.setter
+    def history(self, history) -> None:
+        if history is None:
+            old = self.extensions.pop("history", None)
+            if old is not None:
+                old.detach()  # it takes the ring's events so far and stops draining it
+        else:
+            self.attach("history", history)
+
     # -- stats ---------------------------------------------------------------------------
     def _frag_summary(self) -> dict:
         s = fragmentation_stats(
@@ -472,7 +486,9 @@ class Pool(ABC):
         }
         out.update(self._extra_stats())
         for name, ext in self.extensions.items():
-            out[name] = ext.stats()
+            figures = ext.stats()
+            if figures is not None:
+                out[name] = figures
         return out
 
     def config(self) -> dict:

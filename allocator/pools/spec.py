@@ -11,7 +11,7 @@ import importlib
 from dataclasses import dataclass
 
 from ..errors import InvalidRequest, TooLarge, positive_int
-from ..history.history import DEFAULT_HISTORY_BYTES
+from ..history.history import DEFAULT_HISTORY_BYTES, History
 from ..vocab import (
     DEFAULT_TOKENS_PER_BLOCK,
     FITS,
@@ -50,7 +50,7 @@ class PoolSpec:
     event_capacity: int = 10_000
     cache: CacheSpec | None = None
     prefix_policy: str | None = None  # set: a prefix-caching paged pool (prefix/prefix.py)
-    history_bytes: int | None = DEFAULT_HISTORY_BYTES  # 0 or None: no history (history/history.py)
+    history_bytes: int | None = None  # set: the pool keeps a History of that budget; None: none
 
     @property
     def capacity_bytes(self) -> int:
@@ -73,10 +73,13 @@ class PoolSpec:
         event_capacity: int = 10_000,
         cache: dict | CacheSpec | None = None,
         prefix_caching: dict | None = None,
-        history_bytes: int | None = DEFAULT_HISTORY_BYTES,
+        history: bool = False,
+        history_bytes: int | None = None,
     ) -> PoolSpec:
         """Size by `num_blocks` or `capacity_bytes`; block size by `block_bytes` or by
-        `tokens_per_block` (default 16) with a `model` geometry. Raises InvalidRequest."""
+        `tokens_per_block` (default 16) with a `model` geometry. `history` True (or a
+        `history_bytes` budget): the pool keeps its event history (History, a budget of
+        DEFAULT_HISTORY_BYTES unless given); without, none. Raises InvalidRequest."""
         info = STRATEGY_INFO.get(strategy) if isinstance(strategy, str) else None
         if info is None:
             raise InvalidRequest(f"unknown strategy {strategy!r}; choose one of {list(STRATEGIES)}")
@@ -112,7 +115,8 @@ class PoolSpec:
         return cls(strategy, num_blocks, block_bytes, name=name, device="auto" if device is None else device, model=geometry,
                    tokens_per_block=tokens_per_block, fit=fit,
                    tiers=tuple(tiers) if isinstance(tiers, (list, tuple)) else tiers, event_capacity=event_capacity,
-                   cache=_cache_spec(cache), prefix_policy=prefix_policy, history_bytes=history_bytes)
+                   cache=_cache_spec(cache), prefix_policy=prefix_policy,
+                   history_bytes=_history_bytes(history, history_bytes))
 
     def check_caps(self, max_blocks: int, max_bytes: int) -> None:
         """Raises TooLarge when the pool would pass a server's caps (before any memory is taken)."""
@@ -132,7 +136,7 @@ class PoolSpec:
         return getattr(importlib.import_module(f"allocator.{module}"), cls)
 
     def build(self):
-        """The pool (and its cache, when the spec has one). Raises InvalidRequest."""
+        """The pool (and its cache and history, when the spec has them). Raises InvalidRequest."""
         options = {}
         if self.fit is not None:
             options["fit"] = self.fit
@@ -142,12 +146,13 @@ class PoolSpec:
             options["policy"] = self.prefix_policy
         pool = self.pool_class()(
             self.num_blocks, self.block_bytes, name=self.name, device=self.device, model=self.model,
-            tokens_per_block=self.tokens_per_block, event_capacity=self.event_capacity,
-            history_bytes=self.history_bytes, **options)
+            tokens_per_block=self.tokens_per_block, event_capacity=self.event_capacity, **options)
         if self.cache is not None:
             from ..cache.cache import KVCache
 
             KVCache(pool, self.cache.capacity_bytes, self.cache.policy)
+        if self.history_bytes:  # after the cache: the first keyframe holds the cache's figures
+            History(pool, self.history_bytes)
         return pool
 
 
@@ -176,6 +181,16 @@ def _prefix_policy(prefix_caching, strategy: str, tokens_per_block, geometry) ->
     if policy not in PREFIX_POLICIES:
         raise InvalidRequest(f"unknown prefix-cache policy {policy!r}; choose one of {list(PREFIX_POLICIES)}")
     return policy
+
+
+def _history_bytes(history, history_bytes) -> int | None:
+    """The history budget a create asks for (None: no history)."""
+    if history.__class__ is not bool:
+        raise InvalidRequest(f"'history' must be true or false, not {history!r}")
+    if history_bytes is None or history_bytes == 0:
+        return DEFAULT_HISTORY_BYTES if history else None
+    positive_int(history_bytes, "history_bytes")
+    return history_bytes
 
 
 def _cache_spec(cache: dict | CacheSpec | None) -> CacheSpec | None:

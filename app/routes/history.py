@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from allocator import STATE_NAMES
 from allocator.errors import Conflict, InvalidRequest, KVScopeError
-from allocator.history.history import HistoryView, map_runs
+from allocator.history import HistoryView, map_runs
 from allocator.history.recording import RecordedPool
 from allocator.history.series import DEFAULT_POINTS, MAX_POINTS, history_series
 
@@ -27,7 +27,8 @@ def history_view(handle) -> HistoryView:
     Raises Conflict when the pool keeps none."""
     history = handle.pool.history
     if history is None:
-        raise Conflict(f"pool {handle.name!r} keeps no history (created with history_bytes=0)")
+        raise Conflict(f"pool {handle.name!r} keeps no history (the server keeps none with "
+                       "KVSCOPE_HISTORY_BYTES=0; a pool made from Python, none unless asked)")
     return history.view()
 
 

@@ -13,12 +13,17 @@ import zlib
 
 import numpy as np
 import pytest
-from allocator._core import replay_columns, rows_of_columns2, validate_columns
+from allocator._core import COLUMN_FIELDS, replay_columns, rows_of_columns2, validate_columns
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocator import KVCache, create_pool
-from allocator.history.history import UNREPLAYED_KINDS, Keyframe, Replayer, Segment
+from allocator.history.columns import EventColumns
+from allocator.history.keyframes import Keyframe
+from allocator.history.pickles import safe_loads
+from allocator.history.replay import HANDLERS, NO_EFFECT_KINDS, UNREPLAYED_KINDS, Replayer
+from allocator.history.segments import Segment
+from allocator.vocab import EVENT_FIELDS
 
 BLOCK = 16
 
@@ -71,9 +76,22 @@ def test_runs_of_ids_are_stored_short() -> None:
     pool = create_pool("paged", num_blocks=1024, block_bytes=BLOCK, device="cpu", history_bytes=0)
     for _ in range(10):
         pool.free(pool.allocate(BLOCK * 16))
-    cols = pool.events.export(0, BLOCK)
-    assert len(cols[9]) == 20 * 2 * 4  # each event's 16 ids as one (-16, first) pair
+    cols = EventColumns._make(pool.events.export(0, BLOCK))
+    assert len(cols.ids) == 20 * 2 * 4  # each event's 16 ids as one (-16, first) pair
     assert rows_of_columns2(cols) == pool.events.raw_after(0)
+
+
+def test_the_columns_are_named_as_the_core_lays_them_out() -> None:
+    assert EventColumns._fields == COLUMN_FIELDS
+    cols = EventColumns._make(busy_pool(9).events.export(0, BLOCK))
+    assert cols.format == "cols2" and cols.count == len(cols.ts) // 8 == len(cols.kind)
+    assert validate_columns(cols) is None  # the compiled readers take the named tuple as it is
+    assert rows_of_columns2(cols) == rows_of_columns2(tuple(cols))
+    # A segment stores them as a plain tuple: the file names no class, and reads back the same.
+    seg = Segment.of_columns(cols)
+    stored = safe_loads(seg.blob, bounded=True, refs=False)
+    assert stored.__class__ is tuple and len(stored) == len(COLUMN_FIELDS)
+    assert Segment(seg.first, seg.last, seg.blob, untrusted=True).rows() == seg.rows()
 
 
 @pytest.mark.parametrize("seed", [4, 5])
@@ -103,6 +121,13 @@ def test_compiled_replay_matches_row_by_row(seed) -> None:
     assert np.array_equal(a.owner, c.owner) and a.requested == c.requested
 
 
+def test_every_kind_has_a_handler_or_is_named_as_changing_nothing() -> None:
+    """A new kind of event must say what it does to a replay (or that it does nothing)."""
+    assert set(HANDLERS) | NO_EFFECT_KINDS == set(EVENT_FIELDS)
+    assert not set(HANDLERS) & NO_EFFECT_KINDS
+    assert NO_EFFECT_KINDS <= UNREPLAYED_KINDS
+
+
 def test_unreplayed_kinds_really_change_nothing() -> None:
     """The compiled replay skips these kinds: Replayer.apply must agree that they are no-ops."""
     pool = busy_pool(6)
@@ -118,54 +143,54 @@ def test_unreplayed_kinds_really_change_nothing() -> None:
             rep.apply(r)
 
 
-def _mutations(cols: tuple):
+def _mutations(cols: EventColumns):
     """Structural damage a crafted file could carry, one at a time."""
-    yield cols[:15]
-    yield (cols[0], cols[1], cols[2] + 5) + cols[3:]
-    yield cols[:4] + (cols[4][:-1],) + cols[5:]
-    yield cols[:7] + (cols[7][:-4],) + cols[8:]
-    ne = np.frombuffer(cols[8], np.int32).copy()
+    yield tuple(cols)[:-1]
+    yield cols._replace(last=cols.last + 5)
+    yield cols._replace(kind=cols.kind[:-1])
+    yield cols._replace(nb=cols.nb[:-4])
+    ne = np.frombuffer(cols.ne, np.int32).copy()
     ne[0] += 3
-    yield cols[:8] + (ne.tobytes(),) + cols[9:]
-    ids = np.frombuffer(cols[9], np.int32).copy()
+    yield cols._replace(ne=ne.tobytes())
+    ids = np.frombuffer(cols.ids, np.int32).copy()
     ids[0] = -(1 << 30)
-    yield cols[:9] + (ids.tobytes(),) + cols[10:]
-    yield cols[:9] + (cols[9] + b"\0\0\0\0",) + cols[10:]
-    wide = np.frombuffer(cols[10], np.int64).copy()
+    yield cols._replace(ids=ids.tobytes())
+    yield cols._replace(ids=cols.ids + b"\0\0\0\0")
+    wide = np.frombuffer(cols.wide, np.int64).copy()
     wide[2::6] = 99  # evict's reason: a string index outside the table
-    yield cols[:10] + (wide.tobytes(),) + cols[11:]
-    yield cols[:11] + (cols[11][:-1],) + cols[12:]
-    kind = bytearray(cols[4])
+    yield cols._replace(wide=wide.tobytes())
+    yield cols._replace(keys=cols.keys[:-1])
+    kind = bytearray(cols.kind)
     kind[0] = 0x3F
-    yield cols[:4] + (bytes(kind),) + cols[5:]
-    yield cols[:15] + (0,)
+    yield cols._replace(kind=bytes(kind))
+    yield cols._replace(block_bytes=0)
 
 
 def test_crafted_columns_are_refused() -> None:
-    cols = busy_pool(7).events.export(0, BLOCK)
+    cols = EventColumns._make(busy_pool(7).events.export(0, BLOCK))
     assert validate_columns(cols) is None
     for bad in _mutations(cols):
         assert isinstance(validate_columns(bad), str)
+        assert isinstance(validate_columns(tuple(bad)), str)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_random_damage_is_refused_or_replays_in_bounds(data) -> None:
-    cols = list(busy_pool(8, blocks=64).events.export(0, BLOCK))
-    col = data.draw(st.sampled_from([4, 6, 7, 8, 9]))
-    raw = bytearray(cols[col])
+    cols = EventColumns._make(busy_pool(8, blocks=64).events.export(0, BLOCK))
+    col = data.draw(st.sampled_from(["kind", "num", "nb", "ne", "ids"]))
+    raw = bytearray(getattr(cols, col))
     if raw:
         for _ in range(data.draw(st.integers(1, 4))):
             i = data.draw(st.integers(0, len(raw) - 1))
             raw[i] = data.draw(st.integers(0, 255))
-    cols[col] = bytes(raw)
-    cols = tuple(cols)
+    cols = cols._replace(**{col: bytes(raw)})
     if validate_columns(cols) is None:  # consistent after all: the replay stays in the arrays
         owner = np.full(64, -1, np.int32)
         state = np.zeros(64, np.uint8)
         acc = np.zeros(4, np.int64)
         pos = np.zeros(5, np.int64)
         mask = np.zeros(64, np.uint8)
-        while replay_columns(cols, owner, state, 0, cols[2], acc, pos, mask) >= 0:
+        while replay_columns(cols, owner, state, 0, cols.last, acc, pos, mask) >= 0:
             pass
         rows_of_columns2(cols)

@@ -28,7 +28,7 @@ BLOCK = 64
 
 
 def run_ops(strategy: str, seed: int, steps: int = 300):
-    pool = create_pool(strategy, num_blocks=256, block_bytes=BLOCK, device="cpu", event_capacity=32)
+    pool = create_pool(strategy, num_blocks=256, block_bytes=BLOCK, device="cpu", history=True, event_capacity=32)
     rng = random.Random(seed)
     ids: list[int] = []
     allocated = [0]  # pool allocated_bytes after every op (the pool's own figure)
@@ -119,7 +119,7 @@ def test_trace_plot_command_line_renders_the_file(tmp_path) -> None:
 
 
 def test_oom_is_traced_and_window_starts_with_live_allocations() -> None:
-    pool = create_pool("paged", num_blocks=16, block_bytes=BLOCK, device="cpu")
+    pool = create_pool("paged", num_blocks=16, block_bytes=BLOCK, device="cpu", history=True)
     keep = pool.allocate(4 * BLOCK)
     for _ in range(50):
         pool.free(pool.allocate(BLOCK))
@@ -133,7 +133,7 @@ def test_oom_is_traced_and_window_starts_with_live_allocations() -> None:
 
 
 def test_csv_has_one_row_per_event_with_block_ids() -> None:
-    pool = create_pool("paged", num_blocks=32, block_bytes=BLOCK, device="cpu")
+    pool = create_pool("paged", num_blocks=32, block_bytes=BLOCK, device="cpu", history=True)
     cache = KVCache(pool, 8 * BLOCK, "lru")
     a = pool.allocate(3 * BLOCK)
     cache.put("k", 2 * BLOCK)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from allocator import Conflict, KVCache, NotFound, OutOfMemory, create_pool
-from allocator.history.history import History, Replayer, map_runs
+from allocator.history import History, Replayer, map_runs
 from allocator.pools.blockmap import PINNED, USED
 from allocator.pools.events import PACKED_FIELDS, PACKED_KINDS, event_dict, packed_list
 from allocator.vocab import EVENT_FIELDS

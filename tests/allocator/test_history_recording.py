@@ -30,7 +30,7 @@ def churn(pool, rng, steps, ids, captured):
 
 @pytest.mark.parametrize("strategy", ["paged", "contiguous", "tiered"])
 def test_recording_replays_every_point_from_its_start(tmp_path, strategy) -> None:
-    pool = create_pool(strategy, num_blocks=128, block_bytes=BLOCK, device="cpu", event_capacity=16)
+    pool = create_pool(strategy, num_blocks=128, block_bytes=BLOCK, device="cpu", history=True, event_capacity=16)
     rng, ids, captured = random.Random(7), [], {}
     churn(pool, rng, 40, ids, {})  # before the recording: not in it
     rec = Recorder(pool, tmp_path / "r.kvrec")
@@ -53,7 +53,7 @@ def test_recording_replays_every_point_from_its_start(tmp_path, strategy) -> Non
 
 
 def test_recorded_pool_serves_the_last_state_and_refuses_changes(tmp_path) -> None:
-    pool = create_pool("paged", num_blocks=64, block_bytes=BLOCK, device="cpu")
+    pool = create_pool("paged", num_blocks=64, block_bytes=BLOCK, device="cpu", history=True)
     KVCache(pool, 32 * BLOCK, "lru")
     rec = Recorder(pool, tmp_path / "p.kvrec")
     pool.cache.put("a", 3 * BLOCK)
@@ -92,7 +92,7 @@ def test_a_recording_that_names_code_is_refused_not_run(tmp_path) -> None:
     import os
     import pickle
 
-    pool = create_pool("paged", num_blocks=16, block_bytes=BLOCK, device="cpu")
+    pool = create_pool("paged", num_blocks=16, block_bytes=BLOCK, device="cpu", history=True)
     rec = Recorder(pool, tmp_path / "evil.kvrec")
     pool.allocate(BLOCK)
     rec.stop()
@@ -126,7 +126,7 @@ def test_an_untrusted_recording_whose_keyframe_is_not_the_maps_size_is_refused(t
 
     from allocator.history.recording import open_untrusted
 
-    pool = create_pool("paged", num_blocks=16, block_bytes=BLOCK, device="cpu")
+    pool = create_pool("paged", num_blocks=16, block_bytes=BLOCK, device="cpu", history=True)
     rec = Recorder(pool, tmp_path / "k.kvrec")
     pool.allocate(BLOCK)
     rec.stop()
@@ -142,7 +142,7 @@ def test_an_untrusted_recording_whose_keyframe_is_not_the_maps_size_is_refused(t
 
 
 def test_recording_of_a_prefix_caching_pool_replays_every_point(tmp_path) -> None:
-    pool = create_pool("paged", num_blocks=12, block_bytes=30, tokens_per_block=4, device="cpu",
+    pool = create_pool("paged", num_blocks=12, block_bytes=30, tokens_per_block=4, device="cpu", history=True,
                        prefix_caching={"policy": "lru"}, event_capacity=8)
     rec = Recorder(pool, tmp_path / "p.kvrec")
     captured = {}
@@ -169,7 +169,8 @@ def test_a_pickle_declaring_more_than_it_holds_is_refused_before_anything_is_all
     import pickle
     import struct
 
-    from allocator.history.history import Segment, check_pickle, safe_loads
+    from allocator.history.pickles import check_pickle, safe_loads
+    from allocator.history.segments import Segment
 
     def claiming(op: bytes, size: int) -> bytes:
         return b"\x80\x05" + op + struct.pack("<Q", size) + b"abc."
@@ -191,7 +192,7 @@ def test_a_local_recording_with_a_crafted_meta_or_geometry_is_invalid_not_a_cras
     """read_recording (listing the directory, `kvscope open`) refuses what an upload refuses."""
     import json
 
-    pool = create_pool("tiered", num_blocks=64, block_bytes=BLOCK, device="cpu")
+    pool = create_pool("tiered", num_blocks=64, block_bytes=BLOCK, device="cpu", history=True)
     Recorder(pool, tmp_path / "base.kvrec").stop()
     base = (tmp_path / "base.kvrec").read_bytes()
     geo = json.dumps({"strategy": "tiered", "num_blocks": 64, "block_bytes": BLOCK, "scatter_fails": True})
@@ -216,7 +217,7 @@ def test_verdicts_check_a_file_once_while_it_is_unchanged_and_again_once_it_chan
     """A file judged (trusted as written, or checked whole) is opened as it is while its size,
     mtime and inode stay; changed, it is checked whole again; a damaged one is refused with the
     kept reason, and after it is mended it opens."""
-    from allocator.history.history import History
+    from allocator.history import History
     from allocator.history.recording import Verdicts
 
     pool = create_pool("contiguous", num_blocks=64, block_bytes=BLOCK, device="cpu", event_capacity=8)

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from allocator import KVCache, NotFound, OutOfMemory, OutsideHistory, create_pool
-from allocator.history.history import PAGE_BLOCKS, History, Replayer, _unique_bytes, map_runs
+from allocator.history import History, Replayer, map_runs
+from allocator.history.keyframes import PAGE_BLOCKS, unique_bytes
 from allocator.pools.blockmap import CACHED, PINNED, USED
 
 BLOCK = 16
@@ -262,10 +263,10 @@ def test_keyframes_share_unchanged_pages_and_replay_exactly() -> None:
     unique = {id(p): len(p) for kf in kfs for p in kf.owner_pages + kf.state_pages}
     assert sum(kf.own_bytes for kf in kfs) == sum(unique.values())
     # A new pool's keyframe: every full page is the same bytes, compressed once.
-    fresh = create_pool("paged", num_blocks=3 * PAGE_BLOCKS + 5, block_bytes=BLOCK, device="cpu")
+    fresh = create_pool("paged", num_blocks=3 * PAGE_BLOCKS + 5, block_bytes=BLOCK, device="cpu", history=True)
     first = fresh.history.keyframes[0]
     assert len(first.owner_pages) == 4 and len({id(p) for p in first.owner_pages}) == 2
-    assert first.own_bytes == _unique_bytes(first.owner_pages + first.state_pages)
+    assert first.own_bytes == unique_bytes(first.owner_pages + first.state_pages)
     view = h.view()
     for seq, (owner, state) in live.items():
         rep = view.replay_to(seq)

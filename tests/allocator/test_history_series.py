@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from allocator import KVCache, OutOfMemory, OutsideHistory, create_pool
 from allocator.errors import InvalidRequest
-from allocator.history.history import History
+from allocator.history import History
 from allocator.history.series import FIELDS, MAX_POINTS, STATS_FIELDS, history_series, sample_seqs
 
 BLOCK = 16

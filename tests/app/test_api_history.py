@@ -8,7 +8,10 @@ import io
 import pickle
 import random
 
-from support.apputil import assert_error
+from support.apputil import SMALL, assert_error, make_client
+
+from app.registry import Registry
+from app.settings import Settings
 
 POOL = "/api/pools/h1"
 
@@ -106,8 +109,6 @@ def test_a_pool_without_history_says_so(client):
 
 
 def test_recording_routes_refuse_clearly_and_record_in_order(tmp_path):
-    from support.apputil import make_client
-
     with make_client(recordings_dir=str(tmp_path)) as client:
         make_pool(client, "paged")
         assert_error(client.delete(f"{POOL}/recording"), 404, "not_found")
@@ -165,3 +166,32 @@ def test_past_points_of_a_prefix_caching_pool_answer_what_the_live_routes_said_t
         past = client.get(f"{base}/blockmap", params={"format": "json", "at_seq": seq})
         assert past.status_code == 200 and past.json()["runs"] == runs
         assert client.get(f"{base}/stats", params={"at_seq": seq}).json() == stats
+
+
+def test_every_pool_the_server_makes_keeps_a_history_of_its_budget():
+    with make_client(history_bytes=3 << 20) as client:
+        make_pool(client, "paged")
+        client.post(f"{POOL}/allocations", json={"bytes": 300})
+        info = client.get(f"{POOL}/history").json()
+        assert info["max_bytes"] == 3 << 20 and info["first_seq"] == 0 and info["last_seq"] == 1
+        assert client.get(f"{POOL}/stats", params={"at_seq": 1}).json()["used_blocks"] == 2
+        assert "history" not in client.get(f"{POOL}/stats").json()  # its figures are /history's
+        assert client.get("/api/pools/default/history").json()["max_bytes"] == 3 << 20
+    with make_client(history_bytes=0) as client:  # KVSCOPE_HISTORY_BYTES=0: none kept
+        make_pool(client, "paged")
+        assert_error(client.get(f"{POOL}/history"), 409, "conflict")
+        assert_error(client.get(f"{POOL}/stats", params={"at_seq": 0}), 409, "conflict")
+        assert client.get(f"{POOL}/stats").status_code == 200
+
+
+def test_the_registry_keeps_a_history_of_mirrors_too():
+    registry = Registry(Settings(**{**SMALL, "history_bytes": 1 << 20}))
+    mirror = registry.create({"name": "m", "strategy": "mirror", "num_blocks": 16}).pool
+    assert mirror.history is not None and mirror.history.max_bytes == 1 << 20
+    mirror.store([7, 8, 9], None)
+    view = mirror.history.view()
+    rep = view.replay_to(view.last_seq)
+    assert (rep.owner == mirror.blockmap.owners_np()).all() and (rep.state == mirror.blockmap.states_np()).all()
+    assert view.stats_at(view.last_seq)["used_blocks"] == 3
+    assert Registry(Settings(**{**SMALL, "history_bytes": 0})).create(
+        {"name": "m", "strategy": "mirror", "num_blocks": 16}).pool.history is None

@@ -45,7 +45,7 @@ def c(srv):
 
 def recording(tmp_path, name: str = "local.kvrec") -> tuple[bytes, dict]:
     """A pool history recording made here, and the pool's stats at its end."""
-    pool = create_pool("contiguous", num_blocks=64, block_bytes=128, device="cpu", name="made-here")
+    pool = create_pool("contiguous", num_blocks=64, block_bytes=128, device="cpu", history=True, name="made-here")
     rec = Recorder(pool, tmp_path / name)
     ids = [pool.allocate(100 + 37 * i) for i in range(12)]
     for aid in ids[::3]:
@@ -160,7 +160,7 @@ def every_kind_recording(path) -> int:
     defragment, OOM, policy, reset); returns its last seq."""
     from allocator import KVCache, OutOfMemory
 
-    pool = create_pool("contiguous", num_blocks=64, block_bytes=128, device="cpu", name="kinds")
+    pool = create_pool("contiguous", num_blocks=64, block_bytes=128, device="cpu", history=True, name="kinds")
     cache = KVCache(pool, 32 * 128, "lru")
     rec = Recorder(pool, path)
     a = pool.allocate(300)
@@ -201,7 +201,7 @@ def test_a_recording_of_every_kind_of_event_uploads_and_its_events_answer(c, tmp
 
 def crafted(tmp_path, change) -> bytes:
     """The every-kind recording with one stored event changed by `change(row) -> row`."""
-    from allocator.history.history import Segment
+    from allocator.history import Segment
 
     path = tmp_path / "crafted.kvrec"
     path.unlink(missing_ok=True)
@@ -273,7 +273,7 @@ def edited(tmp_path, sql: str, params=(), strategy: str = "contiguous") -> bytes
     """A recording made here with one SQL statement run on its file."""
     path = tmp_path / f"{strategy}.kvrec"
     path.unlink(missing_ok=True)
-    pool = create_pool(strategy, num_blocks=64, block_bytes=128, device="cpu", name="made-here")
+    pool = create_pool(strategy, num_blocks=64, block_bytes=128, device="cpu", history=True, name="made-here")
     rec = Recorder(pool, path)
     ids = [pool.allocate(64 + 5 * i) for i in range(12)]  # each fits a tiered pool's small tier
     for aid in ids[::4]:

@@ -12,7 +12,7 @@ import time
 import httpx
 from support.apputil import Server, assert_error
 
-from allocator.history.history import map_runs
+from allocator.history import map_runs
 from allocator.history.recording import read_recording
 
 

@@ -16,7 +16,7 @@ from support.apputil import Server, assert_error, make_client
 from support.kvtest_util import block_past_the_map, prefix_churn
 
 from allocator import create_pool
-from allocator.history.history import History
+from allocator.history import History
 from allocator.history.recording import Recorder
 
 PREFIX_BLOCKS = 12
@@ -26,7 +26,7 @@ def plain_recording(path, keyframe_every: int | None = None) -> int:
     """A contiguous pool's recording of 8 flushes (8 stored segments; with `keyframe_every`,
     keyframes that often, so that reading its end replays only its last events); returns its
     last seq."""
-    pool = create_pool("contiguous", num_blocks=64, block_bytes=128, device="cpu", name="made-here",
+    pool = create_pool("contiguous", num_blocks=64, block_bytes=128, device="cpu", history=True, name="made-here",
                        event_capacity=8 if keyframe_every else 10_000)
     if keyframe_every:
         pool.history = History(pool, max_bytes=1 << 26, keyframe_every=keyframe_every)
@@ -45,7 +45,7 @@ def plain_recording(path, keyframe_every: int | None = None) -> int:
 def prefix_recording(path) -> int:
     """A prefix-caching pool's recording: shared prompts, hits, evictions; returns its last seq."""
     pool = create_pool("paged", num_blocks=PREFIX_BLOCKS, block_bytes=30, tokens_per_block=4, device="cpu",
-                       prefix_caching={"policy": "lru"}, event_capacity=8)
+                       history=True, prefix_caching={"policy": "lru"}, event_capacity=8)
     rec = Recorder(pool, path)
     prefix_churn(pool, rec, 200)
     rec.stop()

@@ -76,7 +76,8 @@ def test_scrubbing_back_charts_the_history_up_to_that_moment(page, api):
 
 def make_recording(path) -> dict:
     """A recording made here (no server): a paged pool filled and half emptied, events apart in time."""
-    pool = create_pool("paged", num_blocks=48, block_bytes=BLOCK, device="cpu", name="made-here")
+    pool = create_pool("paged", num_blocks=48, block_bytes=BLOCK, device="cpu", name="made-here",
+                       history=True)
     rec = Recorder(pool, path)
     ids = []
     for i in range(12):

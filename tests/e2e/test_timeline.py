@@ -160,7 +160,8 @@ def test_the_pool_tab_lists_a_bad_recording_file_with_why_and_shows_file_text_as
     recs = tmp_path / "recs"
     recs.mkdir()
     (recs / "bad.kvrec").write_text('{"not": "a recording"}')
-    Recorder(create_pool("paged", num_blocks=8, block_bytes=BLOCK, device="cpu"), recs / "named.kvrec").stop()
+    named = create_pool("paged", num_blocks=8, block_bytes=BLOCK, device="cpu", history=True)
+    Recorder(named, recs / "named.kvrec").stop()
     db = sqlite3.connect(recs / "named.kvrec")
     db.execute("UPDATE meta SET value = ? WHERE key = 'pool'", (json.dumps('<img src=x onerror="window.__xss=1">'),))
     db.commit()

@@ -68,7 +68,7 @@ def test_a_pool_history_recording_is_named_with_the_command_that_opens_it(tmp_pa
     from allocator import create_pool
     from allocator.history.recording import Recorder as HistoryRecorder
 
-    pool = create_pool("paged", num_blocks=16, block_bytes=64, device="cpu")
+    pool = create_pool("paged", num_blocks=16, block_bytes=64, device="cpu", history=True)
     rec = HistoryRecorder(pool, tmp_path / "history.kvrec")
     pool.allocate(100)
     rec.stop()

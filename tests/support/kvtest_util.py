@@ -106,7 +106,7 @@ def block_past_the_map(path) -> None:
     map: the file still reads (meta, keyframes, segments whole), its events do not replay."""
     import sqlite3
 
-    from allocator.history.history import Segment
+    from allocator.history import Segment
 
     db = sqlite3.connect(path)
     first, last, blob = db.execute("SELECT first, last, blob FROM segments ORDER BY first LIMIT 1").fetchone()
