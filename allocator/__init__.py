@@ -61,7 +61,8 @@ def create_pool(strategy: str = "paged", **options) -> Pool:
 
 __all__ = [
     "Allocation", "BlockMap", "BlockStorage", "CACHED", "CacheSpec", "Conflict", "ContiguousPool", "CorruptState",
-    "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "ExceedsCapacity", "FITS", "FREE", "History", "HistoryView", "OutsideHistory",
+    "DEFAULT_TIERS", "DefragReport", "EVENT_FIELDS", "Entry", "EventLog", "ExceedsCapacity", "FITS", "FREE",
+    "History", "HistoryView", "OutsideHistory",
     "InvalidRequest", "KVCache", "KVScopeError", "MODEL_PRESETS", "MirrorPool", "ModelGeometry", "NotFound",
     "OutOfMemory", "PINNED", "POLICIES", "PREFIX_POLICIES", "PagedPool", "Pool", "PoolSpec",
     "PrefixOutOfMemory", "PrefixPool", "PutResult", "SCENARIOS", "SHARED", "STATE_NAMES",

@@ -5,8 +5,8 @@
    keeps none unless asked), measured in
    alternating windows of the same run; ratio on/off (aim: >= 0.5, i.e. never halved).
 2. A 1,000,000-event history (churn of 1-32-block requests on a 65,536-block paged pool, the
-   same on a contiguous pool, and on a 1,000,000-block paged pool): time to rebuild the block map and stats at 200 random
-   points (median and worst CPU ms of the reading thread; aim: worst <= 100 ms), the
+   same on a contiguous pool, and on a 1,000,000-block paged pool): time to rebuild the block
+   map and stats at 200 random points (median and worst CPU ms of the reading thread; aim: worst <= 100 ms), the
    history's bytes per event, and the charts' series (`GET .../history/series`) over the whole
    history at 300 and 2000 points.
 

@@ -69,7 +69,8 @@ class Recorder:
                 "geometry": pool_geometry(pool), "start_seq": kf.seq, "started_at": self.started_at,
                 **(meta or {})}
         self.db.execute("BEGIN")
-        self.db.executemany("INSERT INTO meta VALUES (?, ?)", [(k, json.dumps(v, default=str)) for k, v in rows.items()])
+        self.db.executemany("INSERT INTO meta VALUES (?, ?)",
+                            [(k, json.dumps(v, default=str)) for k, v in rows.items()])
         self._put_keyframe(kf)
         self.db.execute("COMMIT")
 

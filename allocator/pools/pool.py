@@ -547,7 +547,8 @@ class Pool(ABC):
         bad = np.flatnonzero((states == FREE) != (owners == NO_OWNER))
         if bad.size:
             b = int(bad[0])
-            problems.append(f"block {b} has state {STATE_NAMES.get(int(states[b]), states[b])} but owner {int(owners[b])}")
+            problems.append(f"block {b} has state {STATE_NAMES.get(int(states[b]), states[b])} "
+                            f"but owner {int(owners[b])}")
         unknown = np.flatnonzero(~np.isin(states, list(STATE_NAMES)))
         if unknown.size:
             problems.append(f"block {int(unknown[0])} has an unknown state code {int(states[unknown[0]])}")

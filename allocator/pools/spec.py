@@ -112,7 +112,8 @@ class PoolSpec:
         if fit is not None and fit not in FITS:
             raise InvalidRequest(f"unknown fit {fit!r}; choose one of {list(FITS)}")
         tiers = _option(info.options, "tiers", tiers, default=None, of=strategy)
-        return cls(strategy, num_blocks, block_bytes, name=name, device="auto" if device is None else device, model=geometry,
+        return cls(strategy, num_blocks, block_bytes, name=name,
+                   device="auto" if device is None else device, model=geometry,
                    tokens_per_block=tokens_per_block, fit=fit,
                    tiers=tuple(tiers) if isinstance(tiers, (list, tuple)) else tiers, event_capacity=event_capacity,
                    cache=_cache_spec(cache), prefix_policy=prefix_policy,

@@ -400,7 +400,8 @@ class PrefixPool(Pool):
         want_where = np.where(in_free, 0, np.where(in_evict, 2, 1))
         bad = np.flatnonzero(where != want_where)
         if bad.size:
-            problems.append(f"block {int(bad[0])} has location code {int(where[bad[0]])}, expected {int(want_where[bad[0]])}")
+            problems.append(f"block {int(bad[0])} has location code {int(where[bad[0]])}, "
+                            f"expected {int(want_where[bad[0]])}")
         if not core.heap_ok():
             problems.append("the eviction heap is out of order")
         for h, b in core.index.items():

@@ -86,9 +86,11 @@ async def get_history(handle: PoolDep) -> dict:
 @router.get("/{pool}/history/series", summary="The charts' figures sampled over a stretch of the history")
 async def get_history_series(
     handle: PoolDep,
-    from_seq: Annotated[int | None, Query(ge=0, le=1 << 62, description="first event seq (default: the oldest kept)")] = None,
+    from_seq: Annotated[int | None, Query(ge=0, le=1 << 62,
+                                          description="first event seq (default: the oldest kept)")] = None,
     to_seq: Annotated[int | None, Query(ge=0, le=1 << 62, description="last event seq (default: the newest)")] = None,
-    points: Annotated[int, Query(ge=1, le=MAX_POINTS, description=f"at most this many points, 1..{MAX_POINTS}")] = DEFAULT_POINTS,
+    points: Annotated[int, Query(ge=1, le=MAX_POINTS,
+                                 description=f"at most this many points, 1..{MAX_POINTS}")] = DEFAULT_POINTS,
 ) -> dict:
     """At up to `points` evenly spaced event seqs of from_seq..to_seq (both ends included): the
     seq and time of the event, utilization, internal and external fragmentation, requested and

@@ -4,7 +4,8 @@
 
 STRUCTURE is paged, prefix, cache, ring or links (the paged chain links alone). Cases run in
 forked children, so a crash ends a child, not the run, and is reported as CRASH for the case it
-hit (with --each, every case runs in a child of its own). Each case builds a busy structure from its own seed, checks it is sound, overwrites one field
+hit (with --each, every case runs in a child of its own). Each case builds a busy structure
+from its own seed, checks it is sound, overwrites one field
 (an array element or a scalar) with an in-range or out-of-range value (-1, n, 2**31-1, -2**31,
 or a random index) and calls check(). Printed, one line per case:
 

@@ -3,7 +3,8 @@
 Wheels are looked for in KVSCOPE_WHEEL_CACHE (default ~/.cache/kvscope/wheels); when missing they
 are fetched there with `pip download --no-deps` (CI reaches the package index; the download is
 cached, so it happens once per machine). When neither works the tests that need them skip and
-say why (under CI=true they fail instead: CI reaches the package index). Only `kv_events.py` is read out of a wheel; the modules it imports come from stubs/.
+say why (under CI=true they fail instead: CI reaches the package index). Only `kv_events.py`
+is read out of a wheel; the modules it imports come from stubs/.
 """
 
 from __future__ import annotations

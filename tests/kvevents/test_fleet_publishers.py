@@ -200,7 +200,8 @@ def test_one_endpoint_carrying_several_ranks_makes_one_engine_per_rank(ipc, vllm
         eng.seq += 1
         end = time.monotonic() + DEADLINE
         while applied(fleet, "srv:dp1") < 1 or applied(fleet, "srv") + applied(fleet, "srv:dp1") < eng.seq + 1:
-            assert time.monotonic() < end, (applied(fleet, "srv"), applied(fleet, "srv:dp1"), eng.seq, fleet.links["srv"].health())
+            assert time.monotonic() < end, (applied(fleet, "srv"), applied(fleet, "srv:dp1"), eng.seq,
+                                            fleet.links["srv"].health())
             time.sleep(0.2)
             if fleet.links["srv"].subscriber.last_seq is None:
                 eng.send([])  # a SUB socket that joined after the last batch sees the gap now
