@@ -85,6 +85,20 @@ def _count(value) -> int:
 
 
 _pack_i = struct.Struct("=i").pack
+# int32 0, 1, 2, ... as native bytes, grown on demand: the ids of a range are a slice of it
+# (a copy of its bytes, ~15x cheaper than building them with np.arange).
+_iota = b""
+IOTA_MAX = 1 << 24  # ranges reaching past this many blocks are built as they come
+
+
+def _range_bytes(start: int, stop: int) -> bytes:
+    """The ids start..stop-1 as native int32 bytes."""
+    global _iota
+    if 0 <= start <= stop <= IOTA_MAX:
+        if stop * 4 > len(_iota):
+            _iota = np.arange(min(IOTA_MAX, max(stop, 2 * len(_iota) // 4, 1 << 16)), dtype=np.int32).tobytes()
+        return _iota[start * 4:stop * 4]
+    return np.arange(start, stop, dtype=np.int32).tobytes()
 
 
 def _ids_bytes(value) -> bytes:
@@ -95,9 +109,10 @@ def _ids_bytes(value) -> bytes:
     if cls is int:
         return _pack_i(value)
     if cls is range:
-        return np.arange(value.start, value.stop, dtype=np.int32).tobytes()
+        return _range_bytes(value.start, value.stop)
     if cls is tuple:  # a packed range: (start, stop)
-        return np.arange(*value, dtype=np.int32).tobytes()
+        start, stop = value
+        return _range_bytes(start, stop)
     return np.asarray(value, dtype=np.int32).tobytes()
 
 
@@ -285,6 +300,10 @@ def _nothing() -> None:
     pass
 
 
+def _ignore(rep: Replayer, row: tuple, write, flush) -> None:
+    pass
+
+
 # -- the cache's own figures ---------------------------------------------------------------------
 def _count_eviction(cache: dict, reason) -> None:
     if isinstance(reason, str):  # a file's event may name anything: count only a reason
@@ -377,12 +396,14 @@ class Replayer:
                 lst.clear()
 
         seq = self.seq
-        get = HANDLERS.get
+        handlers, kind_at, seq_at = HANDLERS, KIND, SEQ
         for row in rows:
-            handler = get(row[KIND])
-            if handler is not None:
-                handler(self, row, write, flush)
-            seq = row[SEQ]
+            try:
+                handler = handlers[row[kind_at]]
+            except KeyError:  # a kind that changes nothing a replay keeps
+                handler = _ignore
+            handler(self, row, write, flush)
+            seq = row[seq_at]
         flush()
         self.seq = seq
 

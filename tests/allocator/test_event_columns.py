@@ -194,3 +194,20 @@ def test_random_damage_is_refused_or_replays_in_bounds(data) -> None:
         while replay_columns(cols, owner, state, 0, cols.last, acc, pos, mask) >= 0:
             pass
         rows_of_columns2(cols)
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=st.integers(-40, 4096 + 40), length=st.integers(0, 70), packed=st.booleans())
+def test_a_range_of_ids_gathers_as_the_ids_themselves(start: int, length: int, packed: bool) -> None:
+    """Ranges (a contiguous pool's block ids) are cut from a shared int32 sequence, not built:
+    the same bytes as building them, also at the edges (negative, past the shared sequence,
+    here cut short to 4,096 ids)."""
+    from allocator.history import replay
+
+    value = (start, start + length) if packed else range(start, start + length)
+    cap, replay.IOTA_MAX = replay.IOTA_MAX, 4096
+    try:
+        got = replay._ids_bytes(value)
+    finally:
+        replay.IOTA_MAX = cap
+    assert got == np.arange(start, start + length, dtype=np.int32).tobytes()
