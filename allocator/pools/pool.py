@@ -410,8 +410,8 @@ class Pool(ABC):
 
     # -- extensions ---------------------------------------------------------------------------
     def attach(self, name: str, extension: PoolExtension) -> None:
-        """Let `extension` (e.g. the KV cache, as "cache") hear of resets and add its stats under
-        `name`; one per name (a new one replaces the old)."""
+        """Let `extension` (the KV cache as "cache", the history as "history") hear of resets and
+        add its stats (when it has any) under `name`; one per name (a new one replaces the old)."""
         self.extensions[name] = extension
 
     @property
