@@ -106,7 +106,9 @@ class History:
         """A keyframe of the pool now. With `reuse` (the history's own keyframes, taken in
         order), pages unchanged since the previous one are shared with it: the block map's
         chunk stamps (BlockMap.changes_since, a reader of its own) say which changed. `first`
-        (the history's first): a map all alike (a new pool's) is compressed one page only."""
+        (the history's first) on a pool that has recorded no event yet: its map is the one it
+        was made with (every change to the map records an event), every block free, so every
+        full page is the same and is compressed once."""
         p = self.pool
         last_id = p._last_id
         newest = p.events.raw_after(p.events.last_seq - 1) if len(p.events) else ()
@@ -129,7 +131,7 @@ class History:
             cache.policy, cache.capacity_bytes, cache.hits, cache.misses,
             tuple(cache.evictions[r] for r in EVICTION_REASONS), cache.entry_ids().tobytes())
         owner, state = bm.owners_np(), bm.states_np()
-        uniform = first and bool((owner == owner[0]).all() and (state == state[0]).all())
+        uniform = first and p.events.last_seq == 0
         kf = keyframe_of(p.events.last_seq, owner, state, p.requested_total, len(p), last_id, p._frees,
                          [p.counters[n] for n in COUNTER_NAMES], dirty, base, self.page_blocks,
                          uniform=uniform, cache=figures)
