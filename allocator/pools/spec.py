@@ -10,8 +10,10 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+from ..cache.cache import KVCache
 from ..errors import InvalidRequest, TooLarge, positive_int
 from ..history.history import DEFAULT_HISTORY_BYTES, History
+from ..prefix.prefix import PrefixPool
 from ..vocab import (
     DEFAULT_TOKENS_PER_BLOCK,
     FITS,
@@ -130,8 +132,6 @@ class PoolSpec:
         """The strategy's Pool subclass, from its vocabulary entry (`module:Class`); with prefix
         caching, the PrefixPool."""
         if self.prefix_policy is not None:
-            from ..prefix.prefix import PrefixPool
-
             return PrefixPool
         module, _, cls = STRATEGY_INFO[self.strategy].impl.partition(":")
         return getattr(importlib.import_module(f"allocator.{module}"), cls)
@@ -149,8 +149,6 @@ class PoolSpec:
             self.num_blocks, self.block_bytes, name=self.name, device=self.device, model=self.model,
             tokens_per_block=self.tokens_per_block, event_capacity=self.event_capacity, **options)
         if self.cache is not None:
-            from ..cache.cache import KVCache
-
             KVCache(pool, self.cache.capacity_bytes, self.cache.policy)
         if self.history_bytes:  # after the cache: the first keyframe holds the cache's figures
             History(pool, self.history_bytes)
