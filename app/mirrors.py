@@ -18,55 +18,64 @@ PUBLISH_EVERY_S = 0.02
 
 
 class LoopApplier:
-    """Hands changes from the subscriber's thread to the event loop, applied in order under the
+    """Hands changes from the subscribers' threads to the event loop, applied in order under the
     pool's asyncio lock. Changes queue in a deque; one drain task per burst applies them, in
     slices of at most SLICE_S: between slices it lets go of the lock and the loop, so a burst
     of batches never holds up other requests (or readers of the pool) for longer than a slice.
-    `close()` drops what is queued and refuses what comes after (a deleted fleet's batches)."""
+    `close()` drops what is queued and refuses what comes after (a deleted fleet's batches).
+
+    No lock between the threads and the loop: `deque.append` / `popleft` are atomic, and the
+    `_scheduled` flag is cleared by the drain before its last look at the queue, so a change
+    appended after that look finds the flag down and schedules a drain itself (two drains at
+    once are harmless: the loop runs one at a time, the second finds the queue empty). A mutex
+    here made a fleet's hundreds of subscriber threads queue on it behind the GIL."""
 
     SLICE_S = 0.01
 
     def __init__(self, loop: asyncio.AbstractEventLoop, lock: asyncio.Lock) -> None:
         self.loop, self.lock = loop, lock
         self._q: deque = deque()
-        self._mutex = threading.Lock()
         self._scheduled = False
         self._closed = False
         self.failures = 0
 
     def __call__(self, change) -> None:
-        with self._mutex:
-            if self._closed:
-                return
-            self._q.append(change)
-            if self._scheduled:
-                return
-            self._scheduled = True
+        if self._closed:
+            return
+        self._q.append(change)
+        if self._scheduled:
+            return
+        self._scheduled = True
         try:
             self.loop.call_soon_threadsafe(self._kick)
         except RuntimeError:  # the loop is closed: the server is stopping
-            with self._mutex:
-                self._q.clear()
-                self._scheduled = False
+            self._q.clear()
+            self._scheduled = False
 
     def close(self) -> None:
-        with self._mutex:
-            self._closed = True
-            self._q.clear()
+        self._closed = True
+        self._q.clear()
 
     def _kick(self) -> None:
         self.loop.create_task(self._drain())
 
     async def _drain(self) -> None:
+        q = self._q
         while True:
             async with self.lock:
                 end = time.monotonic() + self.SLICE_S
                 while True:
-                    with self._mutex:
-                        if not self._q:
-                            self._scheduled = False
+                    try:
+                        change = q.popleft()
+                    except IndexError:
+                        self._scheduled = False
+                        if not q:  # the last look, after the flag went down
                             return
-                        change = self._q.popleft()
+                        self._scheduled = True
+                        continue
+                    if self._closed:
+                        q.clear()
+                        return
                     try:
                         change()
                     except Exception:  # a bad change must not stop the ones after it

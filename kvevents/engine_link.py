@@ -126,7 +126,7 @@ class EngineLink:
         self.subscriber = kind(
             spec.endpoint, topic=spec.topic, replay_endpoint=spec.replay_endpoint,
             on_batch=self._on_batch, on_restart=self._on_restart, ctx=fleet.ctx,
-            recorder=fleet.recorder_for(spec.name))
+            recorder=fleet.recorder_for(spec.name), receiver=fleet.receiver)
         self.subscriber.link = self
         try:
             self.subscriber.start()

@@ -43,6 +43,7 @@ from .follow import threaded_apply
 from .index import MAX_FLEET_ENGINES, FleetIndex, layout_of, snapshot_buffers, snapshot_fits
 from .listen import Listener
 from .nats_source import NatsSource
+from .receiver import Receiver
 from .recording import Recorder, read_records
 
 SAMPLE_EVERY_S = 1.0
@@ -71,6 +72,7 @@ class Fleet:
         self.lock = threading.Lock()
         self.submit = apply or threaded_apply(self.lock)
         self.ctx = _context()
+        self.receiver = Receiver(f"fleet-{name}-recv")  # reads every engine's SUB socket
         self.links: dict[str, EngineLink] = {}
         self.specs: dict[str, EngineSpec] = {}
         self.recorder = Recorder(record, f"fleet {name}", "") if record else None
@@ -493,6 +495,7 @@ class Fleet:
             source.stop_soon()
         for link in links:
             link.stop_soon()
+        self.receiver.stop_soon()
         self._stop.set()
         if free_index:
             self.index.release()
@@ -507,6 +510,7 @@ class Fleet:
         gone = True
         for link in getattr(self, "_closing", []):
             gone = link.join(deadline) and gone
+        gone = self.receiver.join(max(0.0, deadline - time.monotonic())) and gone
         self._monitor_thread.join(max(0.0, deadline - time.monotonic()))
         gone = gone and not self._monitor_thread.is_alive()
         for source in self.sources():
@@ -526,7 +530,7 @@ class Fleet:
         n = sum(link.alive() for link in getattr(self, "_closing", []))
         n += sum(link.alive() for link in self.links.values())
         n += sum(source.alive() for source in self.sources())
-        return n + self._monitor_thread.is_alive()
+        return n + self._monitor_thread.is_alive() + self.receiver.alive()
 
 
 def _dynamo_row(row: dict, spec: EngineSpec) -> None:

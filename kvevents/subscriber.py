@@ -7,6 +7,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -20,12 +21,16 @@ from .codec import (
     seq_of,
 )
 
+if TYPE_CHECKING:
+    from .receiver import Receiver
+
 ERROR_KINDS = ("malformed", "frames", "too_large", "unknown_type", "malformed_event", "apply",
                "replay", "seq_jump", "internal")
 # A forward jump of more seqs than any replay buffer holds (vLLM keeps 10,000 batches by
 # default; 2^32 would be hundreds of GB) is no loss: the engine's numbering moved (a restart
 # on another counter) or the seq frame is garbage.
 MAX_SEQ_GAP = 1 << 32
+REPLAY_DRAIN = 4096  # messages a replay's thread reads after the replay, before handing back
 
 
 class Subscriber:
@@ -47,14 +52,17 @@ class Subscriber:
       in `last_error`; the thread never dies of it.
 
     `recorder`, when set, gets `write(recv_ts, seq, topic, payload)` for every batch applied, in
-    the order applied.
+    the order applied. `receiver`, when set (a `receiver.Receiver`), reads the SUB socket in its
+    thread, shared with other subscribers, instead of one of this subscriber's own; a replay then
+    runs in a short-lived thread of its own, so it holds up no other engine.
     """
 
     def __init__(self, endpoint: str, *, on_batch: Callable[[int, Batch], None],
                  on_restart: Callable[[], None] | None = None, topic: str = "",
                  replay_endpoint: str | None = None, replay_timeout: float = 2.0,
                  max_events: int = MAX_BATCH_EVENTS, recorder=None,
-                 ctx: zmq.Context | None = None, max_gap: int = MAX_SEQ_GAP) -> None:
+                 ctx: zmq.Context | None = None, max_gap: int = MAX_SEQ_GAP,
+                 receiver: Receiver | None = None) -> None:
         self.endpoint = endpoint
         self.topic = topic
         self.replay_endpoint = replay_endpoint
@@ -70,6 +78,10 @@ class Subscriber:
         self._thread: threading.Thread | None = None
         self._dealer = None
         self._reconnect = False
+        self._receiver = receiver
+        self._deferred: tuple[int, bytes, int] | None = None  # a gap the receiver hands off
+        self._replaying = False  # the socket is out of the receiver's poller, filling a gap
+        self._closed = threading.Event()  # the receiver closed the socket
         self.state = "new"
         self.last_seq: int | None = None  # last seq applied
         self.last_live: int | None = None  # last seq seen on the SUB socket
@@ -103,6 +115,9 @@ class Subscriber:
             raise
         self.state = "connecting"
         self.started_at = time.time()
+        if self._receiver is not None:
+            self._receiver.add(self)
+            return self
         self._thread = threading.Thread(target=self._run, daemon=True, name="kvevents-sub")
         self._thread.start()
         return self
@@ -119,17 +134,27 @@ class Subscriber:
         """Ask the thread to stop; it notices within 0.1 s, also while waiting on a replay."""
         self._stop.set()
         self.state = "stopped"
+        if self._receiver is not None:
+            self._receiver.later("stop", self)
 
     def reconnect_soon(self) -> None:
         """Connect again (from the thread that owns the socket, within 0.1 s): ZeroMQ does not
         after it dropped a connection for a message past ZMQ_MAXMSGSIZE."""
-        self._reconnect = True
+        if self._receiver is not None:
+            self._receiver.later("reconnect", self)
+        else:
+            self._reconnect = True
 
     def alive(self) -> bool:
+        if self._receiver is not None:
+            return self.started_at is not None and not self._closed.is_set()
         return self._thread is not None and self._thread.is_alive()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the thread (after `stop_soon`); True when it is gone."""
+        """Wait for the thread (after `stop_soon`); True when it is gone (with a receiver: when
+        it closed the socket)."""
+        if self._receiver is not None:
+            return self.started_at is None or self._closed.wait(timeout)
         if self._thread is not None:
             self._thread.join(timeout)
             return not self._thread.is_alive()
@@ -201,15 +226,54 @@ class Subscriber:
             self.duplicates += 1  # already applied from a replay
             return
         if seq > expected:
-            self.gaps += 1
-            self._replay_from(expected)
-            expected = 0 if self.last_seq is None else self.last_seq + 1
-            if seq < expected:
-                self.duplicates += 1
+            if self._receiver is not None and self.replay_endpoint is not None and not self._replaying:
+                self._deferred = (seq, payload, expected)  # the receiver hands it to a thread
                 return
-            if seq > expected:
-                self.lost_batches += seq - expected
+            self._gap(seq, payload, expected)
+            return
         self._apply(seq, payload)
+
+    def _gap(self, seq: int, payload: bytes, expected: int) -> None:
+        """A live message past the next one expected: the missing ones replayed (or counted
+        lost), then the message."""
+        self.gaps += 1
+        self._replay_from(expected)
+        expected = 0 if self.last_seq is None else self.last_seq + 1
+        if seq < expected:
+            self.duplicates += 1
+            return
+        if seq > expected:
+            self.lost_batches += seq - expected
+        self._apply(seq, payload)
+
+    # -- with a receiver ------------------------------------------------------------------------------
+    def _fill_gap_then_resume(self) -> None:
+        """(A thread of its own) the gap the receiver handed off, then what queued on the socket
+        meanwhile (a gap among those is filled here too), then the socket back to the receiver."""
+        self._replaying = True
+        deferred, self._deferred = self._deferred, None
+        try:
+            if deferred is not None:
+                self._gap(*deferred)
+            for _ in range(REPLAY_DRAIN):
+                if self._stop.is_set():
+                    break
+                try:
+                    frames = self._sub.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self.handle(frames)
+        except Exception as exc:  # never die: count it, hand the socket back
+            self._error("internal", f"{type(exc).__name__}: {exc}")
+        finally:
+            self._replaying = False
+            self._receiver.later("resume", self)
+
+    def _closed_by_receiver(self, sock) -> None:
+        """The receiver is done with this subscriber's socket (stopped, or the receiver ends)."""
+        sock.close(linger=0)
+        self._drop_dealer()
+        self._closed.set()
 
     def _jumped(self, seq: int, payload: bytes) -> None:
         """Follow a sequence that starts at `seq`, far past the last one: a restart (when there

@@ -352,9 +352,9 @@ def test_deletes_return_at_once_and_leave_no_thread_while_metrics_trickle_and_re
                     p.close()
 
 
-class HeldStop:
-    """A subscriber's stop flag that ignores `set()` until released: its thread keeps running
-    as one stuck in a long read would."""
+class HeldClose:
+    """A subscriber's "socket closed" flag that ignores `set()` until released: the engine
+    stays running, as one whose socket the fleet's receiver is stuck on would."""
 
     def __init__(self) -> None:
         self._ev, self._released = threading.Event(), False
@@ -384,9 +384,9 @@ def test_a_closing_fleet_counts_against_the_engine_limit_until_its_threads_are_g
                                                for i, p in enumerate(pubs)]}
             assert c.post("/api/fleets", json=body).status_code == 201
             handle = fleets.get("one")
-            held = [HeldStop() for _ in handle.fleet.links]
-            for link, stop in zip(handle.fleet.links.values(), held):  # threads stuck until released
-                link.subscriber._stop = stop
+            held = [HeldClose() for _ in handle.fleet.links]
+            for link, closed in zip(handle.fleet.links.values(), held):  # stuck until released
+                link.subscriber._closed = closed
             assert c.delete("/api/fleets/one").status_code == 204
             assert fleets.engines_running() == 4
             r = c.post("/api/fleets", json={**body, "name": "two"})
