@@ -1,10 +1,11 @@
 """The vocabulary of kvscope: every name a client may send or will see, and what it means.
 
 This is the one contract module. Strategies, fits, eviction policies, block states, event kinds,
-scenario and workload names live here and nowhere else: the request schemas derive their
-`Literal`s from it, `GET /api/meta` and the stream's `hello` carry `meta()`, the page renders its
-options from it, and the JS keeps no copy of any list. Adding a name is one entry here (plus the
-code that implements it: a strategy's module, a policy's class, the code that records an event).
+scenario and workload names, and the routing lab's policies and routers live here and nowhere
+else: the request schemas derive their `Literal`s from it, `GET /api/meta` and the stream's
+`hello` carry `meta()`, the page renders its options from it, and the JS keeps no copy of any
+list. Adding a name is one entry here (plus the code that implements it: a strategy's module, a
+policy's class, the code that records an event).
 
 Pure: the standard library only, so that every layer (and the compiled core) may import it.
 """
@@ -216,6 +217,17 @@ OOM_CAUSES: tuple[str, ...] = ("capacity", "fragmentation")
 # Why a cache entry left (`evict` events' `reason`, the cache's `evictions` counters).
 EVICTION_REASONS: tuple[str, ...] = ("capacity", "oom", "ttl", "manual")
 
+# The routing lab's policies (workloads/routing/registry.py `make_policy` builds each; a test
+# checks the two agree), variants included, in the order the page and `kvscope route` list them.
+ROUTING_POLICIES: tuple[str, ...] = (
+    "round_robin", "random", "least_loaded", "power_of_two", "session", "longest_prefix",
+    "sglang_cache_aware", "sglang_cache_aware_code", "vllm_cache_aware", "vllm_kv_aware",
+    "dynamo_kv", "dynamo_kv_approx", "llmd_precise", "llmd_precise_minmax",
+)
+# The real routers the routing lab's router mode puts in front of simulated engines
+# (vllm-kv: vllm-router's kv_aware policy, following the engines' KV events).
+ROUTING_ROUTERS: tuple[str, ...] = ("sglang", "vllm", "vllm-kv")
+
 # Defaults every layer shares.
 DEFAULT_TOKENS_PER_BLOCK = 16
 
@@ -254,8 +266,8 @@ def meta() -> dict:
 __all__ = [
     "BLOCK_STATES", "BLOCK_STATE_INFO", "BlockState", "DEFAULT_TOKENS_PER_BLOCK", "EVENT_FIELDS",
     "EVENT_GROUPS", "EVENT_KINDS", "EVICTION_REASONS", "EventKind", "FITS", "OOM_CAUSES",
-    "POLICIES", "POLICY_INFO", "PREFIX_POLICIES", "PREFIX_POLICY_INFO", "PolicyInfo", "SCENARIOS",
-    "SCENARIO_INFO", "SOURCE_STRATEGIES",
+    "POLICIES", "POLICY_INFO", "PREFIX_POLICIES", "PREFIX_POLICY_INFO", "PolicyInfo",
+    "ROUTING_POLICIES", "ROUTING_ROUTERS", "SCENARIOS", "SCENARIO_INFO", "SOURCE_STRATEGIES",
     "SOURCE_STRATEGY_INFO", "STATE_NAMES", "STRATEGIES", "STRATEGY_INFO", "ScenarioInfo",
     "StrategyInfo", "WORKLOAD_KINDS", "meta", "strategy_info",
 ]

@@ -1,5 +1,9 @@
 """`kvscope fleet ENDPOINT...` (the dashboard on many engines at once) and the `--fleet FILE`
-of `kvscope serve`."""
+of `kvscope serve`.
+
+app/cli.py imports this module to build its parser (FILE_HELP), so what the commands need
+(the schemas, the fleet's sources, the server) is imported inside the function using it.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ FILE_HELP = ('a JSON file {"name": "demo", "engines": [{"name": "e0", "endpoint"
 def load_fleet_file(path: str) -> tuple[str, list[dict], dict]:
     """A fleet file checked as the REST body is: its name, engines and the options of
     `Fleets.create` (`listen`, `max_engines`). Raises ValueError naming what to fix."""
-    from .routes.fleets import FleetCreate
+    from .schemas import FleetCreate  # lazy: torch-free CLI start
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -91,8 +95,8 @@ def fleet_main(argv: list[str]) -> int:
             p.error("--play takes no ENDPOINT and no --record")
         if args.speed is not None and args.speed <= 0:
             p.error("--speed must be positive")
-        from kvevents.codec import WireError
-        from kvevents.recording import read_records
+        from kvevents.codec import WireError  # lazy: only --play reads a recording
+        from kvevents.recording import read_records  # lazy: as above
 
         try:
             next(iter(read_records(args.play)), None)
@@ -102,9 +106,9 @@ def fleet_main(argv: list[str]) -> int:
                                 {"play": args.play, "speed": args.speed})
     listen = None
     if args.listen:
-        from kvevents.listen import loopback_endpoint
+        from kvevents.listen import loopback_endpoint  # lazy: torch-free CLI start
 
-        from .routes.fleets import ListenIn
+        from .schemas import ListenIn  # lazy: torch-free CLI start
 
         try:
             listen = ListenIn.model_validate({
@@ -142,7 +146,7 @@ def fleet_main(argv: list[str]) -> int:
         if args.wire != "vllm":
             e["wire"] = args.wire
         engines.append(e)
-    from .routes.fleets import FleetCreate
+    from .schemas import FleetCreate  # lazy: torch-free CLI start
 
     try:
         FleetCreate.model_validate({"name": args.name, "engines": engines, "listen": listen,
@@ -158,7 +162,7 @@ def fleet_main(argv: list[str]) -> int:
 def _nats_options(p, args, url: str) -> dict:
     """`nats` for Fleets.create from the command line: the component, and credentials read
     from the files named (else the server's KVSCOPE_NATS_* settings apply)."""
-    from kvevents.nats_source import NatsAuth, _read
+    from kvevents.nats_source import NatsAuth, _read  # lazy: torch-free CLI start
 
     if not args.namespace or not args.component:
         p.error("a nats:// URL needs --namespace and --component (the Dynamo component's)")
@@ -178,8 +182,8 @@ def _nats_options(p, args, url: str) -> dict:
 
 def serve_with_fleet(prog: str, args, name: str, engines: list[dict], record: str | None,
                      options: dict | None = None) -> int:
-    from .cli_events import serve_dashboard
-    from .services import Startup
+    from .cli_events import serve_dashboard  # lazy: torch-free CLI start
+    from .services import Startup  # lazy: as above
 
     startup = Startup(fleets=[(name, engines, {"record": record, **(options or {})})])
     return serve_dashboard(prog, args, startup, f"?fleet={name}")

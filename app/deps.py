@@ -16,9 +16,9 @@ from starlette.requests import HTTPConnection
 from allocator import KVCache, PrefixPool
 from allocator.errors import NotFound
 
-from .fleets import Fleets
+from .fleets import FleetHandle, Fleets
 from .operations import cache_of, prefix_pool_of
-from .recordings import Recordings
+from .recordings import NAME_PATTERN, Recordings
 from .registry import PoolHandle, Registry
 from .routing_jobs import RoutingRuns
 from .schemas import POOL_NAME_PATTERN, Key
@@ -71,6 +71,8 @@ RecordingsDep = Annotated[Recordings, Depends(get_recordings)]
 RoutingRunsDep = Annotated[RoutingRuns, Depends(get_routing_runs)]
 PoolName = Annotated[str, Path(pattern=POOL_NAME_PATTERN, description="pool name", examples=["default"])]
 EntryKey = Annotated[Key, Path(description="cache key", examples=["session-1"])]
+FleetName = Annotated[str, Path(pattern=POOL_NAME_PATTERN, description="fleet name")]
+RecordingName = Annotated[str, Path(pattern=NAME_PATTERN, description="recording name (file without .kvrec)")]
 
 
 async def find_pool(pool: PoolName, registry: RegistryDep) -> PoolHandle:
@@ -96,6 +98,14 @@ async def get_pool(pool: PoolName, registry: RegistryDep) -> AsyncIterator[PoolH
 
 PoolDep = Annotated[PoolHandle, Depends(get_pool, scope="function")]
 UnlockedPoolDep = Annotated[PoolHandle, Depends(find_pool)]
+
+
+async def get_fleet(fleet: FleetName, fleets: FleetsDep) -> FleetHandle:
+    """The fleet named in the path, without its lock (what reads the fleet takes it). Raises NotFound."""
+    return fleets.get(fleet)
+
+
+FleetDep = Annotated[FleetHandle, Depends(get_fleet)]
 
 
 async def run_locked(fn: Callable[[], T]) -> T:

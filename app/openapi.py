@@ -52,7 +52,7 @@ EXACTLY_ONE = {"SizeIn": ("bytes", "tokens"), "EntryPut": ("bytes", "tokens"),
 ALLOCATING = ("/allocations", "/entries/{key}", "/ops", "/workload", "/api/pools")
 
 # What a path parameter `key` may be: the body's key pattern, less '/' (it would end the path
-# segment) and U+FFFD (what invalid UTF-8 in a path decodes to; app/schemas.py check_key).
+# segment) and U+FFFD (what invalid UTF-8 in a path decodes to; app/schemas/common.py check_key).
 PATH_KEY_PATTERN = "^[^\\x00-\\x1f\\x7f-\\x9f/\\ufffd]{1,256}$"
 
 

@@ -219,7 +219,7 @@ def _op_close(pool: Pool, op) -> dict:
     return {"ok": True}
 
 
-# One entry per batch op (app/schemas.py `Op`): a new op is a function above and a line here.
+# One entry per batch op (app/schemas/ops.py `Op`): a new op is a function above and a line here.
 BATCH_OPS = {"allocate": _op_allocate, "extend": _op_extend, "free": _op_free, "put": _op_put,
              "get": _op_get, "delete": _op_delete, "evict": _op_evict, "defragment": _op_defragment,
              "open": _op_open, "append": _op_append, "close": _op_close}

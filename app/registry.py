@@ -122,7 +122,7 @@ class Registry:
             raise NotFound("pool", name) from None
 
     def parse(self, request: dict) -> PoolSpec:
-        """A create request (the fields of app/schemas.py PoolCreate) parsed into a PoolSpec, with
+        """A create request (the fields of app/schemas/pools.py PoolCreate) parsed into a PoolSpec, with
         this server's default device. Raises InvalidRequest."""
         fields = dict(request)
         fields.pop("publish", None)  # the pool's links (app/mirrors.py), not the allocator's

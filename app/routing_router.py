@@ -24,7 +24,14 @@ import logging
 import threading
 
 from allocator.errors import Conflict, InvalidRequest, NotFound
+from allocator.vocab import ROUTING_ROUTERS
 from workloads.mooncake import bundled_trace
+from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
+from workloads.routing.decisions import DecisionLog
+from workloads.routing.real import router_kind
+
+from .engines.router_run import RouterSession, figures, replay, router_engines
+from .engines.sim import fleet_file
 
 log = logging.getLogger("kvscope.routing")
 DECISIONS = 12  # the latest decisions a run's view explains
@@ -87,10 +94,6 @@ class RouterRun:
         Raises Conflict (the fleet's name is taken, the server is full), InvalidRequest (an
         unknown router or a missing package) or RouterError (it would not start); then nothing
         this run made is left."""
-        from app.engines.router_run import RouterSession, router_engines
-        from app.engines.sim import fleet_file
-        from workloads.routing.decisions import DecisionLog
-
         fleets = services.fleets
         self._fleets = fleets
         if self.fleet_name in fleets:
@@ -113,9 +116,6 @@ class RouterRun:
             raise
 
     def _run(self) -> None:
-        from app.engines.router_run import figures, replay
-        from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
-
         spec, session = self.spec, self.session
         try:
             full = bundled_trace()
@@ -184,15 +184,15 @@ class RouterRun:
         session = self.session
         if session is None or not session.engines.engines:
             return {"hit_ratio": None, "replica_figures": []}
-        figures, hits, queries = [], 0, 0
+        rows, hits, queries = [], 0, 0
         for e in list(session.engines.engines):
             p = e.pool.prefix_stats()
             hits += p["hits"]
             queries += p["queries"]
-            figures.append({"name": e.cfg.name, "requests": e.counts["requests"],
-                            "completed": e.counts["completed"], "hit_ratio": p["hit_ratio"],
-                            "cached_blocks": p["cached_hashes"]})
-        return {"hit_ratio": hits / queries if queries else 0.0, "replica_figures": figures}
+            rows.append({"name": e.cfg.name, "requests": e.counts["requests"],
+                         "completed": e.counts["completed"], "hit_ratio": p["hit_ratio"],
+                         "cached_blocks": p["cached_hashes"]})
+        return {"hit_ratio": hits / queries if queries else 0.0, "replica_figures": rows}
 
     def view(self) -> dict:
         logs = self.decision_logs()
@@ -215,11 +215,6 @@ class RouterRun:
 def check_router(name: str) -> None:
     """Raises InvalidRequest for an unknown router, or one whose package is missing (naming the
     extra that installs it)."""
-    from workloads.routing.real import router_kind
-
-    if name not in ROUTERS:
-        raise InvalidRequest(f"unknown router {name!r}: choose from {', '.join(ROUTERS)}")
+    if name not in ROUTING_ROUTERS:
+        raise InvalidRequest(f"unknown router {name!r}: choose from {', '.join(ROUTING_ROUTERS)}")
     router_kind("vllm" if name == "vllm-kv" else name)
-
-
-ROUTERS = ("sglang", "vllm", "vllm-kv")

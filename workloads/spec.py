@@ -1,6 +1,6 @@
 """WorkloadSpec: a live-workload request parsed once into typed, validated values.
 
-The server's request model (app/schemas.py `WorkloadIn`) takes its bounds from here, and
+The server's request model (app/schemas/workload.py `WorkloadIn`) takes its bounds from here, and
 `build_live_workload` accepts the plain dict it always took by parsing it here, so the keys,
 the speed limit and the defaults are checked in one place.
 """

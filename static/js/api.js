@@ -99,7 +99,7 @@ export function fetchEvents(name, gap) {
 export const pools = {
   /** @returns {Promise<string[]>} */
   names: listPools,
-  /** @param {Object} body app/schemas.py PoolCreate */
+  /** @param {Object} body app/schemas/pools.py PoolCreate */
   create: (body) => api("POST", "/api/pools", body),
 };
 
@@ -137,7 +137,7 @@ export function pool(name) {
     extend: (aid, size) => api("POST", `${id(aid)}/extend`, size),
     /** @param {number|string} aid */
     free: (aid) => api("DELETE", id(aid)),
-    /** @param {Object[]} ops app/schemas.py Op, run in order */
+    /** @param {Object[]} ops app/schemas/ops.py Op, run in order */
     batch: (ops, stopOnError = false) => api("POST", `${base}/ops`, { ops, stop_on_error: stopOnError }),
     /** @param {string} key @param {Size & {priority?: number, ttl_s?: number, pinned?: boolean}} body */
     put: (key, body) => api("PUT", entry(key), body),
@@ -149,7 +149,7 @@ export function pool(name) {
     evict: (key) => api("POST", `${entry(key)}/evict`),
     /** @param {string} policy */
     setPolicy: (policy) => api("PUT", `${base}/cache/policy`, { policy }),
-    /** @param {Object} spec app/schemas.py WorkloadIn */
+    /** @param {Object} spec app/schemas/workload.py WorkloadIn */
     startWorkload: (spec) => api("POST", `${base}/workload`, spec),
     stopWorkload: () => api("DELETE", `${base}/workload`),
     /** A prefix-caching pool's block: refcount, hash, depth, hits (the tooltip). @param {number} b */

@@ -9,10 +9,13 @@ from hypothesis import strategies as st
 from routing_util import FakeCluster, request
 
 from allocator import InvalidRequest
+from allocator.vocab import ROUTING_POLICIES, ROUTING_ROUTERS
 from workloads.routing import check_policies, make_policy, policy_names
 from workloads.routing.dynamo import DynamoKv
 from workloads.routing.llmd import LlmdPrecise, prefix_scores, queue_scores
 from workloads.routing.policies import softmax_pick
+from workloads.routing.real import ROUTERS
+from workloads.routing.registry import BUILDERS
 from workloads.routing.sglang import CHARS_PER_TOKEN, VARIANTS, ApproxTree, CacheAware
 from workloads.routing.vllm_kv import VllmKvAware, credited_blocks
 
@@ -365,6 +368,20 @@ def test_vllm_kv_aware_keeps_pending_work_of_what_is_in_flight(steps):
             loads[q] -= 1
             p.finished(j, q)
         assert p.pending == [sum(w for q, w in live.values() if q == k) for k in range(3)]
+
+
+def test_the_registry_builds_exactly_the_vocabularys_policies_in_its_order():
+    assert tuple(BUILDERS) == ROUTING_POLICIES
+    assert policy_names() == list(ROUTING_POLICIES)
+    for name in ROUTING_POLICIES:
+        policy = make_policy(name, 3)
+        assert policy.name == name and policy.n == 3
+
+
+def test_the_vocabularys_routers_are_the_real_routers_and_vllm_routers_kv_mode():
+    assert set(ROUTING_ROUTERS) == set(ROUTERS) | {"vllm-kv"}
+    assert ROUTERS["vllm"].kv_model == "vllm_kv_aware" and ROUTERS["vllm"].kv_model in ROUTING_POLICIES
+    assert {kind.model for kind in ROUTERS.values()} <= set(ROUTING_POLICIES)
 
 
 def test_unknown_policy_names_the_choices():
