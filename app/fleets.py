@@ -25,7 +25,9 @@ from .mirrors import LoopApplier
 
 log = logging.getLogger("kvscope.fleet")
 MAX_FLEETS = 16
-MAX_TOTAL_ENGINES = 256  # each engine is a subscriber thread and a socket
+# Endpoints a server follows: each is a SUB socket and a monitor's pair of sockets (ZeroMQ's
+# context holds 1,023 sockets by default), read by its fleet's one receiver thread.
+MAX_TOTAL_ENGINES = 256
 
 
 class FleetHandle:

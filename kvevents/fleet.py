@@ -434,8 +434,10 @@ class Fleet:
                 "listen": None if self.listener is None else self.listener.describe(),
                 "nats": None if self.nats is None else self.nats.describe(),
                 "recent_chains": self.recent_chains(),
+                "apply": self.submit.figures() if hasattr(self.submit, "figures") else None,
                 "block_map": {"version": self.block_map.version, "cycles": self.block_map.cycles,
-                              "computations": self.block_map.computations}}
+                              "computations": self.block_map.computations,
+                              "longest_snapshot_ms": round(self.block_map.longest_snapshot_s * 1000, 2)}}
 
     def summary(self) -> dict:
         return {"name": self.name, "engines": len(self.index.engines),
@@ -596,6 +598,7 @@ class BlockMap:
         self.cycles = 0
         self.inflight = None  # the computation under way (the server's task)
         self.computations = 0
+        self.longest_snapshot_s = 0.0  # CPU time of the longest snapshot (taken on the loop)
         self._snap = None
 
     def current(self, index: FleetIndex) -> bool:
@@ -610,7 +613,9 @@ class BlockMap:
     def snapshot(self, index: FleetIndex) -> tuple:
         """What `compute` needs: call where changes run, never while a computation is under way
         (its arrays are reused)."""
+        cpu0 = time.thread_time()
         self._snap = index.snapshot(self._snap)
+        self.longest_snapshot_s = max(self.longest_snapshot_s, time.thread_time() - cpu0)
         names = {info.eid: name for name, info in index.engines.items()}
         return index.version(), self._snap, names
 
