@@ -401,6 +401,7 @@ class Fleet:
     def engines(self) -> list[dict]:
         out = []
         by_server = {n: link for link in self.links.values() for n in link.ranks.values()}
+        healths: dict = {}  # one link's health for all its ranks' rows
         for name, info in self.index.engines.items():
             link = by_server.get(name)
             spec = link.spec if link is not None else None
@@ -413,7 +414,7 @@ class Fleet:
                    **self.index.engine_stats(name)}
             if spec is not None and spec.wire == "dynamo":
                 _dynamo_row(row, spec)
-            row["stream"] = link.health() if link is not None else {"state": "recorded"}
+            row["stream"] = _health_of(link, healths)
             poller = link.poller if link is not None and spec.name == name else None
             row["metrics"] = _engine_metrics(poller)
             cyc = row["parent_cycles"] = self.block_map.cycle_blocks.get(name, 0)
@@ -533,6 +534,15 @@ class Fleet:
         n += sum(link.alive() for link in self.links.values())
         n += sum(source.alive() for source in self.sources())
         return n + self._monitor_thread.is_alive() + self.receiver.alive()
+
+
+def _health_of(link: EngineLink | None, healths: dict) -> dict:
+    if link is None:
+        return {"state": "recorded"}
+    out = healths.get(id(link))
+    if out is None:
+        out = healths[id(link)] = link.health()
+    return dict(out)
 
 
 def _dynamo_row(row: dict, spec: EngineSpec) -> None:

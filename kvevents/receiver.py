@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 
 DRAIN = 64  # messages read from one socket before the next socket's turn
 POLL_MS = 100  # how often the thread looks at its queue when no message comes
+# After a turn that read messages the thread waits this long before polling again, so the
+# messages that trickle in meanwhile are read in one turn, not one poll (and one GIL hand-over)
+# each: at 20,000 batches a second that halves the server's CPU per batch, for at most this
+# much more lag.
+COALESCE_S = 0.002
 
 
 class Receiver:
@@ -97,12 +102,14 @@ class Receiver:
                 except zmq.ZMQError:
                     time.sleep(0.01)
                     continue
-                if ready:
-                    self.turns += 1
+                if not ready:
+                    continue
+                self.turns += 1
                 for sock, _ in ready:
                     sub = subs.get(sock)
                     if sub is not None:
                         self._read(sock, sub, poller, subs)
+                self._stop.wait(COALESCE_S)
         finally:
             with self._lock:
                 self._done = True
