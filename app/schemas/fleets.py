@@ -85,12 +85,6 @@ class FleetCreate(Strict):
         "the most engines the fleet takes (default and at most "
         f"{MAX_FLEET_ENGINES}); a listening fleet refuses pods past it"))] | None = None
 
-    @model_validator(mode="after")
-    def _some(self):
-        if not self.engines and self.listen is None and self.nats is None:
-            raise ValueError("give 'engines', 'listen' or 'nats' (or several)")
-        return self
-
 
 class MatchIn(Strict):
     """A prompt's token ids, a chain of one engine's own block hashes, or the chain down to an

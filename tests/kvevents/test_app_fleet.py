@@ -148,7 +148,7 @@ def test_bad_fleet_input_is_refused_and_changes_nothing(tmp_path):
                          "invalid_request")
         assert "1024" in e["message"]
         # malformed bodies
-        for body in ({"name": "g", "engines": []},
+        for body in ({"name": "g", "engines": {}},
                      {"name": "Bad Name", "engines": [{"name": "a", "endpoint": ep}]},
                      {"name": "g", "engines": [{"name": "a", "endpoint": "http://x"}]},
                      {"name": "g", "engines": [{"name": "a", "endpoint": "tcp://h:99999"}]},

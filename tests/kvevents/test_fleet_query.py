@@ -164,6 +164,45 @@ def live(ipc):
     pub.close()
 
 
+def test_a_fleet_made_empty_takes_its_workers_from_register_calls(ipc):
+    """What a script written for Dynamo's indexer does: start it empty, `/register` the workers,
+    `/query`; `/unregister` takes one away again and the fleet is empty once more."""
+    pubs = [Publisher(ipc(f"w{i}"), bind=True, topic="kv") for i in range(2)]
+    tokens = list(range(300, 300 + 2 * BS))
+    with make_client() as client:
+        r = client.post("/api/fleets", json={"name": "dyn"})
+        assert r.status_code == 201, r.text
+        assert client.get("/api/fleets/dyn").json()["engines"] == []
+        base = "/api/fleets/dyn/dynamo"
+        assert client.get(base + "/workers").json() == []
+        for i, pub in enumerate(pubs):
+            body = {"instance_id": 10 + i, "endpoint": pub.endpoint, "model_name": "m", "block_size": BS}
+            r = client.post(base + "/register", json=body)
+            assert r.status_code == 201 and r.json() == {"status": "ok"}, r.text
+
+        def rows():
+            return {e["name"]: e for e in client.get("/api/fleets/dyn").json()["engines"]}
+
+        def connected():
+            for pub in pubs:
+                pub.publish([])
+            return all(e["stream"]["last_seq"] is not None for e in rows().values())
+        wait_for(connected, what="both workers connected")
+        pubs[0].publish([Stored([1, 2], None, tokens, BS, "GPU")])
+        pubs[1].publish([Stored([5], None, tokens[:BS], BS, "GPU")])
+        wait_for(lambda: [rows()[n]["cached_blocks"] for n in ("10", "11")] == [2, 1], what="stored")
+        r = client.post(base + "/query", json={"token_ids": tokens, "model_name": "m"})
+        assert r.json()["scores"] == {"10": {"0": 2 * BS}, "11": {"0": BS}}, r.text
+        assert [w["instance_id"] for w in client.get(base + "/workers").json()] == [10, 11]
+        for i in range(2):
+            r = client.post(base + "/unregister", json={"instance_id": 10 + i, "model_name": "m"})
+            assert r.status_code == 200, r.text
+        assert client.get("/api/fleets/dyn").json()["engines"] == []
+        assert client.get(base + "/workers").json() == []
+    for pub in pubs:
+        pub.close()
+
+
 def test_the_routes_answer_in_tokens_and_refuse_bad_input(live):
     client, tokens = live
     base = "/api/fleets/f/dynamo"
