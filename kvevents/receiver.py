@@ -1,8 +1,8 @@
 """Receiver: one thread reading many subscribers' SUB sockets.
 
 A fleet of hundreds of engines given as endpoints has a SUB socket per endpoint. A thread per
-socket makes every batch two GIL hand-overs between hundreds of threads (at 1,024 engines that
-costs several times the batch's own work); one thread polling all the sockets reads each ready
+socket makes every batch two GIL hand-overs between hundreds of threads (costing more than the
+batch's own work: `python -m bench fleet`); one thread polling all the sockets reads each ready
 socket until it is empty (at most DRAIN messages a turn, so one busy engine cannot starve the
 others) and hands every message to its subscriber, in the order the socket holds them.
 
@@ -33,8 +33,7 @@ DRAIN = 64  # messages read from one socket before the next socket's turn
 POLL_MS = 100  # how often the thread looks at its queue when no message comes
 # After a turn that read messages the thread waits this long before polling again, so the
 # messages that trickle in meanwhile are read in one turn, not one poll (and one GIL hand-over)
-# each: at 20,000 batches a second that halves the server's CPU per batch, for at most this
-# much more lag.
+# each, for at most this much more lag.
 COALESCE_S = 0.002
 
 

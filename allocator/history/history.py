@@ -14,10 +14,10 @@ from .view import HistoryView
 DEFAULT_HISTORY_BYTES = 64 << 20
 # Events between keyframes: EVENTS_PER_KEYFRAME_BLOCK per block of the pool (one per four blocks
 # for Python-recorded strategies), at least one ring's worth, at most KEYFRAME_EVENTS. A
-# keyframe costs ~5 ns per block of the pages that changed since the previous one (zlib level
-# 1; unchanged pages are shared); a read replays up to one interval: ~20 ns per compiled event
-# (allocate, free, put, evict), ~1 us per Python-recorded one. 4 events per block keeps a small
-# pool's keyframes near 1 ns an event; the cap keeps a read within ~100 ms.
+# keyframe compresses the pages that changed since the previous one (zlib level 1; unchanged
+# pages are shared); a read replays up to one interval of events. Scaling the interval with the
+# pool keeps a keyframe's cost small per event; the cap bounds a read's replay
+# (`python -m bench history` measures both).
 KEYFRAME_EVENTS = 131_072
 EVENTS_PER_KEYFRAME_BLOCK = 4
 
@@ -29,7 +29,7 @@ class History:
 
     The pool's EventLog ring holds the newest events; before it would drop one, the log calls
     `spill()`, which takes the ring's unconsumed events as compact columns into a `Segment`
-    (EventRing.export: ~20 ns an event, no Python object per compiled event) and, every
+    (EventRing.export: no Python object per compiled event) and, every
     `keyframe_every` events, snapshots the live block map and counters as a `Keyframe` (only
     the pages that changed since the previous one are compressed). The hot path pays one
     comparison per event; the rest is amortised.
@@ -49,8 +49,8 @@ class History:
         self.pool = pool
         self.page_blocks = page_blocks
         self.max_bytes = max_bytes
-        # Events recorded from Python (contiguous, tiered) replay ~50x slower than compiled
-        # ones: keyframes four times as often keep their reads as fast.
+        # Events recorded from Python (contiguous, tiered) replay far slower than compiled
+        # ones: keyframes four times as often keep their reads about as fast.
         span = (pool.num_blocks * EVENTS_PER_KEYFRAME_BLOCK if hasattr(type(pool), "_core")
                 else pool.num_blocks // 4)
         self.keyframe_every = keyframe_every or max(pool.events.capacity, min(KEYFRAME_EVENTS, span))
@@ -257,7 +257,7 @@ def pool_geometry(pool) -> dict:
 
 
 def _packable_values(values: tuple) -> tuple:
-    """One event's values with ranges as (start, stop) (a range pickles ~30x slower)."""
+    """One event's values with ranges as (start, stop) (a range pickles far slower)."""
     if range in map(type, values):
         return tuple((v.start, v.stop) if v.__class__ is range else v for v in values)
     return values

@@ -34,7 +34,8 @@ def check_pickle(blob, refs: bool = True) -> None:
     """Raises pickle.UnpicklingError unless `blob` is bytes whose every opcode is whole: each
     frame, bytes and string it declares fits in what is left of it. The C unpickler allocates
     a declared size before reading it (a 2^50-byte BINBYTES8 is a MemoryError, a 2^63-byte
-    frame an OverflowError); this walk allocates at most the blob's own size. ~1 us an opcode.
+    frame an OverflowError); this walk allocates at most the blob's own size, in time linear
+    in its opcodes.
     `refs` False: no object may be used twice (segments are written without a memo; a list
     of lists each holding the one before twice is 2^depth elements to whoever walks it)."""
     if blob.__class__ is not bytes:

@@ -6,8 +6,8 @@ from ..errors import InvalidRequest
 from .columns import TS
 from .view import HistoryView, stats_of
 
-# At most this many points per series: a point costs one stats_of (a pass over the map, ~1 ms
-# at 65,536 blocks), and a chart a few hundred pixels wide shows no more.
+# At most this many points per series: a point costs one stats_of (a pass over the map), and a
+# chart a few hundred pixels wide shows no more.
 MAX_POINTS = 2000
 DEFAULT_POINTS = 300
 # Per point: seq and ts of its event, then Pool.stats() figures, then event counts since the

@@ -10,14 +10,14 @@ from .._core import EventRing
 from ..vocab import EVENT_FIELDS  # field names of each kind, after the common (seq, ts, type)
 
 # Fields holding block ids. Stored in the cheapest form that packs fast
-# (allocator/history/ pickles events; arrays and ranges pickle ~30x slower than bytes):
+# (allocator/history/ pickles events; arrays and ranges pickle far slower than bytes):
 # an int for one block, bytes of native int32 ids, a list of ints, a range, or (start, stop) for
 # a range once packed.
 # `after()` hands out plain lists.
 BLOCK_FIELDS = frozenset(("block_ids", "freed_ids", "shared_ids", "cached_ids", "used_ids"))
 # A prefix-caching pool's core records the id, hash and token runs of its prefix events as native
 # bytes (array typecodes here: int32 block ids, uint64 hashes, int64 token ids), which it builds
-# from C and the history packs ~15x faster than lists; a mirror's are lists. Readers get lists.
+# from C and the history packs much faster than lists; a mirror's are lists. Readers get lists.
 PACKED_FIELDS = {"blocks": "i", "block_hashes": "Q", "token_ids": "q"}
 PACKED_KINDS = frozenset(("stored", "removed", "cleared", "open", "append", "close"))
 NEVER = 1 << 62
