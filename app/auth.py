@@ -1,4 +1,4 @@
-"""Bearer-token auth: when `KVSCOPE_TOKEN` is set (or generated, app/cli.py), every request to
+"""Bearer-token auth: when `KVSCOPE_TOKEN` is set (or generated, app/cli/serve.py), every request to
 `/api/...` and `/ws/...` needs it; only the pages, `/healthz`, `/metrics` and the static files
 stay open (`PUBLIC_PATHS`). Checked by app/security.py for every route, so a new route is gated
 unless it is added here on purpose (tests/app/test_api_auth.py enumerates the router).

@@ -7,7 +7,7 @@
 - malformed HTTP (a bad request line, headers over the size cap) answered with the one JSON
   error shape (app/errors.py) instead of uvicorn's plain text.
 
-Passed to uvicorn as `http=KVScopeH11Protocol` by app/cli.py.
+Passed to uvicorn as `http=KVScopeH11Protocol` by app/cli/serve.py.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class KVScopeH11Protocol(H11Protocol):
         self.transport.close()
 
 
-# How `kvscope serve` runs uvicorn (app/cli.py), beside host, port and log level.
+# How `kvscope serve` runs uvicorn (app/cli/serve.py), beside host, port and log level.
 SERVER_OPTIONS = dict(
     ws_per_message_deflate=False,
     http=KVScopeH11Protocol,  # request-head timeout, JSON answer to malformed HTTP

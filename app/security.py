@@ -61,7 +61,7 @@ SECURITY_HEADERS = (
 JSON = "application/json"
 # Sec-Fetch-Site values that do not say "another site sent this" (absent: not a browser).
 FIRST_PARTY_FETCH_SITES = frozenset({"same-origin", "none"})
-MAX_HEADER_BYTES = 16 * 1024  # as uvicorn's h11_max_incomplete_event_size (app/cli.py)
+MAX_HEADER_BYTES = 16 * 1024  # as uvicorn's h11_max_incomplete_event_size (app/http_protocol.py)
 
 
 def hostname_of(host: str) -> str:

@@ -90,7 +90,7 @@ class Settings:
     stream_interval_s: float = 0.05
     # Security (app/security.py): hosts and origins besides the server's own; "*" allows any.
     # None means "derive from `host`": loopback names, plus any name when listening on all
-    # interfaces (a token is then generated unless one is set; app/cli.py).
+    # interfaces (a token is then generated unless one is set; app/cli/serve.py).
     allowed_hosts: tuple[str, ...] | None = None
     allowed_origins: tuple[str, ...] = ()
     # Sum of all pools' bytes; 0 = a fraction of the default device's memory (total_pool_cap).

@@ -1,54 +1,40 @@
-"""`kvscope mirror` (the dashboard on a live engine's prefix cache) and `kvscope recording` (a
-recorded event stream, summarised or played back on the dashboard)."""
+"""`kvscope mirror` (the dashboard on a live engine's prefix cache), `kvscope recording` (a
+recorded event stream, summarised or played back on the dashboard) and `kvscope prefix --publish`
+(a Mooncake trace as a live KV-event source)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import gc
 import json
 import sys
 
+import zmq
+from pydantic import ValidationError
 
-def serve_dashboard(prog: str, args, startup, query: str) -> int:
-    """Serve the dashboard on args.host/args.port holding `startup` (app/services.py `Startup`:
-    the pools and fleets it shows), and print the page's address with `query` (`?pool=engine`)."""
-    import uvicorn
+from allocator import create_pool
+from allocator.errors import InvalidRequest
+from allocator.prefix.mirror import MirrorPool
+from kvevents.codec import WireError
+from kvevents.engine_metrics import MetricsError, num_gpu_blocks
+from kvevents.pool_publisher import PoolPublisher
+from kvevents.recording import HISTORY_SUFFIX, SUFFIX, read, replay_into
+from kvevents.trace_source import run_live_source
 
-    from .main import create_app
-    from .settings import SettingsError, get_settings
+from ..schemas import PoolCreate
+from ..services import Startup
+from .dashboard import serve_dashboard, server_args
 
-    try:
-        settings = get_settings()
-    except SettingsError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
-    settings = dataclasses.replace(settings, host=args.host or settings.host,
-                                   port=args.port or settings.port)
-    app = create_app(settings, startup)
-    print(f"{prog}: dashboard at http://{settings.host}:{settings.port}/{query}", flush=True)
-    gc.freeze()
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
-                ws_per_message_deflate=False)
-    return 0
+try:
+    from workloads.mooncake import load_mooncake
+except ImportError:  # a build without the trace reader: `prefix --publish` says so
+    load_mooncake = None
 
 
 def _serve(prog: str, args, pools: list) -> int:
-    from .services import Startup
-
     return serve_dashboard(prog, args, Startup(pools=pools), f"?pool={pools[0][0]['name']}")
 
 
-def _server_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default=None, help="listen address (default: KVSCOPE_HOST, 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="listen port (default: KVSCOPE_PORT, 8000)")
-    p.add_argument("--log-level", default="warning")
-    p.add_argument("--name", default=None, help="the pool's name on the page")
-
-
 def mirror_main(argv: list[str]) -> int:
-    from kvevents.recording import HISTORY_SUFFIX, SUFFIX
-
     p = argparse.ArgumentParser(
         prog="kvscope mirror",
         description="Serve the dashboard on a live vLLM / SGLang engine's prefix cache, followed "
@@ -60,7 +46,7 @@ def mirror_main(argv: list[str]) -> int:
     p.add_argument("--metrics-url", help="the engine's /metrics (num_gpu_blocks, KV usage, hit ratio)")
     p.add_argument("--record", metavar="FILE", help="also record every batch applied to FILE, a KV-event "
                    "recording (name it .kvevents; .kvrec is the pool history recordings' suffix)")
-    _server_args(p)
+    server_args(p)
     args = p.parse_args(argv)
     if args.num_blocks is None and not args.metrics_url:
         p.error("give --num-blocks, or --metrics-url to read num_gpu_blocks from the engine")
@@ -75,8 +61,6 @@ def mirror_main(argv: list[str]) -> int:
                 f"(kvscope record / kvscope open); name a KV-event recording {SUFFIX}")
     spec["mirror"] = {k: v for k, v in spec["mirror"].items() if v is not None}
     if args.num_blocks is None:  # read it now: a bad URL is one line here, not a failed startup
-        from kvevents.engine_metrics import MetricsError, num_gpu_blocks
-
         try:
             spec["num_blocks"] = num_gpu_blocks(args.metrics_url)
         except MetricsError as exc:
@@ -88,10 +72,6 @@ def mirror_main(argv: list[str]) -> int:
 
 def _check(spec: dict) -> str | None:
     """The REST schema's verdict on a CLI-built spec (one message), or None."""
-    from pydantic import ValidationError
-
-    from .schemas import PoolCreate
-
     def pruned(d: dict) -> dict:
         return {k: pruned(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
 
@@ -101,35 +81,6 @@ def _check(spec: dict) -> str | None:
         e = exc.errors()[0]
         return f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
     return None
-
-
-def default_publish_spec(settings, args) -> dict:
-    """The `default` pool of `kvscope serve --publish`: paged with prefix caching (LRU, 16-token
-    blocks), publishing its stored / removed / cleared events. Raises ValueError (one line)."""
-    import inspect
-
-    from allocator import PoolSpec
-
-    from .main import default_pool_spec
-
-    if "prefix_caching" not in inspect.signature(PoolSpec.parse).parameters:
-        raise ValueError("--publish needs the allocator's prefix caching, which this build lacks")
-    spec = default_pool_spec(settings)
-    spec.pop("cache", None)
-    spec.update(prefix_caching={"policy": "lru"}, tokens_per_block=16,
-                publish={"endpoint": args.publish, "topic": args.publish_topic,
-                         "replay_endpoint": args.publish_replay_endpoint})
-    spec["publish"] = {k: v for k, v in spec["publish"].items() if v is not None}
-    from pydantic import ValidationError
-
-    from .schemas import PublishSpec
-
-    try:
-        PublishSpec.model_validate(spec["publish"])
-    except ValidationError as exc:
-        e = exc.errors()[0]
-        raise ValueError(f"--publish: {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
-    return spec
 
 
 def prefix_publish_main(argv: list[str]) -> int:
@@ -152,19 +103,9 @@ def prefix_publish_main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.speed < 0 or args.capacity_tokens <= 0 or args.tokens_per_block <= 0:
         p.error("--speed must be >= 0, --capacity-tokens and --tokens-per-block positive")
-    from allocator.errors import InvalidRequest
-
-    try:
-        from workloads.mooncake import load_mooncake
-    except ImportError:
+    if load_mooncake is None:
         print("kvscope prefix --publish: this build has no Mooncake trace reader", file=sys.stderr)
         return 2
-    import zmq
-
-    from allocator import create_pool
-    from kvevents.pool_publisher import PoolPublisher
-    from kvevents.trace_source import run_live_source
-
     tpb = args.tokens_per_block
     try:
         trace = load_mooncake(args.trace, limit=args.limit)
@@ -207,8 +148,6 @@ def prefix_publish_main(argv: list[str]) -> int:
 
 
 def recording_main(argv: list[str]) -> int:
-    from kvevents.recording import HISTORY_SUFFIX, SUFFIX
-
     p = argparse.ArgumentParser(
         prog="kvscope recording",
         description="Summarise a recording made by `kvscope mirror --record` (blocks cached at "
@@ -220,12 +159,8 @@ def recording_main(argv: list[str]) -> int:
     p.add_argument("--serve", action="store_true", help="play it back on the dashboard")
     p.add_argument("--speed", type=float, default=None,
                    help="with --serve: times real time (default: as fast as it goes)")
-    _server_args(p)
+    server_args(p)
     args = p.parse_args(argv)
-    from allocator.errors import InvalidRequest
-    from kvevents.codec import WireError
-    from kvevents.recording import read
-
     if args.num_blocks <= 0 or (args.speed is not None and args.speed <= 0):
         p.error("--num-blocks and --speed must be positive")
     try:
@@ -237,9 +172,6 @@ def recording_main(argv: list[str]) -> int:
         spec = {"name": args.name or "recording", "strategy": "mirror", "num_blocks": args.num_blocks}
         return _serve("kvscope recording", args,
                       [(spec, {"playback": args.file, "speed": args.speed})])
-    from allocator.prefix.mirror import MirrorPool
-    from kvevents.recording import replay_into
-
     try:
         pool = MirrorPool(args.num_blocks, name="recording", device="cpu")
         counts = replay_into(args.file, pool)

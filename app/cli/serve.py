@@ -1,25 +1,40 @@
-"""`kvscope serve | replay | scenario | prefix | mirror | recording | demo | engines-env | sim-engines`."""
+"""`kvscope serve` (the server) and `kvscope open FILE...` (recording files served read-only)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
+import inspect
+import secrets
 import sys
+
+import uvicorn
+from pydantic import ValidationError
+
+from allocator import PoolSpec
+from allocator.errors import KVScopeError
+from allocator.history.recording import read_recording
+
+from ..http_protocol import SERVER_OPTIONS, KVScopeH11Protocol
+from ..main import create_app, default_pool_spec
+from ..schemas import PublishSpec
+from ..security import WILDCARD_BINDS, is_loopback_bind
+from ..services import Startup
+from ..settings import SettingsError, check_device, get_settings
+from .fleet import FILE_HELP, load_fleet_file
+
+
+def serve_main(argv: list[str]) -> int:
+    return serve(argv)
+
+
+def open_main(argv: list[str]) -> int:
+    return serve(argv, opening=True)
 
 
 def serve(argv: list[str], opening: bool = False) -> int:
     """`kvscope serve`, or with `opening`, `kvscope open FILE...` (the files served read-only)."""
-    import dataclasses
-    import secrets
-
-    import uvicorn
-
-    from .http_protocol import SERVER_OPTIONS, KVScopeH11Protocol
-    from .main import create_app
-    from .security import WILDCARD_BINDS, is_loopback_bind
-    from .services import Startup
-    from .settings import SettingsError, check_device, get_settings
-
     try:
         settings = get_settings()
     except SettingsError as exc:
@@ -45,14 +60,10 @@ def serve(argv: list[str], opening: bool = False) -> int:
     parser.add_argument("--publish-replay-endpoint", metavar="ENDPOINT", help="its replay socket (e.g. tcp://*:5558)")
     parser.add_argument("--publish-topic", default="", help="its topic")
     if not opening:
-        from .cli_fleet import FILE_HELP
-
         parser.add_argument("--fleet", metavar="FILE.json", help="start with a fleet: " + FILE_HELP)
     args = parser.parse_args(argv)
     startup_fleets = []
     if getattr(args, "fleet", None):
-        from .cli_fleet import load_fleet_file
-
         try:
             name, engines, options = load_fleet_file(args.fleet)
         except ValueError as exc:
@@ -64,9 +75,6 @@ def serve(argv: list[str], opening: bool = False) -> int:
     device = settings.device if args.device is None else args.device
     settings = dataclasses.replace(settings, host=args.host, port=args.port, device=device)
     if opening:
-        from allocator.errors import KVScopeError
-        from allocator.history.recording import read_recording
-
         for path in args.files:
             try:
                 read_recording(path)
@@ -90,8 +98,6 @@ def serve(argv: list[str], opening: bool = False) -> int:
         return 2
     startup = Startup(fleets=startup_fleets)
     if args.publish is not None:
-        from .cli_events import default_publish_spec
-
         try:
             startup.pools = [(default_publish_spec(settings, args), {})]
         except ValueError as exc:
@@ -107,76 +113,20 @@ def serve(argv: list[str], opening: bool = False) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    usage = ("usage: kvscope {serve,open,record,replay,scenario,prefix,route,mirror,fleet,recording,demo,"
-             "engines-env,sim-engines} [options]\n"
-             "  serve      run the server: dashboard, REST API, stream, metrics (kvscope serve -h)\n"
-             "  open       serve pool history recordings (.kvrec) read-only, scrubbable in the dashboard"
-             " (kvscope open -h)\n"
-             "  record     run a scenario or trace headless on one pool, recording it to a .kvrec (kvscope record -h)\n"
-             "  replay     replay an LLM request trace through the serving simulator (kvscope replay -h)\n"
-             "  scenario   run a fragmentation / chat / burst / prefix-chat scenario (kvscope scenario -h)\n"
-             "  prefix     prefix-cache hit ratio vs capacity per policy on a Mooncake trace (kvscope prefix -h);\n"
-             "             with --publish ENDPOINT, the trace as a live KV-event source"
-             " (kvscope prefix --publish E -h)\n"
-             "  route      routing policies over N replicas: hit ratio vs load vs TTFT (kvscope route -h)\n"
-             "  mirror     the dashboard on a live vLLM/SGLang engine's prefix cache (kvscope mirror -h)\n"
-             "  fleet      the dashboard on many engines at once: one prefix index, duplication, matches"
-             " (kvscope fleet -h)\n"
-             "  recording  summarise or play back a mirror's KV-event recording, .kvevents (kvscope recording -h)\n"
-             "  demo       real vLLM CPU engines under a Mooncake trace, on the dashboard (kvscope demo -h)\n"
-             "  engines-env  build the engine environment the demo runs vLLM from (kvscope engines-env -h)\n"
-             "  sim-engines  simulated OpenAI engines, no GPU: prefix caches, /metrics, KV events"
-             " (kvscope sim-engines -h)")
-    if not argv or argv[0] in ("-h", "--help"):
-        print(usage)
-        return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    if command == "serve":
-        return serve(rest)
-    if command == "open":
-        return serve(rest, opening=True)
-    if command == "record":
-        from workloads.record import record_main
-
-        return record_main(rest)
-    if command == "prefix" and any(a == "--publish" or a.startswith("--publish=") for a in rest):
-        from . import cli_events
-
-        return int(cli_events.prefix_publish_main(rest))
-    if command == "route" and any(a == "--router" or a.startswith("--router=") for a in rest):
-        from .engines.router_run import router_main
-
-        return int(router_main(rest))
-    if command == "fleet":
-        from .cli_fleet import fleet_main
-
-        return int(fleet_main(rest))
-    if command in ("mirror", "recording"):
-        from . import cli_events
-
-        return int((cli_events.mirror_main if command == "mirror" else cli_events.recording_main)(rest))
-    if command == "demo":
-        from .engines.demo import demo_main
-
-        return int(demo_main(rest))
-    if command == "sim-engines":
-        from .engines.sim import main as sim_main
-
-        return int(sim_main(rest))
-    if command == "engines-env":
-        from .engines.build_env import main as engines_env_main
-
-        return int(engines_env_main(rest))
-    if command in ("replay", "scenario", "prefix", "route"):
-        from workloads import cli as workloads_cli  # imported only when used
-
-        run = getattr(workloads_cli, f"{command}_main")
-        return int(run(rest) or 0)
-    print(f"unknown command {command!r}\n{usage}", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def default_publish_spec(settings, args) -> dict:
+    """The `default` pool of `kvscope serve --publish`: paged with prefix caching (LRU, 16-token
+    blocks), publishing its stored / removed / cleared events. Raises ValueError (one line)."""
+    if "prefix_caching" not in inspect.signature(PoolSpec.parse).parameters:
+        raise ValueError("--publish needs the allocator's prefix caching, which this build lacks")
+    spec = default_pool_spec(settings)
+    spec.pop("cache", None)
+    spec.update(prefix_caching={"policy": "lru"}, tokens_per_block=16,
+                publish={"endpoint": args.publish, "topic": args.publish_topic,
+                         "replay_endpoint": args.publish_replay_endpoint})
+    spec["publish"] = {k: v for k, v in spec["publish"].items() if v is not None}
+    try:
+        PublishSpec.model_validate(spec["publish"])
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        raise ValueError(f"--publish: {'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+    return spec

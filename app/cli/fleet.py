@@ -1,8 +1,9 @@
 """`kvscope fleet ENDPOINT...` (the dashboard on many engines at once) and the `--fleet FILE`
 of `kvscope serve`.
 
-app/cli.py imports this module to build its parser (FILE_HELP), so what the commands need
-(the schemas, the fleet's sources, the server) is imported inside the function using it.
+`kvscope serve` imports this module to build its parser (FILE_HELP), and `kvscope fleet -h`
+answers without torch: what the commands need (the schemas, the fleet's sources, the server)
+is imported inside the function using it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ FILE_HELP = ('a JSON file {"name": "demo", "engines": [{"name": "e0", "endpoint"
 def load_fleet_file(path: str) -> tuple[str, list[dict], dict]:
     """A fleet file checked as the REST body is: its name, engines and the options of
     `Fleets.create` (`listen`, `max_engines`). Raises ValueError naming what to fix."""
-    from .schemas import FleetCreate  # lazy: torch-free CLI start
+    from ..schemas import FleetCreate  # lazy: torch-free CLI start
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -108,7 +109,7 @@ def fleet_main(argv: list[str]) -> int:
     if args.listen:
         from kvevents.listen import loopback_endpoint  # lazy: torch-free CLI start
 
-        from .schemas import ListenIn  # lazy: torch-free CLI start
+        from ..schemas import ListenIn  # lazy: torch-free CLI start
 
         try:
             listen = ListenIn.model_validate({
@@ -146,7 +147,7 @@ def fleet_main(argv: list[str]) -> int:
         if args.wire != "vllm":
             e["wire"] = args.wire
         engines.append(e)
-    from .schemas import FleetCreate  # lazy: torch-free CLI start
+    from ..schemas import FleetCreate  # lazy: torch-free CLI start
 
     try:
         FleetCreate.model_validate({"name": args.name, "engines": engines, "listen": listen,
@@ -182,8 +183,8 @@ def _nats_options(p, args, url: str) -> dict:
 
 def serve_with_fleet(prog: str, args, name: str, engines: list[dict], record: str | None,
                      options: dict | None = None) -> int:
-    from .cli_events import serve_dashboard  # lazy: torch-free CLI start
-    from .services import Startup  # lazy: as above
+    from .dashboard import serve_dashboard  # lazy: torch-free CLI start
+    from ..services import Startup  # lazy: as above
 
     startup = Startup(fleets=[(name, engines, {"record": record, **(options or {})})])
     return serve_dashboard(prog, args, startup, f"?fleet={name}")
