@@ -1,7 +1,7 @@
 """Typed errors of the allocator core.
 
 Every failure is an exception carrying plain values, never a sentinel return. The server maps
-them to HTTP statuses in one place (app/errors.py): NotFound -> 404, Conflict -> 409,
+them to HTTP statuses in one place (app/http/errors.py): NotFound -> 404, Conflict -> 409,
 InvalidRequest -> 422, TooLarge (ExceedsCapacity among them) -> 413, OutOfMemory -> 507.
 """
 

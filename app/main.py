@@ -12,11 +12,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from allocator.history.recording import RecordedPool
 
 from . import __version__
-from .errors import InternalErrorMiddleware, install_error_handlers
-from .head import HeadMiddleware
-from .limits import BodyLimitMiddleware
+from .http.errors import InternalErrorMiddleware, install_error_handlers
+from .http.head import HeadMiddleware
+from .http.limits import BodyLimitMiddleware
+from .http.openapi import install_openapi
+from .http.security import SecurityMiddleware
 from .metrics import LatencyMiddleware
-from .openapi import install_openapi
 from .pages import mount_static
 from .pages import router as pages_router
 from .recordings import pool_name_for
@@ -36,7 +37,6 @@ from .routes import (
     stream,
     workload,
 )
-from .security import SecurityMiddleware
 from .services import Services, Startup
 from .settings import Settings, get_settings
 
@@ -98,7 +98,7 @@ def create_app(settings: Settings | None = None, startup: Startup | None = None)
     services = app.state.services = Services.build(settings, startup)
     install_error_handlers(app)
     for router in API_ROUTERS:
-        app.include_router(router)  # the token: app/security.py, for every route at once
+        app.include_router(router)  # the token: app/http/security.py, for every route at once
     app.include_router(stream.router)
     app.include_router(pages_router)
     mount_static(app)

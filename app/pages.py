@@ -18,7 +18,7 @@ from workloads.routing import policy_names
 
 from . import __version__
 from .deps import services_of
-from .errors import ApiError
+from .http.errors import ApiError
 from .stream import META, PROTOCOL_VERSION
 
 # The policies the Routing view ticks at first: a baseline and the three engines' routers.

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from allocator.errors import Conflict, InvalidRequest
 
-from .errors import ApiError
+from .http.errors import ApiError
 from .recordings import Recordings
 from .registry import PoolHandle, Registry
 from .stream import Hub

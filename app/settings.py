@@ -88,7 +88,7 @@ class Settings:
     # allowed past max_body: a pool's history is tens of MiB (64 MiB budget by default).
     max_upload: int = 256 * MIB
     stream_interval_s: float = 0.05
-    # Security (app/security.py): hosts and origins besides the server's own; "*" allows any.
+    # Security (app/http/security.py): hosts and origins besides the server's own; "*" allows any.
     # None means "derive from `host`": loopback names, plus any name when listening on all
     # interfaces (a token is then generated unless one is set; app/cli/serve.py).
     allowed_hosts: tuple[str, ...] | None = None

@@ -16,10 +16,10 @@ from allocator import PoolSpec
 from allocator.errors import KVScopeError
 from allocator.history.recording import read_recording
 
-from ..http_protocol import SERVER_OPTIONS, KVScopeH11Protocol
+from ..http.protocol import SERVER_OPTIONS, KVScopeH11Protocol
+from ..http.security import WILDCARD_BINDS, is_loopback_bind
 from ..main import create_app, default_pool_spec
 from ..schemas import PublishSpec
-from ..security import WILDCARD_BINDS, is_loopback_bind
 from ..services import Startup
 from ..settings import SettingsError, check_device, get_settings
 from .fleet import FILE_HELP, load_fleet_file

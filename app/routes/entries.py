@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request, Response, status
 
 from .. import operations
-from ..auth import check_token
 from ..deps import CacheDep, EntryKey, UnlockedCacheDep, UnlockedPoolDep
+from ..http.auth import check_token
 from ..schemas import EntryList, EntryOut, EntryPut, PutOut
 
 router = APIRouter(prefix="/api/pools/{pool}/entries", tags=["entries"])

@@ -13,8 +13,8 @@ from allocator.history import HistoryView, map_runs
 from allocator.history.recording import RecordedPool
 from allocator.history.series import DEFAULT_POINTS, MAX_POINTS, history_series
 
-from ..auth import check_token
 from ..deps import PoolDep
+from ..http.auth import check_token
 
 router = APIRouter(prefix="/api/pools", tags=["history"])
 

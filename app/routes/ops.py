@@ -14,7 +14,7 @@ from fastapi import APIRouter, Response
 from allocator.errors import KVScopeError, TooLarge
 
 from ..deps import PoolDep, SettingsDep
-from ..errors import core_error_result
+from ..http.errors import core_error_result
 from ..operations import BATCH_OPS
 from ..schemas import BatchIn, BatchOut
 

@@ -14,7 +14,7 @@ from allocator.prefix.mirror import forest_of
 
 from .. import mirrors, operations
 from ..deps import CacheDep, HubDep, PoolDep, RegistryDep, run_locked, services_of
-from ..errors import ApiError
+from ..http.errors import ApiError
 from ..schemas import (
     BlockMapOut,
     CheckOut,

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from workloads.prefix_curve_data import CurveDataError, load_bundled_curve
 
-from ..errors import ApiError
+from ..http.errors import ApiError
 from ..schemas import PrefixCurveOut
 
 router = APIRouter(prefix="/api/prefix", tags=["prefix"])

@@ -6,8 +6,8 @@ from fastapi import APIRouter, Depends, Request, status
 from fastapi.responses import FileResponse
 
 from .. import recording_ops
-from ..auth import check_token
 from ..deps import HubDep, PoolDep, RecordingName, RecordingsDep, RegistryDep, SettingsDep
+from ..http.auth import check_token
 from ..schemas import RecordingOpen, RecordingStart
 
 router = APIRouter(tags=["recordings"])

@@ -1,6 +1,6 @@
 """WS /ws/pools/{pool}: hello, snapshot, then deltas, events, stats and order (docs/STREAM.md).
 
-Host, Origin and the token are checked before this runs (app/security.py). Here: the client
+Host, Origin and the token are checked before this runs (app/http/security.py). Here: the client
 caps (close 1013 with the reason when full) and the stall rule: a client whose socket stays
 unwritable for `stall_s` is dropped (close 1008), its queue released.
 """
@@ -16,7 +16,7 @@ import struct
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from ..deps import services_of
-from ..security import CLOSE_TOKEN_MISSING, CLOSE_TOKEN_WRONG  # noqa: F401  (re-exported)
+from ..http.security import CLOSE_TOKEN_MISSING, CLOSE_TOKEN_WRONG  # noqa: F401  (re-exported)
 from ..stream import Client, Hub, PoolStream
 
 router = APIRouter(tags=["stream"])
@@ -97,7 +97,7 @@ def drop(ws: WebSocket, stall_s: float) -> None:
 
     NOTE: a close frame cannot reach a peer that does not read: the websocket library would wait
     for its close timeout (10 s, then as long again for the TCP close) with the buffer full. So
-    the transport is aborted when the server exposes it (uvicorn: app/security.py puts it in
+    the transport is aborted when the server exposes it (uvicorn: app/http/security.py puts it in
     the scope); otherwise the close is left to run in the background."""
     transport = ws.scope.get("kvscope.transport")
     if transport is not None and hasattr(transport, "abort"):

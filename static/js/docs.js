@@ -1,5 +1,5 @@
 // /docs: starts the vendored Swagger UI. A module file, not an inline script: the server's CSP
-// (app/security.py) allows scripts from this origin only.
+// (app/http/security.py) allows scripts from this origin only.
 // A request with a body must say Content-Type: application/json (the server refuses anything a
 // cross-site form could send). Swagger UI sends no type for a bodiless POST, which the server
 // serves from this page as well; it gets the JSON type too, so the curl line Swagger shows for

@@ -8,7 +8,7 @@ from support.apputil import Server, make_client
 
 @pytest.fixture(autouse=True)
 def no_internal_errors(caplog):
-    """A request that hit a bug (answered 500 `internal` by app/errors.py, which logs it) fails
+    """A request that hit a bug (answered 500 `internal` by app/http/errors.py, which logs it) fails
     its test even when the test never looks at that answer: the middleware ends the exception,
     so TestClient no longer re-raises it. A test that causes one on purpose clears the log."""
     yield

@@ -11,7 +11,7 @@ from starlette.routing import Mount
 from starlette.websockets import WebSocketDisconnect
 from support.apputil import JSON, assert_error, make_client, state_of
 
-from app.routing_index import flat_routes
+from app.http.routing_index import flat_routes
 
 H = {"Authorization": "Bearer s3cret"}
 # Exactly what is answered without the token (method, path template).

@@ -7,8 +7,8 @@ import httpx
 import pytest
 from support.apputil import JSON, SMALL, LiveApp, assert_error
 
+from app.http.security import SecurityMiddleware
 from app.main import create_app
-from app.security import SecurityMiddleware
 from app.settings import Settings
 
 
@@ -66,7 +66,7 @@ def test_head_on_a_failing_route_is_a_500_without_a_body(live, caplog):
         get = c.get("/api/pools/default/stats")
         assert_error(get, 500, "internal")
         assert client_addr(get) == client_addr(head)
-    logged_bug(caplog, "GET", "/api/pools/default/stats")  # HEAD runs as GET (app/head.py)
+    logged_bug(caplog, "GET", "/api/pools/default/stats")  # HEAD runs as GET (app/http/head.py)
 
 
 def test_an_exception_inside_a_middleware_is_a_500_and_the_connection_stays_open(live, monkeypatch, caplog):

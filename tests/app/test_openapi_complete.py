@@ -1,4 +1,4 @@
-"""The OpenAPI description says what the server really does (app/openapi.py): every error
+"""The OpenAPI description says what the server really does (app/http/openapi.py): every error
 status with the one error shape, the exactly-one-of rules, the path key pattern, a JSON body on
 the POSTs without fields."""
 

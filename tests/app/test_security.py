@@ -1,4 +1,4 @@
-"""Cross-site protection (app/security.py): Host and Origin allow-lists, JSON on mutations so a
+"""Cross-site protection (app/http/security.py): Host and Origin allow-lists, JSON on mutations so a
 browser must preflight, security headers; HEAD and 405 Allow on every route."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from starlette.websockets import WebSocketDisconnect
 from support.apputil import JSON, Server, assert_error, make_client, state_of
 
-from app.security import allowed_hosts_for
+from app.http.security import allowed_hosts_for
 
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 EVIL = {"Origin": "http://evil.example"}

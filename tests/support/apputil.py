@@ -36,7 +36,7 @@ JSON = {"Content-Type": "application/json"}
 
 
 def make_client(**overrides) -> TestClient:
-    # A loopback Host, as a browser on this machine sends (app/security.py checks it).
+    # A loopback Host, as a browser on this machine sends (app/http/security.py checks it).
     return TestClient(create_app(Settings(**{**SMALL, **overrides})), base_url="http://localhost")
 
 
@@ -141,7 +141,7 @@ class LiveApp:
     def __enter__(self) -> LiveApp:
         import uvicorn
 
-        from app.http_protocol import SERVER_OPTIONS
+        from app.http.protocol import SERVER_OPTIONS
 
         for _ in range(3):  # the port is chosen before uvicorn binds it: another may take it
             self.port = free_port()

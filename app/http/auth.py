@@ -1,6 +1,6 @@
 """Bearer-token auth: when `KVSCOPE_TOKEN` is set (or generated, app/cli/serve.py), every request to
 `/api/...` and `/ws/...` needs it; only the pages, `/healthz`, `/metrics` and the static files
-stay open (`PUBLIC_PATHS`). Checked by app/security.py for every route, so a new route is gated
+stay open (`PUBLIC_PATHS`). Checked by app/http/security.py for every route, so a new route is gated
 unless it is added here on purpose (tests/app/test_api_auth.py enumerates the router).
 
 REST and websocket compare the token the same way (`token_problem`): surrounding whitespace is
@@ -14,7 +14,7 @@ import hmac
 
 from fastapi import Request
 
-from .deps import services_of
+from ..deps import services_of
 from .errors import ApiError
 
 MUTATING = frozenset({"POST", "PUT", "DELETE", "PATCH"})

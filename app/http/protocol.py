@@ -5,7 +5,7 @@
   completes, or headers trickled a byte at a time, cannot hold a socket for ever (uvicorn's
   keep-alive timer is cancelled by any byte received);
 - malformed HTTP (a bad request line, headers over the size cap) answered with the one JSON
-  error shape (app/errors.py) instead of uvicorn's plain text.
+  error shape (app/http/errors.py) instead of uvicorn's plain text.
 
 Passed to uvicorn as `http=KVScopeH11Protocol` by app/cli/serve.py.
 """

@@ -108,7 +108,7 @@ async def handle_validation(request: Request, exc: RequestValidationError) -> JS
 
 
 async def handle_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    # An ApiError raised while FastAPI reads the body (the body cap, app/limits.py, counting a
+    # An ApiError raised while FastAPI reads the body (the body cap, app/http/limits.py, counting a
     # chunked body) reaches here wrapped in FastAPI's 400: answer with the ApiError itself.
     if isinstance(exc.__cause__, ApiError):
         return await handle_api(request, exc.__cause__)
@@ -125,7 +125,7 @@ async def handle_http(request: Request, exc: StarletteHTTPException) -> JSONResp
 
 
 def allowed_methods(request: Request) -> list[str]:
-    """Every method some route answers on this path (HEAD with GET: app/head.py), sorted.
+    """Every method some route answers on this path (HEAD with GET: app/http/head.py), sorted.
     Starlette's own 405 names only the first route that matched the path."""
     path = request.url.path
     methods: set[str] = set()

@@ -1,7 +1,7 @@
 """The OpenAPI description, completed with what FastAPI cannot infer from the routes.
 
 - every error status a route can answer, each with the one error shape (`Error`), in place of
-  FastAPI's `HTTPValidationError` (the server never answers with it: app/errors.py);
+  FastAPI's `HTTPValidationError` (the server never answers with it: app/http/errors.py);
 - the "exactly one of" rules that pydantic checks in `model_validator`s, as `oneOf`;
 - the key pattern the server really accepts in a path (no '/', no U+FFFD);
 - a bearer security scheme on every gated route, so that /docs can send the token;
@@ -56,7 +56,7 @@ ALLOCATING = ("/allocations", "/entries/{key}", "/ops", "/workload", "/api/pools
 PATH_KEY_PATTERN = "^[^\\x00-\\x1f\\x7f-\\x9f/\\ufffd]{1,256}$"
 
 
-# A POST that takes no fields still declares JSON (app/security.py refuses a POST without it).
+# A POST that takes no fields still declares JSON (app/http/security.py refuses a POST without it).
 EMPTY_JSON_BODY = {
     "required": True,
     "description": "No fields: send `{}` (or no body) with `Content-Type: application/json`; a POST "

@@ -1,5 +1,5 @@
 """Every route of an app with its full path, for the checks that must cover all of them
-(media types in app/security.py, `Allow` on 405 in app/errors.py, the auth test).
+(media types in app/http/security.py, `Allow` on 405 in app/http/errors.py, the auth test).
 
 FastAPI >= 0.160 keeps an included router as one entry of `app.routes`; its routes with their
 prefixes come from `fastapi.routing._iter_included_route_candidates` (private, so guarded:

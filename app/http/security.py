@@ -23,7 +23,7 @@ present or future, gets it without naming it:
    page's Origin (refused by rule 2) and, in every current browser, `Sec-Fetch-Site:
    cross-site` or `same-site` (refused here with 415).
    (Checked after the token, so an unauthenticated caller learns nothing about routes.)
-4. The token (app/auth.py) on every path but the public ones; websockets get close 4401/4403.
+4. The token (app/http/auth.py) on every path but the public ones; websockets get close 4401/4403.
 5. Security headers on every HTTP answer: a CSP without inline scripts or styles,
    `X-Content-Type-Options`, `X-Frame-Options` and `frame-ancestors`, `Referrer-Policy`.
 """
@@ -61,7 +61,7 @@ SECURITY_HEADERS = (
 JSON = "application/json"
 # Sec-Fetch-Site values that do not say "another site sent this" (absent: not a browser).
 FIRST_PARTY_FETCH_SITES = frozenset({"same-origin", "none"})
-MAX_HEADER_BYTES = 16 * 1024  # as uvicorn's h11_max_incomplete_event_size (app/http_protocol.py)
+MAX_HEADER_BYTES = 16 * 1024  # as uvicorn's h11_max_incomplete_event_size (app/http/protocol.py)
 
 
 def hostname_of(host: str) -> str:
