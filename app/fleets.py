@@ -16,10 +16,12 @@ import threading
 import time
 
 from allocator.errors import Conflict, InvalidRequest, NotFound
+from kvevents.codec import WireError
 from kvevents.fleet import CLOSE_DEADLINE_S, SAMPLE_EVERY_S, EngineSpec, Fleet
 from kvevents.index import MAX_FLEET_ENGINES
 from kvevents.listen import ListenSpec
 from kvevents.nats_source import NatsAuth, NatsSpec
+from kvevents.recording import read_records
 
 from .mirrors import LoopApplier
 
@@ -129,9 +131,6 @@ class Fleets:
         engines, an unusable endpoint, a file that is not a recording); then nothing was
         started."""
         if play is not None:
-            from kvevents.codec import WireError
-            from kvevents.recording import read_records
-
             try:
                 next(iter(read_records(play)), None)
             except (OSError, WireError) as exc:

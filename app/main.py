@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from allocator import resolve_device
 from allocator.history.recording import RecordedPool
 
 from . import __version__
@@ -18,6 +19,7 @@ from .http.limits import BodyLimitMiddleware
 from .http.openapi import install_openapi
 from .http.security import SecurityMiddleware
 from .metrics import LatencyMiddleware
+from .mirrors import start_pool
 from .pages import mount_static
 from .pages import router as pages_router
 from .recordings import pool_name_for
@@ -46,8 +48,6 @@ API_ROUTERS = (pools.router, allocations.router, entries.router, ops.router, wor
 
 
 def default_pool_spec(settings: Settings) -> dict:
-    from allocator import resolve_device
-
     device = str(resolve_device(settings.device))
     blocks = settings.default_pool_blocks(device)
     return {"name": "default", "strategy": "paged", "num_blocks": blocks,
@@ -60,8 +60,6 @@ async def lifespan(app: FastAPI):
     services: Services = app.state.services
     registry, hub, startup = services.registry, services.hub, services.startup
     if startup.pools is not None:  # `kvscope mirror | recording`, `serve --publish`
-        from .mirrors import start_pool
-
         for spec, options in startup.pools:
             await start_pool(registry, hub, spec, **options)
     elif "default" not in registry:

@@ -11,7 +11,13 @@ import threading
 import time
 from collections import deque
 
+import zmq
+
 from allocator.errors import Conflict, InvalidRequest
+from kvevents.engine_metrics import MetricsError, num_gpu_blocks
+from kvevents.link import MirrorLink
+from kvevents.pool_publisher import PoolPublisher
+from kvevents.recording import read, replay_into
 
 log = logging.getLogger("kvscope.mirror")
 PUBLISH_EVERY_S = 0.02
@@ -110,10 +116,6 @@ class PublishLink:
     """A PoolPublisher flushed by a task on the event loop every PUBLISH_EVERY_S."""
 
     def __init__(self, pool, spec: dict) -> None:
-        import zmq
-
-        from kvevents.pool_publisher import PoolPublisher
-
         try:
             self.publisher = PoolPublisher(pool, spec["endpoint"], topic=spec.get("topic") or "",
                                            replay_endpoint=spec.get("replay_endpoint"))
@@ -154,8 +156,6 @@ class PlaybackLink:
     `speed` times real time (None: as fast as it goes), through the loop applier."""
 
     def __init__(self, handle, path: str, speed: float | None) -> None:
-        from kvevents.recording import read
-
         next(iter(read(path)), None)  # a file that is not a recording fails here, in one line
         self.path, self.speed = path, speed
         self.progress: dict = {}
@@ -169,8 +169,6 @@ class PlaybackLink:
         self._thread.start()
 
     def _run(self, pool, applier) -> None:
-        from kvevents.recording import replay_into
-
         try:
             replay_into(self.path, pool, self.speed, apply=applier, stop=self._stop,
                         progress=self.progress)
@@ -213,7 +211,6 @@ async def resolve(spec: dict) -> dict:
     InvalidRequest naming the URL when it cannot be read."""
     if spec.get("strategy") != "mirror" or spec.get("num_blocks") is not None:
         return spec
-    from kvevents.engine_metrics import MetricsError, num_gpu_blocks
 
     url = (spec.get("mirror") or {}).get("metrics_url")
     if not url:
@@ -235,10 +232,6 @@ def attach(handle, spec: dict, record: str | None = None) -> None:
         if spec.get("publish"):
             links.append(PublishLink(pool, spec["publish"]))
         if spec.get("strategy") == "mirror" and spec.get("mirror"):
-            import zmq
-
-            from kvevents.link import MirrorLink
-
             m = spec["mirror"]
             applier = LoopApplier(asyncio.get_running_loop(), handle.lock)
             try:

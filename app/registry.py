@@ -10,6 +10,7 @@ from allocator import MirrorPool, Pool, PoolSpec
 from allocator.errors import Conflict, ExceedsCapacity, NotFound, TooLarge
 from allocator.history import History
 
+from . import runner
 from .settings import Settings, total_pool_cap
 
 if TYPE_CHECKING:
@@ -76,21 +77,15 @@ class PoolHandle:
 
     async def start_workload(self, hub: Hub, spec: dict) -> dict:
         """Start a workload (app/runner.py). Raises Conflict (one runs), InvalidRequest."""
-        from .runner import start_workload
-
-        return await start_workload(self, hub, spec)
+        return await runner.start_workload(self, hub, spec)
 
     async def stop_workload(self) -> bool:
         """Stop the running workload; False when none was running."""
-        from .runner import stop_workload
-
-        return await stop_workload(self)
+        return await runner.stop_workload(self)
 
     def workload_progress(self) -> dict | None:
         """The latest workload's progress, or None when none was started here."""
-        from .runner import workload_progress
-
-        return workload_progress(self)
+        return runner.workload_progress(self)
 
 
 class Registry:

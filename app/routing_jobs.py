@@ -29,6 +29,7 @@ its pools cannot be deleted (`check_pool_deletable`: 409 naming the run).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import logging
@@ -38,8 +39,17 @@ from collections import OrderedDict
 
 from allocator.errors import Conflict, NotFound
 from workloads.mooncake import bundled_trace
+from workloads.routing import make_policy
+from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
+from workloads.routing.decisions import DecisionLog
+from workloads.routing.live import PoolCluster, pool_hashes
+from workloads.routing.policies import BLOCK_TOKENS
 from workloads.routing.real import RouterError
+from workloads.routing.sequence import requests as trace_requests
+from workloads.routing.sequence import run_sequence
+from workloads.routing.serving import run_serving
 
+from .mirrors import start_pool
 from .routing_router import RouterRun, check_router
 
 log = logging.getLogger("kvscope.routing")
@@ -72,12 +82,6 @@ class RoutingRun:
         self._stop.set()
 
     def _run(self) -> None:
-        from workloads.routing import make_policy
-        from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
-        from workloads.routing.decisions import DecisionLog
-        from workloads.routing.sequence import run_sequence
-        from workloads.routing.serving import run_serving
-
         spec = self.spec
         try:
             full = bundled_trace()
@@ -139,12 +143,9 @@ class LiveSide:
     and the fleet `<name>` mirroring them. `label`: None for a single-policy run, "a" or "b"."""
 
     def __init__(self, name: str, label: str | None, policy: str, spec: dict) -> None:
-        from workloads.routing import make_policy
-
         self.name = name
         self.label = label
         self.policy = policy
-        from workloads.routing.decisions import DecisionLog
 
         self.router = make_policy(policy, spec["replicas"], spec["seed"])
         self.log = DecisionLog(policy, spec["replicas"], spec["capacity_tokens"])
@@ -258,11 +259,6 @@ class LiveRun:
             raise
 
     async def _setup_side(self, side: LiveSide, services) -> None:
-        from workloads.routing.live import PoolCluster
-        from workloads.routing.policies import BLOCK_TOKENS
-
-        from .mirrors import start_pool
-
         spec, settings = self.spec, services.settings
         side._registry, side._fleets = services.registry, services.fleets
         blocks = spec["capacity_tokens"] // BLOCK_TOKENS
@@ -297,8 +293,6 @@ class LiveRun:
         """Route with policy `name` from the next request on (a fresh router: its state, such as
         SGLang's approximate trees, starts empty). Runs on the event loop, between two steps.
         Raises Conflict for a compare run (its two policies are what it compares)."""
-        from workloads.routing import make_policy
-
         if self.compare:
             raise Conflict(f"routing run {self.id!r} compares two policies; they cannot be "
                            "switched (start a new run)")
@@ -308,11 +302,6 @@ class LiveRun:
         self.switches.append({"at_request": self.routed, "policy": name})
 
     def _run(self) -> None:
-        import concurrent.futures
-
-        from workloads.routing.live import pool_hashes
-        from workloads.routing.sequence import requests
-
         speed = self.spec["speed"]
         try:
             full = bundled_trace()
@@ -320,7 +309,7 @@ class LiveRun:
             self.total = len(trace)
             start = time.monotonic()
             first = float(trace.arrival_s[0]) if len(trace) else 0.0
-            for req in requests(trace):
+            for req in trace_requests(trace):
                 wait = (req.arrival_s - first) / speed - (time.monotonic() - start)
                 if (wait > 0 and self._stop.wait(wait)) or self._stop.is_set():
                     raise _Stopped

@@ -26,7 +26,7 @@ log = logging.getLogger("kvscope.workload")
 def build(pool, spec: dict):
     """A LiveWorkload for `spec`. Raises InvalidRequest (bad spec, or no workload engine)."""
     try:
-        from workloads.live import build_live_workload
+        from workloads.live import build_live_workload  # optional: a build without it refuses workloads (422)
     except ImportError as exc:
         raise InvalidRequest(f"the workload engine is not available: {exc}") from None
     try:

@@ -43,6 +43,9 @@ import numpy as np
 
 from allocator import STATE_NAMES, BlockMap, PrefixPool, meta
 
+from .mirrors import detach as detach_links
+from .runner import stop_workload
+
 PROTOCOL_VERSION = 1
 FRAME_MAGIC = 0x4B
 FRAME_SNAPSHOT = 1
@@ -347,8 +350,6 @@ class Hub:
         stream: PoolStream | None = handle.stream
         if stream is None:
             return
-        from .mirrors import detach as detach_links
-        from .runner import stop_workload
 
         await stop_workload(handle)
         self.streams.discard(stream)

@@ -19,6 +19,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from allocator.errors import Conflict, InvalidRequest, KVScopeError, NotFound, OutOfMemory, TooLarge
 
+from .routing_index import flat_routes
+
 log = logging.getLogger("kvscope")
 
 # Most specific first: TooLarge is an InvalidRequest.
@@ -129,8 +131,6 @@ def allowed_methods(request: Request) -> list[str]:
     Starlette's own 405 names only the first route that matched the path."""
     path = request.url.path
     methods: set[str] = set()
-    from .routing_index import flat_routes
-
     for route in flat_routes(request.app):
         regex = getattr(route, "path_regex", None)
         if regex is not None and getattr(route, "methods", None) and regex.match(path):

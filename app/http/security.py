@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from starlette.routing import Match
 
@@ -279,8 +279,6 @@ class SecurityMiddleware:
 
 
 def _query_token(query_string: bytes) -> str | None:
-    from urllib.parse import parse_qs
-
     values = parse_qs(query_string.decode("latin-1"), keep_blank_values=True).get("token")
     return values[0] if values else None
 

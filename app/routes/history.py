@@ -7,9 +7,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Response
 from starlette.concurrency import run_in_threadpool
 
-from allocator import STATE_NAMES
+from allocator import EVENT_FIELDS, STATE_NAMES
 from allocator.errors import Conflict, InvalidRequest, KVScopeError
 from allocator.history import HistoryView, map_runs
+from allocator.history.exports import events_csv, memory_snapshot
 from allocator.history.recording import RecordedPool
 from allocator.history.series import DEFAULT_POINTS, MAX_POINTS, history_series
 
@@ -118,8 +119,6 @@ async def history_events(
 ) -> dict:
     """Like `/events`, but beyond the live ring: every kept event after `after` (the page's
     timeline reads its markers here)."""
-    from allocator import EVENT_FIELDS
-
     wanted = None
     if kinds:
         wanted = {k.strip() for k in kinds.split(",") if k.strip()}
@@ -141,8 +140,6 @@ async def export(
     """`memory_viz`: a pickle (protocol 4) shaped like `torch.cuda.memory._snapshot()` (one
     segment for the pool, `alloc` / `free_completed` traces) that `python -m
     torch.cuda._memory_viz trace_plot FILE -o out.html` renders. `csv`: one row per event."""
-    from allocator.history.exports import events_csv, memory_snapshot
-
     view = history_view(handle)
     name = handle.name
     if format == "csv":
