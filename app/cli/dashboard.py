@@ -3,7 +3,6 @@ the app holding what the command line asked for, on uvicorn."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import sys
@@ -31,10 +30,3 @@ def serve_dashboard(prog: str, args, startup: Startup, query: str) -> int:
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
                 ws_per_message_deflate=False)
     return 0
-
-
-def server_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default=None, help="listen address (default: KVSCOPE_HOST, 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="listen port (default: KVSCOPE_PORT, 8000)")
-    p.add_argument("--log-level", default="warning")
-    p.add_argument("--name", default=None, help="the pool's name on the page")

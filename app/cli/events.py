@@ -22,7 +22,7 @@ from kvevents.trace_source import run_live_source
 
 from ..schemas import PoolCreate
 from ..services import Startup
-from .dashboard import serve_dashboard, server_args
+from .dashboard import serve_dashboard
 
 try:
     from workloads.mooncake import load_mooncake
@@ -34,20 +34,7 @@ def _serve(prog: str, args, pools: list) -> int:
     return serve_dashboard(prog, args, Startup(pools=pools), f"?pool={pools[0][0]['name']}")
 
 
-def mirror_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="kvscope mirror",
-        description="Serve the dashboard on a live vLLM / SGLang engine's prefix cache, followed "
-                    "through its KV events (the engine's --kv-events-config endpoints).")
-    p.add_argument("endpoint", help="the engine's PUB endpoint as seen from here, e.g. tcp://gpu-node:5557")
-    p.add_argument("--replay-endpoint", help="the engine's replay (ROUTER) endpoint, e.g. tcp://gpu-node:5558")
-    p.add_argument("--topic", default="", help="the engine's topic (default: all)")
-    p.add_argument("--num-blocks", type=int, help="the engine's KV block count (else from --metrics-url)")
-    p.add_argument("--metrics-url", help="the engine's /metrics (num_gpu_blocks, KV usage, hit ratio)")
-    p.add_argument("--record", metavar="FILE", help="also record every batch applied to FILE, a KV-event "
-                   "recording (name it .kvevents; .kvrec is the pool history recordings' suffix)")
-    server_args(p)
-    args = p.parse_args(argv)
+def run_mirror(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     if args.num_blocks is None and not args.metrics_url:
         p.error("give --num-blocks, or --metrics-url to read num_gpu_blocks from the engine")
     spec = {"name": args.name or "engine", "strategy": "mirror", "num_blocks": args.num_blocks,
@@ -83,24 +70,10 @@ def _check(spec: dict) -> str | None:
     return None
 
 
-def prefix_publish_main(argv: list[str]) -> int:
+def run_prefix_publish(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     """`kvscope prefix --trace FILE --publish ENDPOINT [--speed X]`: a GPU-free engine. The
     trace's requests run on a prefix-caching pool at X times real time and every request's
     stored / removed events go out in vLLM's wire format, for testing KV-aware routers."""
-    p = argparse.ArgumentParser(
-        prog="kvscope prefix --publish",
-        description="Replay a Mooncake trace on a prefix-caching pool as a live KV-event source "
-                    "(vLLM's wire format), for testing KV-aware routers without a GPU.")
-    p.add_argument("--trace", default=None, help="Mooncake JSONL trace (default: the bundled one)")
-    p.add_argument("--publish", required=True, metavar="ENDPOINT", help="PUB endpoint, e.g. tcp://*:5557")
-    p.add_argument("--publish-replay-endpoint", metavar="ENDPOINT", help="replay endpoint, e.g. tcp://*:5558")
-    p.add_argument("--publish-topic", default="", help="topic")
-    p.add_argument("--speed", type=float, default=1.0, help="times real time; 0 = as fast as it goes")
-    p.add_argument("--capacity-tokens", type=int, default=1 << 20, help="the pool's size in tokens")
-    p.add_argument("--tokens-per-block", type=int, default=16)
-    p.add_argument("--policy", default="lru", help="prefix-cache eviction policy")
-    p.add_argument("--limit", type=int, default=None, help="only the first N requests")
-    args = p.parse_args(argv)
     if args.speed < 0 or args.capacity_tokens <= 0 or args.tokens_per_block <= 0:
         p.error("--speed must be >= 0, --capacity-tokens and --tokens-per-block positive")
     if load_mooncake is None:
@@ -147,20 +120,7 @@ def prefix_publish_main(argv: list[str]) -> int:
     return 0
 
 
-def recording_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
-        prog="kvscope recording",
-        description="Summarise a recording made by `kvscope mirror --record` (blocks cached at "
-                    "the end, lost batches, restarts, the prefix forest), or play it back on the "
-                    "dashboard with --serve.")
-    p.add_argument("file", help=f"a KV-event recording ({SUFFIX}; one named {HISTORY_SUFFIX} from "
-                   "before the suffixes were told apart reads the same)")
-    p.add_argument("--num-blocks", type=int, default=65_536, help="logical slots (default 65536)")
-    p.add_argument("--serve", action="store_true", help="play it back on the dashboard")
-    p.add_argument("--speed", type=float, default=None,
-                   help="with --serve: times real time (default: as fast as it goes)")
-    server_args(p)
-    args = p.parse_args(argv)
+def run_recording(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     if args.num_blocks <= 0 or (args.speed is not None and args.speed <= 0):
         p.error("--num-blocks and --speed must be positive")
     try:

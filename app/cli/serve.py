@@ -22,7 +22,8 @@ from ..main import create_app, default_pool_spec
 from ..schemas import PublishSpec
 from ..services import Startup
 from ..settings import SettingsError, check_device, get_settings
-from .fleet import FILE_HELP, load_fleet_file
+from .args import FILE_HELP
+from .fleet import load_fleet_file
 
 
 def serve_main(argv: list[str]) -> int:

@@ -4,39 +4,36 @@ project (no torch, no server) because a subcommand's module loads only when it r
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from app.cli import COMMANDS, main, runner, usage
+from app.cli import COMMANDS, load, main, pick, usage
 
 ROOT = Path(__file__).resolve().parents[2]
+HEAVY = ("torch", "numpy", "fastapi", "uvicorn", "allocator", "workloads", "zmq")
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_every_subcommand_and_variant_names_a_function(name):
     command = COMMANDS[name]
-    for module, function in [(command.module, command.function),
-                             *((v.module, v.function) for v in command.variants)]:
-        assert callable(getattr(importlib.import_module(module), function)), f"{name}: {module}:{function}"
+    for target in [command.run, command.arguments, *(v.run for v in command.variants),
+                   *(v.arguments for v in command.variants)]:
+        if target is not None:
+            assert callable(load(target)), f"{name}: {target}"
 
 
 def test_a_variant_runs_only_given_its_own_flag():
-    from app.cli.events import prefix_publish_main
-    from app.engines.router_run import router_main
-    from workloads.cli import prefix_main, route_main
-
-    prefix, route = COMMANDS["prefix"], COMMANDS["route"]
-    assert runner(prefix, ["--publish", "tcp://*:5557"]) is prefix_publish_main
-    assert runner(prefix, ["--trace", "t.jsonl", "--publish=tcp://*:5557"]) is prefix_publish_main
+    publish = ("kvscope prefix --publish", "app.cli.events:run_prefix_publish", "app.cli.args:prefix_publish")
+    assert pick("prefix", ["--publish", "tcp://*:5557"]) == publish
+    assert pick("prefix", ["--trace", "t.jsonl", "--publish=tcp://*:5557"]) == publish
     # a longer flag that starts with the same letters is not the variant's
-    assert runner(prefix, ["--publish-topic", "x"]) is prefix_main
-    assert runner(prefix, []) is prefix_main
-    assert runner(route, ["--router", "vllm"]) is router_main
-    assert runner(route, ["--routers"]) is route_main
+    assert pick("prefix", ["--publish-topic", "x"]) == ("kvscope prefix", "workloads.cli:prefix_main", None)
+    assert pick("prefix", []) == ("kvscope prefix", "workloads.cli:prefix_main", None)
+    assert pick("route", ["--router", "vllm"])[1] == "app.engines.router_run:router_main"
+    assert pick("route", ["--routers"])[1] == "workloads.cli:route_main"
 
 
 def test_usage_has_one_line_per_subcommand(capsys):
@@ -54,11 +51,26 @@ def test_usage_has_one_line_per_subcommand(capsys):
     assert err.startswith("unknown command 'nope'\n") and err.endswith(text + "\n")
 
 
-def test_help_imports_nothing_of_the_project():
-    code = ("import sys\nfrom app.cli import main\nmain(['--help'])\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'numpy', 'fastapi', 'uvicorn', 'allocator', 'workloads', 'kvevents', 'zmq')"
-            " or (m.startswith('app.') and m != 'app.cli')))")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+def loaded_after(args: list[str]) -> tuple[int, list[str]]:
+    """`kvscope ARGS` run in a fresh interpreter: its exit status and the heavy modules it loaded."""
+    code = (f"import sys\nfrom app.cli import main\ntry:\n    rc = main({args!r})\n"
+            "except SystemExit as e:\n    rc = e.code\n"
+            f"print(rc, sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}"
+            " or (m.startswith('app.') and m not in ('app.cli', 'app.cli.args'))))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[-1] == "[]"
+    rc, loaded = r.stdout.splitlines()[-1].split(" ", 1)
+    return int(rc), eval(loaded)
+
+
+def test_help_imports_nothing_of_the_project():
+    assert loaded_after(["--help"]) == (0, [])
+    assert loaded_after(["no-such-command"]) == (2, [])
+
+
+@pytest.mark.parametrize("args", [["fleet", "-h"], ["mirror", "-h"], ["recording", "-h"],
+                                  ["prefix", "--publish", "tcp://*:5557", "-h"], ["mirror"], ["fleet", "--bogus"]])
+def test_a_subcommand_with_a_table_parser_answers_before_loading_torch_or_the_server(args):
+    rc, loaded = loaded_after(args)
+    assert rc == (0 if "-h" in args else 2)
+    assert loaded == []
