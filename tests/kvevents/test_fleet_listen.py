@@ -345,7 +345,7 @@ def test_listening_fleet_bad_requests_are_4xx():
 
     port = free_port()
     with make_client() as client:
-        for body in ({"name": "x"}, {"name": "x", "listen": {"endpoint": "ipc:///tmp/x.sock"}},
+        for body in ({"name": "x", "listen": None, "nats": 1}, {"name": "x", "listen": {"endpoint": "ipc:///tmp/x.sock"}},
                      {"name": "x", "listen": {"endpoint": "tcp://127.0.0.1:99999"}},
                      {"name": "x", "listen": {"endpoint": f"tcp://127.0.0.1:{port}", "nope": 1}},
                      {"name": "x", "listen": {}, "max_engines": 0}):
