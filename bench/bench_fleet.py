@@ -352,8 +352,14 @@ def bench_sustained(servers: int = SUSTAINED_ENGINES, ranks: int = 1,
         r = httpx.post(srv.url + "/api/fleets", json={"name": "load", "engines": engines}, timeout=30)
         assert r.status_code == 201, r.text
 
-        def rows():
-            return httpx.get(srv.url + "/api/fleets/load", timeout=60).json()["engines"]
+        def rows():  # every engine's row, a page of 256 at a time
+            out: list = []
+            while True:
+                got = httpx.get(srv.url + "/api/fleets/load", timeout=60, params={
+                    "engines_offset": len(out), "engines_limit": 256, "samples": 0}).json()
+                out += got["engines"]
+                if len(out) >= got["engines_page"]["matched"] or not got["engines"]:
+                    return out
 
         def applied(rs) -> list[int]:  # batches applied per endpoint (its ranks together)
             per = {name_of(i): 0 for i in range(servers)}
