@@ -2,9 +2,10 @@
 tagged with its engine's name), to play a 1,024-engine fleet into a real server quickly.
 
 Server `s` rank 0 is engine `server-<s>`, rank r > 0 `server-<s>:dp<r>` (how the fleet names the
-further ranks an endpoint carries). Every engine stores one chain of `blocks_of(s, r)` blocks: a
-first block every engine shares (the maps' grey trunk), its server's system prompt block, then
-blocks of a conversation of its own."""
+further ranks an endpoint carries). Every engine stores a first block every engine shares and one
+of PROMPTS system prompts (the maps' grey trunk: each prompt is under more than 1/8 of the
+fleet's blocks), under it a conversation its server's ranks share (`shared_of(s)` blocks: the same
+colour on each of them) and one of its own (`own_of(s, r)` blocks)."""
 
 from __future__ import annotations
 
@@ -21,31 +22,44 @@ from kvevents.recording import Recorder
 from .apputil import ROOT, PortTaken, free_port
 
 BLOCK = 4  # tokens per block
+PROMPTS = 4
 
 
 def engine_name(server: int, rank: int) -> str:
     return f"server-{server}" if rank == 0 else f"server-{server}:dp{rank}"
 
 
+def shared_of(server: int) -> int:
+    return 6 + server % 5
+
+
+def own_of(server: int, rank: int) -> int:
+    return 4 + (server * 7 + rank * 5) % 30
+
+
 def blocks_of(server: int, rank: int) -> int:
-    """Blocks an engine holds: the shared first block, its server's block and 1..13 of its own."""
-    return 2 + 1 + (server * 7 + rank * 5) % 13
+    """Blocks an engine holds once played."""
+    return 2 + shared_of(server) + own_of(server, rank)
 
 
 def write_dp_fleet(path, servers: int = 128, ranks: int = 8) -> dict[str, int]:
     """Write the recording; returns each engine's blocks held once it is played."""
     rec = Recorder(str(path), "fleet test", "")
-    held, seq, now = {}, 0, time.time()
+    held, now = {}, time.time()
     for s in range(servers):
-        system = [[999_999] * BLOCK, [1_000_000 + s] * BLOCK]
+        head = [[999_999] * BLOCK, [1_000_000 + s % PROMPTS] * BLOCK]
+        shared = [[2_000_000 + s * 64 + k] * BLOCK for k in range(shared_of(s))]
         for r in range(ranks):
+            e = s * ranks + r
             name = engine_name(s, r)
-            own = [[2_000_000 + (s * ranks + r) * 32 + k] * BLOCK for k in range(blocks_of(s, r) - 2)]
-            hashes = [(s * ranks + r) * 64 + k + 1 for k in range(len(system) + len(own))]
-            tokens = [t for block in system + own for t in block]
-            rec.write(now, seq, name.encode(), encode_batch([Stored(hashes, None, tokens, BLOCK)], now, r))
-            seq += 1
-            held[name] = len(hashes)
+            own = [[3_000_000 + e * 64 + k] * BLOCK for k in range(own_of(s, r))]
+            first = [e * 128 + k + 1 for k in range(len(head) + len(shared))]  # the engine's own hashes
+            then = [e * 128 + 64 + k for k in range(len(own))]
+            batch = [Stored(first, None, [t for b in head + shared for t in b], BLOCK),
+                     Stored(then, first[len(head) - 1], [t for b in own for t in b], BLOCK)]
+            rec.write(now, e, name.encode(), encode_batch(batch, now, r))
+            held[name] = len(first) + len(then)
+            assert held[name] == blocks_of(s, r)
     rec.close()
     return held
 
