@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 DEFAULT_LIMIT = 64  # engines (and groups) a page holds when the client names no limit
-MAX_LIMIT = 256  # ... and at most (about 300 KB of engine rows)
+MAX_LIMIT = 256  # ... and at most: a quarter of the largest fleet, so no answer carries every row
 MAX_NAMES = 256  # engine or group names one request may list
 TOP = 8  # engines and groups listed by blocks held in the summary
 LAGGING_MS = 1000.0  # an engine whose batches reach the index later than this (p99) is lagging
