@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 
 from allocator.errors import InvalidRequest, NotFound
+from kvevents.fleet import Maps
+from kvevents.fleet_view import EngineQuery, page_names
 from kvevents.index import MAX_FLEET_ENGINES
 
 from .fleets import FleetHandle, Fleets
@@ -28,16 +30,17 @@ async def listing(fleets: Fleets) -> dict:
 
 
 async def describe(handle: FleetHandle) -> dict:
-    """Every engine (cached blocks, stream health and lag, block size, its /metrics) and the
-    fleet's figures."""
+    """The first page of its engines (cached blocks, stream health and lag, block size, its
+    /metrics) and of its servers, the summary of every engine, and the fleet's figures."""
     async with handle.lock:
         return handle.fleet.describe()
 
 
-async def state(handle: FleetHandle, samples: int) -> dict:
-    """`describe`, with the fleet's last `samples` samples (one a second)."""
+async def state(handle: FleetHandle, samples: int, query: EngineQuery | None = None) -> dict:
+    """`describe` with the page of engines and servers `query` asks for (default: the first
+    64 of each, `kvevents.fleet_view`), and the fleet's last `samples` samples (one a second)."""
     async with handle.lock:
-        out = handle.fleet.describe()
+        out = handle.fleet.describe(query)
         out["samples"] = list(handle.fleet.samples)[-samples:] if samples else []
     return out
 
@@ -78,7 +81,18 @@ async def match(handle: FleetHandle, tokens: list[int] | None = None, key: str |
         return {"engines": engines, "block_sizes": handle.fleet.block_sizes()}
 
 
-async def block_map(handle: FleetHandle) -> bytes:
+async def maps_of(handle: FleetHandle, only: EngineQuery | None = None) -> bytes:
+    """The /blocks body: every engine's maps, or (`only`) those of the engines it selects, cut
+    from the same answer (`Maps.only`)."""
+    maps = await block_map(handle)
+    if only is None:
+        return maps.body
+    async with handle.lock:
+        names = page_names(handle.fleet.engines(), only)
+    return maps.only(names)
+
+
+async def block_map(handle: FleetHandle) -> Maps:
     """The fleet's /blocks body: the kept one while the index is unchanged, else the one under
     way, else a new computation (whose snapshot is taken under the lock, on the loop; the layout
     and the JSON run in a worker thread, one computation per fleet at a time, shared by every
@@ -94,7 +108,7 @@ async def block_map(handle: FleetHandle) -> bytes:
             task = bm.inflight
             if task is None:
                 if bm.current(handle.fleet.index):
-                    return bm.body
+                    return bm.maps
                 job = bm.snapshot(handle.fleet.index)
                 task = bm.inflight = asyncio.get_running_loop().create_task(
                     asyncio.to_thread(bm.compute, job), name=f"fleet-{handle.name}-blocks")

@@ -8,9 +8,10 @@ the same process, interleaved: `python -m bench fleet [--json FILE]`.
 - wire: msgpack batches over a real ZeroMQ PUB/SUB into the fleet (decode + apply), one process.
 - memory: the compiled index's bytes per (engine, block) held.
 - sustained: a real `kvscope serve` following 64 engines (kvscope's publisher, vLLM's wire
-  format, over TCP) that each store and evict 1,000 blocks/s, while a client polls the fleet and
-  its block maps as the page does; the lag is each batch's time from its engine timestamp to its
-  applying in the server (p99 over every endpoint's last batches).
+  format, over TCP) that each store and evict 1,000 blocks/s, while a client polls every
+  engine's row (pages of 256) and every engine's map, once a second and every 2 s; the lag is
+  each batch's time from its engine timestamp to its applying in the server (p99 over every
+  endpoint's last batches).
 
 Apply, match and memory run at 8 engines (the headline), 64 engines, and 1,024 engines: 128
 servers of 8 DP ranks each (Dynamo: 128 workers with dp_rank 0..7; kvscope: an engine per rank,
@@ -352,8 +353,14 @@ def bench_sustained(servers: int = SUSTAINED_ENGINES, ranks: int = 1,
         r = httpx.post(srv.url + "/api/fleets", json={"name": "load", "engines": engines}, timeout=30)
         assert r.status_code == 201, r.text
 
-        def rows():
-            return httpx.get(srv.url + "/api/fleets/load", timeout=60).json()["engines"]
+        def rows():  # every engine's row, a page of 256 at a time
+            out: list = []
+            while True:
+                got = httpx.get(srv.url + "/api/fleets/load", timeout=60, params={
+                    "engines_offset": len(out), "engines_limit": 256, "samples": 0}).json()
+                out += got["engines"]
+                if len(out) >= got["engines_page"]["matched"] or not got["engines"]:
+                    return out
 
         def applied(rs) -> list[int]:  # batches applied per endpoint (its ranks together)
             per = {name_of(i): 0 for i in range(servers)}
@@ -370,11 +377,13 @@ def bench_sustained(servers: int = SUSTAINED_ENGINES, ranks: int = 1,
         base = [p.next_seq for p in pubs]
         applied0 = applied(rows())
 
-        def page():  # what the open page asks for
+        def page():  # every engine's row and map, more than the open page asks past 32 engines
             with httpx.Client(base_url=srv.url, timeout=60) as c:
                 k = 0
                 while not stop.is_set():
-                    c.get("/api/fleets/load?samples=300")
+                    for offset in range(0, servers * ranks, 256):
+                        c.get("/api/fleets/load", params={"samples": 300, "engines_offset": offset,
+                                                          "engines_limit": 256})
                     polls["fleet"] += 1
                     if k % 2 == 0:
                         c.get("/api/fleets/load/blocks")

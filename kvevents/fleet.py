@@ -39,6 +39,7 @@ from .engine_link import (  # noqa: F401  (EngineSpec, lag_percentiles: re-expor
     _context,
     lag_percentiles,
 )
+from .fleet_view import EngineQuery, recorded_server, server_of, view_of
 from .follow import threaded_apply
 from .index import MAX_FLEET_ENGINES, FleetIndex, layout_of, snapshot_buffers, snapshot_fits
 from .listen import Listener
@@ -54,6 +55,7 @@ MAX_MAP_BLOCKS = 65_536  # an engine's map lists at most this many blocks
 MAX_MAP_TOTAL = 64 * MAX_MAP_BLOCKS  # ... and all engines' maps together at most this many
 TOP_PREFIXES = 12
 TOP_SETS = 12  # the engine sets listed per prefix (the largest)
+SUBSET_SET_NAMES = 8  # ... each naming at most this many engines in the maps of a subset
 
 
 class Fleet:
@@ -96,7 +98,7 @@ class Fleet:
         InvalidRequest (endpoint unusable); then nothing changed. Call where changes run."""
         if spec.name in self.index.engines or spec.name in self.links:
             raise Conflict(f"engine {spec.name!r} is already in fleet {self.name!r}")
-        self.index.add(spec.name, server=spec.server or spec.name, dp_rank=spec.dp_rank,
+        self.index.add(spec.name, server=server_of(spec.name, spec.server), dp_rank=spec.dp_rank,
                        block_size=spec.index_block_size(), max_blocks=spec.num_blocks)
         try:
             self.links[spec.name] = EngineLink(self, spec)
@@ -138,7 +140,7 @@ class Fleet:
             return
         spec = link.spec
         try:
-            self.index.add(spec.name, server=spec.server or spec.name, dp_rank=spec.dp_rank,
+            self.index.add(spec.name, server=server_of(spec.name, spec.server), dp_rank=spec.dp_rank,
                            block_size=spec.index_block_size(), max_blocks=spec.num_blocks)
         except Conflict as exc:
             link.refuse(f"not indexed: {exc}")
@@ -200,7 +202,7 @@ class Fleet:
                     if first:
                         link.refused_batches += 1
                     return
-                self.index.add(name, server=spec.server or spec.name, dp_rank=rank,
+                self.index.add(name, server=server_of(spec.name, spec.server), dp_rank=rank,
                                block_size=spec.index_block_size(), max_blocks=spec.num_blocks)
                 link.ranks[rank] = name
             if name not in self.index.engines:
@@ -282,8 +284,8 @@ class Fleet:
         if engine not in self.index.engines:
             if len(self.index.engines) >= self.index.max_engines:
                 return
-            server, _, rank = engine.partition(":dp")
-            self.index.add(engine, server=server, dp_rank=int(rank) if rank.isdigit() else 0)
+            server, rank = recorded_server(engine)
+            self.index.add(engine, server=server, dp_rank=rank)
         eid = self.index.engine(engine).eid
         self.index.apply(eid, batch.events)
         self._note_recent(engine, eid, batch.events)
@@ -399,6 +401,7 @@ class Fleet:
         self.samples.append(s)
 
     def engines(self) -> list[dict]:
+        """One row per engine, in the index's order (the order engines were added)."""
         out = []
         by_server = {n: link for link in self.links.values() for n in link.ranks.values()}
         healths: dict = {}  # one link's health for all its ranks' rows
@@ -426,8 +429,12 @@ class Fleet:
             out.append(row)
         return out
 
-    def describe(self) -> dict:
-        return {"name": self.name, "engines": self.engines(), "stats": self.stats(),
+    def describe(self, query: EngineQuery | None = None) -> dict:
+        """The fleet as GET /api/fleets/{fleet} shows it: the page of its engines `query` asks
+        for (default: the first DEFAULT_LIMIT, with the first groups), `engines_page`, `groups`,
+        `groups_page` and the `summary` of every engine (`fleet_view.view_of`), its figures."""
+        view = view_of(self.engines(), query or EngineQuery())
+        return {"name": self.name, **view, "stats": self.stats(),
                 "max_engines": self.index.max_engines, "created_at": self.created_at,
                 "recording": None if self.recorder is None else
                 {"path": self.recorder.path, "records": self.recorder.records},
@@ -603,7 +610,7 @@ class BlockMap:
 
     def __init__(self) -> None:
         self.version: int | None = None  # the index's version the body was computed at
-        self.body = b""
+        self.maps = Maps(b"", {})
         self.cycle_blocks: dict[str, int] = {}
         self.cycles = 0
         self.inflight = None  # the computation under way (the server's task)
@@ -629,15 +636,42 @@ class BlockMap:
         names = {info.eid: name for name, info in index.engines.items()}
         return index.version(), self._snap, names
 
-    def compute(self, job: tuple) -> bytes:
+    @property
+    def body(self) -> bytes:
+        return self.maps.body
+
+    def compute(self, job: tuple) -> Maps:
         version, snap, names = job
         lay = layout_of(snap)
-        body = blocks_json(lay, names, version)
+        maps = blocks_maps(lay, names, version)
         self.cycle_blocks = {n: int(lay.cycle_blocks[e]) for e, n in names.items() if lay.cycle_blocks[e]}
         self.cycles = int(lay.cycles)
-        self.version, self.body = version, body
+        self.version, self.maps = version, maps
         self.computations += 1
-        return body
+        return maps
+
+
+class Maps:
+    """One /blocks answer: its JSON `body` (every engine's map) and where each engine's map
+    sits in it, so the maps of some engines are cut from it (`only`) without another layout."""
+
+    __slots__ = ("body", "cycles", "small_head", "spans")
+
+    def __init__(self, body: bytes, spans: dict[str, tuple[int, int]], small_head: bytes = b"{",
+                 cycles: dict[str, int] | None = None) -> None:
+        self.body, self.spans, self.small_head, self.cycles = body, spans, small_head, cycles or {}
+
+    def only(self, names) -> bytes:
+        """The answer for `names` alone: their maps and `parent_cycles` (a name without a map
+        is left out: an engine added since, or none of the fleet's), each largest group's sets
+        naming at most SUBSET_SET_NAMES engines (`more_engines`: how many more), the rest as in
+        `body`."""
+        body = memoryview(self.body)
+        shown = [n for n in dict.fromkeys(names) if n in self.spans]
+        cycles = json.dumps({n: self.cycles.get(n, 0) for n in shown}).encode()
+        parts = [body[a:b] for a, b in (self.spans[n] for n in shown)]
+        return b"".join([self.small_head, b', "parent_cycles": ', cycles, b', "engines":{',
+                         b",".join(parts), b"}}"])
 
 
 def map_blocks_per_engine(engines: int) -> int:
@@ -646,7 +680,7 @@ def map_blocks_per_engine(engines: int) -> int:
     return min(MAX_MAP_BLOCKS, MAX_MAP_TOTAL // max(engines, 1))
 
 
-def blocks_json(lay, names: dict[int, str], version: int | None = None) -> bytes:
+def blocks_maps(lay, names: dict[int, str], version: int | None = None) -> Maps:
     """The /blocks answer from a `layout_of` Layout and the engine names by id: per engine the
     colour id of each block it holds (24 bits of its group's top key; 0: the shared trunk),
     sorted so a group's blocks sit together, at most `map_blocks_per_engine`; the largest groups
@@ -662,9 +696,9 @@ def blocks_json(lay, names: dict[int, str], version: int | None = None) -> bytes
     parts = []
     for eid, name in names.items():
         mine = np.sort(colors[lay.positions[lay.by_engine[eid]:lay.by_engine[eid + 1]]])
-        parts.append(f'{json.dumps(name)}:{{"blocks":{mine.size},'
-                     f'"truncated":{"true" if mine.size > limit else "false"},'
-                     f'"colors":{json.dumps(mine[:limit].tolist())}}}')
+        parts.append((name, f'{json.dumps(name)}:{{"blocks":{mine.size},'
+                            f'"truncated":{"true" if mine.size > limit else "false"},'
+                            f'"colors":{json.dumps(mine[:limit].tolist())}}}'.encode()))
     starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]]) if sc.size else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], sc.size].astype(np.int64)
     sizes = ends - starts
@@ -688,7 +722,25 @@ def blocks_json(lay, names: dict[int, str], version: int | None = None) -> bytes
             "shared_blocks": int((colors == 0).sum()), "cycles": int(lay.cycles),
             "parent_cycles": {n: int(lay.cycle_blocks[e]) for e, n in names.items()},
             "prefixes": prefixes}
-    return (json.dumps(head)[:-1] + ',"engines":{' + ",".join(parts) + "}}").encode()
+    small = {k: v for k, v in head.items() if k != "parent_cycles"}
+    small["prefixes"] = [{**p, "sets": [_few_names(s) for s in p["sets"]]} for p in prefixes]
+    out = [(json.dumps(head)[:-1] + ',"engines":{').encode()]
+    spans, at = {}, len(out[0])
+    for i, (name, part) in enumerate(parts):
+        if i:
+            out.append(b",")
+            at += 1
+        out.append(part)
+        spans[name] = (at, at + len(part))
+        at += len(part)
+    out.append(b"}}")
+    return Maps(b"".join(out), spans, json.dumps(small)[:-1].encode(), head["parent_cycles"])
+
+
+def _few_names(s: dict) -> dict:
+    """A largest group's engine set naming at most SUBSET_SET_NAMES of its engines."""
+    more = max(0, len(s["engines"]) - SUBSET_SET_NAMES)
+    return {**s, "engines": s["engines"][:SUBSET_SET_NAMES], "more_engines": more}
 
 
 class _TaggedRecorder:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Query, Response, status
 
 from .. import fleet_ops
 from ..deps import FleetDep, FleetName, FleetsDep
+from ..fleet_params import EngineQueryDep, MapQueryDep
 from ..schemas import EngineIn, FleetCreate, MatchIn
 
 router = APIRouter(prefix="/api/fleets", tags=["fleets"])
@@ -30,16 +31,20 @@ async def create_fleet(body: FleetCreate, fleets: FleetsDep) -> dict:
 
 
 @router.get("/{fleet}")
-async def get_fleet_state(handle: FleetDep, samples: Annotated[int, Query(ge=0, le=600)] = 120) -> dict:
-    """Every engine (cached blocks, stream health and lag, block size, the engine's own
-    /metrics), the fleet's figures, and the last `samples` of them (one a second)."""
-    return await fleet_ops.state(handle, samples)
+async def get_fleet_state(handle: FleetDep, view: EngineQueryDep,
+                          samples: Annotated[int, Query(ge=0, le=600)] = 120) -> dict:
+    """A page of its engines (cached blocks, stream health and lag, block size, the engine's
+    own /metrics; the first 64 unless `engines_*` ask otherwise), the page of their servers
+    (`groups`), a `summary` of every engine, the fleet's figures, and the last `samples` of
+    them (one a second)."""
+    return await fleet_ops.state(handle, samples, view)
 
 
 @router.get("/{fleet}/blocks", response_class=Response,
             responses={200: {"content": {"application/json": {}}}})
-async def fleet_blocks(handle: FleetDep) -> Response:
-    """For the page's maps: per engine the colour group of each block it holds (docs/FLEET.md:
+async def fleet_blocks(handle: FleetDep, only: MapQueryDep) -> Response:
+    """For the page's maps: per engine (every engine, or those `engines` names or the
+    `engines_*` page and search select) the colour group of each block it holds (docs/FLEET.md:
     the topmost block above it whose subtree holds at most 1/8 of the blocks; 0: the shared
     trunk above those), sorted so a group's blocks sit together, at most 65,536 per engine;
     the largest groups with the engine sets holding them; parent-hash cycles per engine.
@@ -47,7 +52,7 @@ async def fleet_blocks(handle: FleetDep) -> Response:
     Under the fleet's lock only the index's arrays are copied; the layout and the JSON run in a
     worker thread, one computation per fleet at a time, shared by every client asking
     meanwhile, and kept while the index does not change."""
-    return Response(await fleet_ops.block_map(handle), media_type="application/json")
+    return Response(await fleet_ops.maps_of(handle, only), media_type="application/json")
 
 
 @router.delete("/{fleet}", status_code=status.HTTP_204_NO_CONTENT)

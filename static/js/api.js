@@ -190,10 +190,17 @@ export const recordings = {
 /** Fleets (app/routes/fleets.py): many engines in one prefix index. */
 export const fleets = {
   list: () => api("GET", "/api/fleets"),
-  /** @param {string} name @param {number} [samples] */
-  get: (name, samples = 300) => api("GET", `/api/fleets/${encodeURIComponent(name)}?samples=${samples}`),
-  /** @param {string} name */
-  blocks: (name) => api("GET", `/api/fleets/${encodeURIComponent(name)}/blocks`),
+  /**
+   * A page of its engines and servers, the summary, its figures (`engines_*`, `groups_*`: docs/FLEET.md).
+   * @param {string} name @param {number} [samples] @param {URLSearchParams} [params]
+   */
+  get: (name, samples = 300, params = new URLSearchParams()) => {
+    const p = new URLSearchParams(params);
+    p.set("samples", String(samples));
+    return api("GET", `/api/fleets/${encodeURIComponent(name)}?${p}`);
+  },
+  /** Every engine's map, or those `params` select (`engines`, `engines_*`). @param {string} name @param {URLSearchParams} [params] */
+  blocks: (name, params) => api("GET", `/api/fleets/${encodeURIComponent(name)}/blocks${params && [...params].length ? `?${params}` : ""}`),
   /** @param {string} name @param {{tokens: number[]}|{block_hashes: number[], engine: string}|{key: string}} body */
   match: (name, body) => api("POST", `/api/fleets/${encodeURIComponent(name)}/match`, body),
 };

@@ -87,7 +87,7 @@ export function engineHeadHtml(e, engines = 1) {
   const keyed = note ? ` · <span class="note">${escapeHtml(note)}</span>` : "";
   const errs = (e.errors || []).map((x) => ` · <span class="warn">${escapeHtml(x)}</span>`).join("");
   const bad_in = (s.error_count || 0) + (e.malformed_events || 0);
-  return `<div class="fleet-engine-head${bad ? " bad" : ""}"><b>${escapeHtml(e.name)}</b>${e.dp_rank ? ` <small>dp ${e.dp_rank}</small>` : ""}
+  return `<div class="fleet-engine-head${bad ? " bad" : ""}"><b>${escapeHtml(e.name)}</b>${e.dp_rank ? ` <small class="dp">dp ${e.dp_rank}</small>` : ""}
     <span class="state" data-state="${escapeHtml(state)}">${escapeHtml(state)}</span>
     <small>${num(e.cached_blocks)} blocks · ${e.block_size ? e.block_size + " tok/block" : "block size unknown"} · ${lag}${p99}${retry}${bad_in ? ` · ${num(bad_in)} bad messages` : ""}${own}${keyed}${errs}</small></div>`;
 }
@@ -102,13 +102,25 @@ export function mapLayout(colors) {
   return { cells, rows: Math.max(1, Math.ceil(cells.length / COLUMNS)), hidden: colors.length - cells.length };
 }
 
-/** The forest summary: the largest colour groups (and the shared trunk), each split by the set of engines holding its blocks. @param {any[]} prefixes */
-export function prefixesHtml(prefixes) {
+/**
+ * The forest summary: the largest colour groups (and the shared trunk), each split by the set of
+ * engines holding its blocks (the largest `maxSets` sets, then what the others hold).
+ * @param {any[]} prefixes @param {number} [maxSets]
+ */
+export function prefixesHtml(prefixes, maxSets = Infinity) {
   if (!prefixes.length) return `<p class="hint">no blocks yet</p>`;
   return prefixes.map((p) => {
-    const parts = p.sets.map((s) => `<span class="fleet-set${s.engines.length > 1 ? " shared" : ""}" title="${s.blocks} blocks held by ${escapeHtml(s.engines.join(", "))}">${escapeHtml(s.engines.join(" + "))}: ${num(s.blocks)}</span>`).join("");
+    const sets = p.sets.slice(0, maxSets);
+    const left = p.sets.slice(sets.length);
+    const others = left.length + (p.other_sets || 0);
+    const othersBlocks = left.reduce((a, s) => a + s.blocks, 0) + (p.other_sets_blocks || 0);
+    const rest = left.length && others ? ` <small class="fleet-set">+ ${num(others)} more sets: ${num(othersBlocks)}</small>` : "";
+    const parts = sets.map((s) => {
+      const more = s.more_engines ? ` + ${num(s.more_engines)} more` : "";
+      return `<span class="fleet-set${s.engines.length + (s.more_engines || 0) > 1 ? " shared" : ""}" title="${s.blocks} blocks held by ${escapeHtml(s.engines.join(", "))}${more}">${escapeHtml(s.engines.join(" + "))}${more}: ${num(s.blocks)}</span>`;
+    }).join("");
     const what = p.color === SHARED ? " <small>shared trunk</small>" : "";
-    return `<li><i class="swatch" data-color="${colorOf(p.color)}"></i><b>${num(p.blocks)}</b> blocks${what} ${parts}</li>`;
+    return `<li><i class="swatch" data-color="${colorOf(p.color)}"></i><b>${num(p.blocks)}</b> blocks${what} ${parts}${rest}</li>`;
   }).join("");
 }
 
@@ -136,10 +148,20 @@ export function parseTokens(text) {
   return { tokens: parts.map(Number) };
 }
 
-/** Match results as bars, longest first. @param {Record<string, number>} engines @param {Record<string, number|null>} sizes */
-export function matchHtml(engines, sizes) {
-  const rows = Object.entries(engines).sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
+/**
+ * Match results as bars, longest first; past `limit` engines the best `limit` and a line on the rest.
+ * @param {Record<string, number>} engines @param {Record<string, number|null>} sizes @param {number} [limit]
+ */
+export function matchHtml(engines, sizes, limit = Infinity) {
+  const all = Object.entries(engines).sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]));
+  const rows = all.slice(0, limit);
+  const rest = all.slice(rows.length);
+  const more = rest.length ? `<p class="hint">${num(rest.length)} more engines: ${num(rest.filter(([, n]) => n > 0).length)} hold part of it, ${num(rest.filter(([, n]) => n === 0).length)} none</p>` : "";
   const best = Math.max(1, ...rows.map(([, n]) => n));
+  return more ? matchRows(rows, sizes, best) + more : matchRows(rows, sizes, best);
+}
+
+function matchRows(rows, sizes, best) {
   return rows.map(([name, n]) => `<div class="fleet-match-row" data-engine="${escapeHtml(name)}" data-blocks="${n}"><span>${escapeHtml(name)}</span><meter min="0" max="${best}" value="${n}"></meter><b>${n} blocks</b><small>${sizes[name] ? n * sizes[name] + " tokens" : ""}</small></div>`).join("");
 }
 
@@ -156,4 +178,94 @@ export function seriesOf(samples) {
 /** Options of the recent-chains picker, newest first. @param {any[]} chains @param {number} now unix s */
 export function recentOptionsHtml(chains, now) {
   return `<option value="">—</option>` + chains.map((c) => `<option value="${escapeHtml(c.key)}">${escapeHtml(c.engine)} · ${c.blocks} blocks · ${Math.max(0, Math.round(now - c.at))} s ago</option>`).join("");
+}
+
+// -- many engines (docs/FLEET.md, "The page"): past LARGE_FLEET engines the view shows the
+// fleet's summary and its servers one row each, searched and paged, and draws the maps of the
+// servers opened only.
+
+/** More engines than this: the summary and the server list instead of every engine's map. */
+export const LARGE_FLEET = 32;
+/** Servers a page of the list shows. */
+export const GROUPS_PER_PAGE = 20;
+/** Ranks of the opened servers read (and maps drawn) at most: the API's page bound. */
+export const MAX_OPEN_ENGINES = 256;
+/** Match results listed at most (the best first). */
+export const MATCH_ROWS = 32;
+/** Engine sets listed per largest group. */
+export const LARGE_SETS = 4;
+
+/**
+ * The query of GET /api/fleets/{fleet} (and its /blocks) for what the view shows: `open`, the
+ * servers opened (their ranks matching the search), else the summary and a page of servers.
+ * @param {{q?: string, state?: string, offset?: number, open?: string[], limit?: number}} v
+ * @returns {URLSearchParams}
+ */
+export function viewParams(v) {
+  const p = new URLSearchParams();
+  if (v.q) p.set("engines_q", v.q);
+  if (v.state) p.set("engines_state", v.state);
+  if (v.open && v.open.length) {
+    for (const g of v.open) p.append("engines_group", g);
+    p.set("engines_limit", String(MAX_OPEN_ENGINES));
+  } else {
+    p.set("engines_limit", String(v.limit == null ? 0 : v.limit));
+    p.set("groups_offset", String(v.offset || 0));
+    p.set("groups_limit", String(GROUPS_PER_PAGE));
+  }
+  return p;
+}
+
+/** "8 live · 2 unreachable": engines by state, the most first. @param {Record<string, number>} states */
+export function statesHtml(states) {
+  return Object.entries(states || {}).sort((a, b) => b[1] - a[1] || a[0].localeCompare(b[0]))
+    .map(([s, n]) => `<span class="state" data-state="${escapeHtml(s)}">${num(n)} ${escapeHtml(s)}</span>`).join("");
+}
+
+/** The summary of every engine (GET /api/fleets/{fleet} `summary`) as "Now" cells and the largest holders. @param {any} s */
+export function summaryHtml(s) {
+  if (!s) return "";
+  const cell = (label, value, sub) => `<div class="num"><label>${label}</label><b>${value}</b><small>${sub}</small></div>`;
+  const attention = [s.errors ? `<span class="warn">${num(s.errors)} with errors</span>` : "", s.lagging ? `<span class="warn">${num(s.lagging)} lagging</span>` : ""].filter(Boolean).join(" · ");
+  const hit = s.hit_ratio == null ? "—" : `${(s.hit_ratio * 100).toFixed(1)}%`;
+  const hitSub = s.hit_ratio == null ? "no engine's /metrics read" : `${num(s.prefix_cache_hits)} / ${num(s.prefix_cache_queries)} tokens, ${num(s.engines_with_metrics)} engines`;
+  const tops = (list, what) => list.map((t) => `<li title="${escapeHtml(t.name)}: ${num(t.cached_blocks)} blocks${what(t)}"><b>${escapeHtml(t.name)}</b><small>${num(t.cached_blocks)}</small></li>`).join("");
+  return `<div class="numbers fleet-summary-numbers">
+    ${cell("engines", num(s.engines), `on ${num(s.servers)} servers`)}
+    ${cell("blocks held", num(s.cached_blocks), "summed over engines")}
+    ${cell("engines' hit ratio", hit, hitSub)}
+    <div class="num"><label>states</label><div class="fleet-states">${statesHtml(s.by_state)}</div><small>${attention || "none lagging, none with errors"}</small></div>
+  </div>
+  <div class="fleet-tops"><div><h4>Most blocks held: engines</h4><ol>${tops(s.top_engines || [], (t) => (t.server !== t.name ? `, server ${t.server}` : ""))}</ol></div>
+  <div><h4>Most blocks held: servers</h4><ol>${tops(s.top_servers || [], (t) => `, ${num(t.engines)} engines`)}</ol></div></div>`;
+}
+
+/** A server's DP ranks in words. @param {any} g */
+export function ranksText(g) {
+  const r = g.dp_ranks || {};
+  if (g.engines === 1) return r.first ? `dp ${r.first}` : "1 engine";
+  const span = r.some ? `dp ${r.some.join(", ")}${g.engines > r.some.length ? ", …" : ""}` : `dp ${r.first}–${r.last}`;
+  return `${num(g.engines)} ranks · ${span}`;
+}
+
+/**
+ * One server of the list: its name, ranks, engines by state, blocks (a bar against the page's
+ * largest) and models; opened, its ranks' maps follow (drawn by the view).
+ * @param {any} g @param {boolean} open @param {number} most blocks of the page's largest server
+ */
+export function groupRowHtml(g, open, most) {
+  const bad = g.errors ? ` <span class="warn">${num(g.errors)} with errors</span>` : "";
+  const lag = g.lagging ? ` <span class="warn">${num(g.lagging)} lagging</span>` : "";
+  const models = g.models && g.models.length ? ` · ${escapeHtml(g.models.join(", "))}` : "";
+  return `<div class="fleet-group${open ? " open" : ""}${g.errors ? " bad" : ""}" data-group="${escapeHtml(g.name)}">
+    <button type="button" class="fleet-group-head" aria-expanded="${open}" data-group="${escapeHtml(g.name)}"><i class="caret">${open ? "▾" : "▸"}</i><b>${escapeHtml(g.name)}</b><small>${ranksText(g)}${models}</small><span class="fleet-states">${statesHtml(g.states)}${bad}${lag}</span><meter min="0" max="${Math.max(1, most)}" value="${g.cached_blocks}"></meter><small class="blocks">${num(g.cached_blocks)} blocks</small></button>
+    <div class="fleet-group-ranks"${open ? "" : " hidden"}></div></div>`;
+}
+
+/** "servers 21–40 of 128" (of those matching, when a search or state narrows). @param {any} page @param {boolean} narrowed */
+export function pagerText(page, narrowed) {
+  if (!page || !page.matched) return narrowed ? "no server matches" : "no server";
+  const first = Math.min(page.offset + 1, page.matched);
+  const last = Math.min(page.offset + page.limit, page.matched);
+  return `servers ${num(first)}–${num(last)} of ${num(page.matched)}${narrowed ? ` matching (${num(page.total)} in all)` : ""}`;
 }

@@ -21,6 +21,7 @@ from test_real_publishers import DEADLINE, Engine, wait_for
 
 from kvevents.codec import Removed, Stored
 from kvevents.fleet import TOP_SETS, map_blocks_per_engine
+from kvevents.fleet_view import MAX_LIMIT
 from kvevents.index import MAX_FLEET_ENGINES
 from kvevents.publisher import Publisher
 
@@ -59,7 +60,15 @@ def pair(ipc, vllm_kv, sglang_kv):
 
 
 def rows_of(client, fleet="f") -> dict:
-    return {r["name"]: r for r in client.get(f"/api/fleets/{fleet}").json()["engines"]}
+    """Every engine's row, a page of MAX_LIMIT at a time."""
+    rows, offset = {}, 0
+    while True:
+        got = client.get(f"/api/fleets/{fleet}", params={"engines_offset": offset, "engines_limit": MAX_LIMIT,
+                                                         "samples": 0}).json()
+        rows.update((r["name"], r) for r in got["engines"])
+        offset += MAX_LIMIT
+        if offset >= got["engines_page"]["matched"]:
+            return rows
 
 
 def test_fleet_rest_match_metrics_and_engine_changes(pair, ipc, vllm_kv):

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { COLUMNS, MAX_ROWS, SHARED, SHARED_COLOR, colorOf, engineHeadHtml, figuresHtml, groupByServer, healthOf, keyedNote, legendHtml, mapLayout, matchHtml, parseTokens, prefixesHtml, recentOptionsHtml, seriesOf } from "../fleet.js";
+import { COLUMNS, GROUPS_PER_PAGE, MAX_OPEN_ENGINES, MAX_ROWS, SHARED, SHARED_COLOR, colorOf, engineHeadHtml, figuresHtml, groupByServer, groupRowHtml, healthOf, keyedNote, legendHtml, mapLayout, matchHtml, pagerText, parseTokens, prefixesHtml, ranksText, recentOptionsHtml, seriesOf, statesHtml, summaryHtml, viewParams } from "../fleet.js";
 
 test("one colour group gets one colour everywhere, neighbouring groups differ, the trunk is grey", () => {
   assert.equal(colorOf(12345), colorOf(12345));
@@ -102,4 +102,79 @@ test("recent chains are offered newest first with their engine, length and age",
   const html = recentOptionsHtml([{ engine: "e1", key: "00000000000000ab", blocks: 7, at: 95 }], 100);
   assert.match(html, /<option value="">—<\/option>/);
   assert.match(html, /value="00000000000000ab">e1 · 7 blocks · 5 s ago/);
+});
+
+test("a large fleet's list asks for the summary and a page of servers; opened servers for their ranks", () => {
+  const list = viewParams({ q: "server-1", state: "unreachable", offset: 40 });
+  assert.deepEqual([...list], [["engines_q", "server-1"], ["engines_state", "unreachable"], ["engines_limit", "0"], ["groups_offset", "40"], ["groups_limit", String(GROUPS_PER_PAGE)]]);
+  const open = viewParams({ q: "", open: ["a", "b:c"] });
+  assert.deepEqual(open.getAll("engines_group"), ["a", "b:c"]);
+  assert.equal(open.get("engines_limit"), String(MAX_OPEN_ENGINES));
+  assert.equal(open.get("groups_offset"), null);
+  assert.equal(viewParams({ limit: 32 }).get("engines_limit"), "32");
+  assert.equal(viewParams({}).toString(), `engines_limit=0&groups_offset=0&groups_limit=${GROUPS_PER_PAGE}`);
+});
+
+test("the summary names engines, servers, blocks, states, the hit ratio and the largest holders", () => {
+  const s = { engines: 1024, servers: 128, by_state: { live: 1000, unreachable: 24 }, lagging: 3, errors: 24, cached_blocks: 123456,
+    top_engines: [{ name: "s1:dp3", server: "s1", cached_blocks: 99 }], top_servers: [{ name: "s1", engines: 8, cached_blocks: 500 }],
+    hit_ratio: 0.4567, prefix_cache_hits: 4567, prefix_cache_queries: 10000, engines_with_metrics: 8 };
+  const html = summaryHtml(s);
+  assert.match(html, /engines<\/label><b>1,024<\/b><small>on 128 servers/);
+  assert.match(html, /123,456/);
+  assert.match(html, /45\.7%/);
+  assert.ok(html.indexOf('data-state="live">1,000 live') < html.indexOf('data-state="unreachable">24 unreachable'));
+  assert.match(html, /24 with errors/);
+  assert.match(html, /3 lagging/);
+  assert.match(html, /title="s1:dp3: 99 blocks, server s1"><b>s1:dp3<\/b><small>99<\/small>/);
+  assert.match(html, /title="s1: 500 blocks, 8 engines"><b>s1<\/b><small>500<\/small>/);
+  const none = summaryHtml({ ...s, hit_ratio: null, lagging: 0, errors: 0 });
+  assert.match(none, /no engine's \/metrics read/);
+  assert.match(none, /none lagging, none with errors/);
+  assert.equal(summaryHtml(null), "");
+});
+
+test("a server is one row: its ranks, states, blocks; opened, a place for its maps", () => {
+  const g = { name: "server-<7>", engines: 8, dp_ranks: { first: 0, last: 7 }, states: { live: 7, unreachable: 1 }, lagging: 0, errors: 1, cached_blocks: 1234, models: ["llama"] };
+  const closed = groupRowHtml(g, false, 2000);
+  assert.match(closed, /data-group="server-&lt;7&gt;"/);
+  assert.match(closed, /aria-expanded="false"/);
+  assert.match(closed, /8 ranks · dp 0–7 · llama/);
+  assert.match(closed, /1 with errors/);
+  assert.match(closed, /max="2000" value="1234"/);
+  assert.match(closed, /class="fleet-group-ranks" hidden/);
+  assert.match(groupRowHtml(g, true, 2000), /fleet-group open bad[\s\S]*aria-expanded="true"[\s\S]*class="fleet-group-ranks"><\/div>/);
+  assert.equal(ranksText({ engines: 1, dp_ranks: { first: 0, last: 0 } }), "1 engine");
+  assert.equal(ranksText({ engines: 3, dp_ranks: { first: 0, last: 9, some: [0, 4, 9] } }), "3 ranks · dp 0, 4, 9");
+  assert.equal(statesHtml({ b: 1, a: 1, c: 2 }).match(/data-state="(\w)"/g).join(), 'data-state="c",data-state="a",data-state="b"');
+});
+
+test("the pager says which servers are shown, of how many, and whether a search narrows them", () => {
+  assert.equal(pagerText({ offset: 20, limit: 20, matched: 128, total: 128 }, false), "servers 21–40 of 128");
+  assert.equal(pagerText({ offset: 120, limit: 20, matched: 128, total: 128 }, false), "servers 121–128 of 128");
+  assert.equal(pagerText({ offset: 0, limit: 20, matched: 1, total: 128 }, true), "servers 1–1 of 1 matching (128 in all)");
+  assert.equal(pagerText({ offset: 0, limit: 20, matched: 0, total: 128 }, true), "no server matches");
+});
+
+test("a match over many engines lists the best and says what the rest hold", () => {
+  const engines = Object.fromEntries(Array.from({ length: 40 }, (_, i) => [`e${i}`, i < 35 ? 40 - i : 0]));
+  const html = matchHtml(engines, {}, 32);
+  assert.equal((html.match(/fleet-match-row/g) || []).length, 32);
+  assert.match(html, /8 more engines: 3 hold part of it, 5 none/);
+  assert.doesNotMatch(matchHtml({ a: 1, b: 0 }, {}, 32), /more engines/);
+});
+
+test("a set of a subset's maps names some engines and counts the others", () => {
+  const html = prefixesHtml([{ color: 5, blocks: 10, sets: [{ engines: ["a", "b"], more_engines: 1014, blocks: 10 }, { engines: ["c"], blocks: 2 }] }]);
+  assert.match(html, /a \+ b \+ 1,014 more: 10/);
+  assert.match(html, /fleet-set shared/);
+  assert.match(html, /class="fleet-set" title="2 blocks held by c">c: 2/);
+});
+
+test("a large fleet's largest groups list their largest sets and count the others", () => {
+  const sets = Array.from({ length: 6 }, (_, i) => ({ engines: [`e${i}`], blocks: 10 - i }));
+  const html = prefixesHtml([{ color: 5, blocks: 60, sets, other_sets: 3, other_sets_blocks: 4 }], 4);
+  assert.equal((html.match(/title=/g) || []).length, 4);
+  assert.match(html, /\+ 5 more sets: 15/);
+  assert.doesNotMatch(prefixesHtml([{ color: 5, blocks: 60, sets }]), /more sets/);
 });
