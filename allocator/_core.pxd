@@ -109,6 +109,12 @@ cdef inline void dlist_move_to_back(DList *l, int32_t i) noexcept nogil:
         dlist_push_back(l, i)
 
 
+# -- the eviction policies' algorithms (the cache's policies and PrefixCore's BlockOrder) ------
+# Over arrays their users own (the cache's policies grow theirs); S3-FIFO's ghost is the one
+# Python object they touch.
+include "_eviction.pxi"
+
+
 # -- reference counts ------------------------------------------------------------------------
 cdef inline int32_t ref_incr(int32_t *refs, int32_t i) noexcept nogil:
     refs[i] += 1

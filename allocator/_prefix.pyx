@@ -14,7 +14,8 @@ Invariants (checked by `PrefixPool.check` from the outside):
 - `index[h] == b` iff block b is hashed with h;
 - the evictable structure holds exactly the idle hashed blocks, `n_evictable` of them.
 
-Policies order the evictable (idle, hashed) blocks:
+Policies order the evictable (idle, hashed) blocks, in one `BlockOrder` (allocator/_eviction.pxi,
+where the keyed cache's policies take their algorithms from too):
 - lru: one intrusive doubly-linked list (O(1) append, O(1) removal from the middle on a hit),
   blocks appended when they become idle, so a sequence closed tail-first loses its tail first;
 - fifo / lfu / belady: an indexed binary heap (O(log n) insert, removal from the middle and
@@ -32,11 +33,28 @@ from allocator._core cimport (
     DList,
     EventRing,
     Stack,
-    dlist_push_back,
-    dlist_remove,
     stack_pop,
     stack_push,
     wall_time,
+)
+from allocator._core cimport (  # the eviction algorithms (_eviction.pxi)
+    P_BELADY,
+    P_FIFO,
+    P_LFU,
+    P_LRU,
+    P_S3FIFO,
+    Q_MAIN,
+    Q_SMALL,
+    BlockOrder,
+    heap_less,
+    order_evicted,
+    order_insert,
+    order_is_list,
+    order_remove,
+    order_stored,
+    order_victim,
+    s3_drain,
+    s3_hit,
 )
 from cpython cimport array as carray
 from cpython.bytes cimport PyBytes_FromStringAndSize
@@ -62,16 +80,6 @@ cdef enum:
     W_FREE = 0
     W_HELD = 1
     W_EVICT = 2
-    # policies
-    P_LRU = 0
-    P_FIFO = 1
-    P_LFU = 2
-    P_S3FIFO = 3
-    P_BELADY = 4
-    # s3fifo queues
-    Q_SMALL = 0
-    Q_MAIN = 1
-    S3_MAX_FREQ = 3
     NBUCKETS = 20
     # an operation on up to this many blocks keeps its per-block scratch (the ids and hashes
     # its events name) on the C stack; a bigger one allocates it once for the operation
@@ -221,8 +229,9 @@ cdef class PrefixCore:
     cdef int32_t[:] mark
     cdef Stack fs  # the free stack (allocator/_core.pxd), over `free_stack`
     cdef public int n_evictable
-    cdef int heap_size
-    cdef DList lst[2]  # lru: lst[0]; s3fifo: small, main (allocator/_core.pxd), over prev/nxt
+    # the evictable blocks in policy order (allocator/_eviction.pxi): lists over prev/nxt, or the
+    # heap over heap/hpos/key1/key2
+    cdef BlockOrder ord
     cdef int32_t op
     cdef int64_t tick
     cdef public dict index
@@ -288,20 +297,30 @@ cdef class PrefixCore:
         self.k_open, self.k_append = events.code("open"), events.code("append")
         self.k_close, self.k_cleared = events.code("close"), events.code("cleared")
         self.k_stored, self.k_removed = events.code("stored"), events.code("removed")
+        self.ord.policy = self.policy
+        self.ord.heap.items = &self.heap[0]
+        self.ord.heap.pos = &self.hpos[0]
+        self.ord.heap.key1 = &self.key1[0]
+        self.ord.heap.key2 = &self.key2[0]
+        self.ord.s3hits = &self.freq[0]
+        self.ord.queue = &self.queue[0]
+        self.ord.stored_tick = &self.stored_tick[0]
+        self.ord.hits = &self.hits[0]
+        self.ord.next_use = &self.next_use[0]
         self._clear_structures()
 
     cdef _clear_structures(self):
         self.index = {}
         self.ghost = OrderedDict()
         self.n_evictable = 0
-        self.heap_size = 0
+        self.ord.heap.size = 0
         cdef int q
         for q in range(2):
-            self.lst[q].prev = &self.prev[0]
-            self.lst[q].next = &self.nxt[0]
-            self.lst[q].head = NIL
-            self.lst[q].tail = NIL
-            self.lst[q].size = 0
+            self.ord.lst[q].prev = &self.prev[0]
+            self.ord.lst[q].next = &self.nxt[0]
+            self.ord.lst[q].head = NIL
+            self.ord.lst[q].tail = NIL
+            self.ord.lst[q].size = 0
 
     def reset_all(self):
         """Everything free and unhashed (the pool's reset clears the block map itself)."""
@@ -329,118 +348,24 @@ cdef class PrefixCore:
         """Blocks on the free stack."""
         return self.fs.top
 
-    cdef inline bint _less(self, int a, int b) noexcept:
-        if self.key1[a] != self.key1[b]:
-            return self.key1[a] < self.key1[b]
-        return self.key2[a] < self.key2[b]
-
-    cdef void _sift_up(self, int i) noexcept:
-        cdef int b = self.heap[i], p
-        while i > 0:
-            p = (i - 1) >> 1
-            if not self._less(b, self.heap[p]):
-                break
-            self.heap[i] = self.heap[p]
-            self.hpos[self.heap[i]] = i
-            i = p
-        self.heap[i] = b
-        self.hpos[b] = i
-
-    cdef void _sift_down(self, int i) noexcept:
-        cdef int b = self.heap[i], c, n = self.heap_size
-        while True:
-            c = 2 * i + 1
-            if c >= n:
-                break
-            if c + 1 < n and self._less(self.heap[c + 1], self.heap[c]):
-                c += 1
-            if not self._less(self.heap[c], b):
-                break
-            self.heap[i] = self.heap[c]
-            self.hpos[self.heap[i]] = i
-            i = c
-        self.heap[i] = b
-        self.hpos[b] = i
-
-    cdef void _heap_push(self, int b) noexcept:
-        cdef int i = self.heap_size
-        self.heap_size += 1
-        self.heap[i] = b
-        self.hpos[b] = i
-        self._sift_up(i)
-
-    cdef void _heap_remove(self, int b) noexcept:
-        cdef int i = self.hpos[b], last
-        self.heap_size -= 1
-        last = self.heap[self.heap_size]
-        self.hpos[b] = NIL
-        if i != self.heap_size:
-            self.heap[i] = last
-            self.hpos[last] = i
-            self._sift_down(i)
-            self._sift_up(self.hpos[last])
-
-    cdef void _ev_insert(self, int b) noexcept:
+    cdef inline void _ev_insert(self, int b) noexcept:
         """Block b just became idle (refcount 0) and is hashed: make it evictable."""
-        cdef int p = self.policy
         self.tick += 1
         self.where[b] = W_EVICT
         self.n_evictable += 1
-        if p == P_LRU:
-            dlist_push_back(&self.lst[0], b)
-        elif p == P_S3FIFO:
-            dlist_push_back(&self.lst[self.queue[b]], b)
-        else:
-            if p == P_FIFO:
-                self.key1[b] = self.stored_tick[b]
-                self.key2[b] = 0
-            elif p == P_LFU:
-                self.key1[b] = self.hits[b]
-                self.key2[b] = self.tick
-            else:
-                self.key1[b] = -self.next_use[b]
-                self.key2[b] = self.tick
-            self._heap_push(b)
+        order_insert(&self.ord, b, self.tick)
 
-    cdef void _ev_remove(self, int b) noexcept:
+    cdef inline void _ev_remove(self, int b) noexcept:
         """Take an idle block out of the evictable structure (a hit, or its eviction)."""
-        cdef int p = self.policy
         self.where[b] = W_HELD
         self.n_evictable -= 1
-        if p == P_LRU:
-            dlist_remove(&self.lst[0], b)
-        elif p == P_S3FIFO:
-            dlist_remove(&self.lst[self.queue[b]], b)
-        else:
-            self._heap_remove(b)
+        order_remove(&self.ord, b)
 
-    cdef int _ev_victim(self):
+    cdef inline int _ev_victim(self) noexcept:
         """The next block to evict (policy order), without removing it. -1 when none."""
-        cdef int p = self.policy, b
         if self.n_evictable == 0:
             return NIL
-        if p == P_LRU:
-            return self.lst[0].head
-        if p != P_S3FIFO:
-            return self.heap[0]
-        while True:
-            if self.lst[Q_SMALL].size > 0 and (self.lst[Q_SMALL].size * 10 >= self.n_evictable
-                                               or self.lst[Q_MAIN].size == 0):
-                b = self.lst[Q_SMALL].head
-                if self.freq[b] > 0:  # hit while on probation: promote to main
-                    dlist_remove(&self.lst[Q_SMALL], b)
-                    self.freq[b] = 0
-                    self.queue[b] = Q_MAIN
-                    dlist_push_back(&self.lst[Q_MAIN], b)
-                    continue
-                return b
-            b = self.lst[Q_MAIN].head
-            if self.freq[b] > 0:  # second chance
-                self.freq[b] -= 1
-                dlist_remove(&self.lst[Q_MAIN], b)
-                dlist_push_back(&self.lst[Q_MAIN], b)
-                continue
-            return b
+        return order_victim(&self.ord, self.n_evictable)
 
     cdef inline void _observe(self, int which, double v) noexcept:
         cdef int i = 0
@@ -506,10 +431,7 @@ cdef class PrefixCore:
                     evb[nev] = b
                     evh[nev] = self.bhash[b]
                     nev += 1
-                    if self.policy == P_S3FIFO and self.queue[b] == Q_SMALL:
-                        self.ghost[ho] = None
-                        while len(self.ghost) > max(self.lst[Q_MAIN].size, 1):
-                            self.ghost.popitem(last=False)
+                    order_evicted(&self.ord, self.ghost, b, ho)
                     PyDict_DelItem(index, ho)
                     self.hashed[b] = 0
                     self.evicted += 1
@@ -746,8 +668,7 @@ cdef class PrefixCore:
                 nheld += 1
             self.refcnt[b] += 1
             self.hits[b] += 1
-            if self.freq[b] < S3_MAX_FREQ:
-                self.freq[b] += 1
+            s3_hit(self.ord.s3hits, b)
             self._observe(2, now - self.last_access[b])
             self.last_access[b] = now
             self.depth[b] = i
@@ -835,12 +756,7 @@ cdef class PrefixCore:
                     self.tick += 1
                     self.stored_tick[b] = self.tick
                     self.stored += 1
-                    if self.policy == P_S3FIFO:
-                        if h in self.ghost:
-                            del self.ghost[h]
-                            self.queue[b] = Q_MAIN
-                        else:
-                            self.queue[b] = Q_SMALL
+                    order_stored(&self.ord, self.ghost, b, h)
                     if run == 0:
                         run_parent = parent
                         run_start = first + i
@@ -1002,35 +918,29 @@ cdef class PrefixCore:
             items = [(self.key1[b], self.key2[b], b) for b in self._heap_blocks()]
             items.sort()
             return [x[2] for x in items[:n]]
-        # s3fifo: run the policy on copies of the two queues and the hit counts
-        small, main = self._walk(Q_SMALL), self._walk(Q_MAIN)
-        freq = {x: self.freq[x] for x in small + main}
-        si = mi = 0
-        total = len(small) + len(main)
-        while len(out) < n:
-            left_small = len(small) - si
-            left_main = len(main) - mi
-            if left_small > 0 and (left_small * 10 >= total or left_main == 0):
-                b = small[si]
-                si += 1
-                if freq[b] > 0:
-                    freq[b] = 0
-                    main.append(b)
-                    continue
-            else:
-                b = main[mi]
-                mi += 1
-                if freq[b] > 0:
-                    freq[b] -= 1
-                    main.append(b)
-                    continue
-            out.append(b)
-            total -= 1
-        return out
+        # s3fifo: run the policy on copies of the two queues' links, hit counts and queue codes
+        self._walk(Q_SMALL)
+        self._walk(Q_MAIN)  # (both walks check the links the copies follow)
+        return self._s3_order(n)
+
+    cdef list _s3_order(self, Py_ssize_t n):
+        prev, nxt = np.array(self.prev, dtype=np.int32), np.array(self.nxt, dtype=np.int32)
+        hits, queue = np.array(self.freq, dtype=np.uint8), np.array(self.queue, dtype=np.uint8)
+        got = np.empty(n, dtype=np.int32)
+        cdef int32_t[::1] pv = prev, nv = nxt, gv = got
+        cdef uint8_t[::1] hv = hits, qv = queue
+        cdef DList q[2]
+        cdef int i
+        for i in range(2):
+            q[i] = self.ord.lst[i]
+            q[i].prev = &pv[0]
+            q[i].next = &nv[0]
+        k = s3_drain(&q[Q_SMALL], &q[Q_MAIN], &hv[0], &qv[0], Q_MAIN, False, &gv[0], n)
+        return got[:k].tolist()
 
     def evictable_blocks(self):
         """Every idle cached block, in no particular order (for check)."""
-        if self.policy == P_LRU or self.policy == P_S3FIFO:
+        if order_is_list(&self.ord):
             return self._walk(0) + self._walk(1)
         return self._heap_blocks()
 
@@ -1038,9 +948,9 @@ cdef class PrefixCore:
         """The blocks of list q, head first. CorruptState at a link outside the pool or past
         the list's size (check() names it): the walk never follows a bad index."""
         cdef list out = []
-        cdef int b = self.lst[q].head
+        cdef int b = self.ord.lst[q].head
         while b != NIL:
-            if b < 0 or b >= self.num_blocks or len(out) >= self.lst[q].size:
+            if b < 0 or b >= self.num_blocks or len(out) >= self.ord.lst[q].size:
                 raise CorruptState(f"eviction list {q} links to block {b} (check() names it)")
             out.append(b)
             b = self.nxt[b]
@@ -1050,9 +960,9 @@ cdef class PrefixCore:
         """The blocks in the eviction heap. CorruptState when its size or an entry lies
         outside the pool (check() names it)."""
         cdef Py_ssize_t i
-        if not 0 <= self.heap_size <= self.num_blocks:
-            raise CorruptState(f"the eviction heap claims {self.heap_size} blocks (check() names it)")
-        out = [self.heap[i] for i in range(self.heap_size)]
+        if not 0 <= self.ord.heap.size <= self.num_blocks:
+            raise CorruptState(f"the eviction heap claims {self.ord.heap.size} blocks (check() names it)")
+        out = [self.heap[i] for i in range(self.ord.heap.size)]
         for b in out:
             if not 0 <= b < self.num_blocks:
                 raise CorruptState(f"the eviction heap holds block {b} (check() names it)")
@@ -1061,8 +971,8 @@ cdef class PrefixCore:
     cdef object _list_problem(self, int q):
         """What is wrong with eviction list q (None: sound): walked at most its size and
         never past the pool, each block checked before its links are read."""
-        cdef int b = self.lst[q].head, p = NIL
-        cdef Py_ssize_t n = 0, size = self.lst[q].size
+        cdef int b = self.ord.lst[q].head, p = NIL
+        cdef Py_ssize_t n = 0, size = self.ord.lst[q].size
         if not 0 <= size <= self.num_blocks:
             return f"eviction list {q} claims {size} blocks, the pool has {self.num_blocks}"
         while b != NIL:
@@ -1078,8 +988,8 @@ cdef class PrefixCore:
             if n > size:
                 return f"eviction list {q} runs past its size of {size} (a cycle or a stray link)"
             p, b = b, self.nxt[b]
-        if p != self.lst[q].tail or n != size:
-            return f"eviction list {q}: {n} blocks walked to {p}, its size is {size} and tail {self.lst[q].tail}"
+        if p != self.ord.lst[q].tail or n != size:
+            return f"eviction list {q}: {n} blocks walked to {p}, its size is {size} and tail {self.ord.lst[q].tail}"
         return None
 
     def check(self) -> list:
@@ -1105,23 +1015,23 @@ cdef class PrefixCore:
             bad = np.flatnonzero(np.asarray(self.queue) > Q_MAIN)
             if bad.size:
                 return [f"block {int(bad[0])} is filed for s3fifo queue {self.queue[int(bad[0])]}"]
-        if self.policy == P_LRU or self.policy == P_S3FIFO:
+        if order_is_list(&self.ord):
             for q in range(2):
                 problem = self._list_problem(q)
                 if problem is not None:
                     return [problem]
-            if self.heap_size != 0:
-                return [f"the eviction heap holds {self.heap_size} blocks under a list policy"]
-            if self.lst[0].size + self.lst[1].size != self.n_evictable:
-                return [f"the eviction lists hold {self.lst[0].size + self.lst[1].size} blocks, "
+            if self.ord.heap.size != 0:
+                return [f"the eviction heap holds {self.ord.heap.size} blocks under a list policy"]
+            if self.ord.lst[0].size + self.ord.lst[1].size != self.n_evictable:
+                return [f"the eviction lists hold {self.ord.lst[0].size + self.ord.lst[1].size} blocks, "
                         f"the evictable count is {self.n_evictable}"]
         else:
             for q in range(2):
-                if self.lst[q].head != NIL or self.lst[q].tail != NIL or self.lst[q].size:
+                if self.ord.lst[q].head != NIL or self.ord.lst[q].tail != NIL or self.ord.lst[q].size:
                     return [f"eviction list {q} claims blocks under a heap policy"]
-            if self.heap_size != self.n_evictable:
-                return [f"the eviction heap holds {self.heap_size} blocks, the evictable count is {self.n_evictable}"]
-            for i in range(self.heap_size):
+            if self.ord.heap.size != self.n_evictable:
+                return [f"the eviction heap holds {self.ord.heap.size} blocks, the evictable count is {self.n_evictable}"]
+            for i in range(self.ord.heap.size):
                 b = self.heap[i]
                 if b < 0 or b >= n:
                     return [f"eviction heap position {i} holds block {b}, outside 0..{n - 1}"]
@@ -1129,7 +1039,7 @@ cdef class PrefixCore:
                     return [f"eviction heap position {i} holds block {b}, whose position says {self.hpos[b]}"]
                 if self.where[b] != W_EVICT:
                     return [f"the eviction heap holds block {b}, which is not evictable (location {self.where[b]})"]
-                if i > 0 and self._less(b, self.heap[(i - 1) >> 1]):
+                if i > 0 and heap_less(&self.ord.heap, b, self.heap[(i - 1) >> 1]):
                     return [f"the eviction heap is out of order at position {i}"]
         for h, bo in self.index.items():
             if type(bo) is not int or not 0 <= bo < n:
@@ -1154,7 +1064,7 @@ cdef class PrefixCore:
         if field == "top":
             old, self.fs.top = self.fs.top, value
         elif field == "heap_size":
-            old, self.heap_size = self.heap_size, <int>value
+            old, self.ord.heap.size = self.ord.heap.size, <int>value
         elif field == "n_evictable":
             old, self.n_evictable = self.n_evictable, <int>value
         elif field.startswith("list") and "." in field:
@@ -1163,11 +1073,11 @@ cdef class PrefixCore:
             if q not in (0, 1):
                 raise KeyError(field)
             if part == "head":
-                old, self.lst[q].head = self.lst[q].head, <int32_t>value
+                old, self.ord.lst[q].head = self.ord.lst[q].head, <int32_t>value
             elif part == "tail":
-                old, self.lst[q].tail = self.lst[q].tail, <int32_t>value
+                old, self.ord.lst[q].tail = self.ord.lst[q].tail, <int32_t>value
             elif part == "size":
-                old, self.lst[q].size = self.lst[q].size, value
+                old, self.ord.lst[q].size = self.ord.lst[q].size, value
             else:
                 raise KeyError(field)
         else:
@@ -1183,12 +1093,12 @@ cdef class PrefixCore:
     def heap_ok(self):
         """Whether the heap property and positions hold (fifo/lfu/belady)."""
         cdef int i
-        if not 0 <= self.heap_size <= self.num_blocks:
+        if not 0 <= self.ord.heap.size <= self.num_blocks:
             return False
-        for i in range(self.heap_size):
+        for i in range(self.ord.heap.size):
             if not 0 <= self.heap[i] < self.num_blocks or self.hpos[self.heap[i]] != i:
                 return False
-            if i > 0 and self._less(self.heap[i], self.heap[(i - 1) >> 1]):
+            if i > 0 and heap_less(&self.ord.heap, self.heap[i], self.heap[(i - 1) >> 1]):
                 return False
         return True
 
