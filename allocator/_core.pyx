@@ -2,7 +2,8 @@
 """kvscope's compiled core: the primitives of `_core.pxd` with Python-facing owners (FreeStack,
 LinkedList, RefCounts) here, then, included below, the event ring (`_events.pxi`), the block map
 (`_blockmap.pxi`), the paged pool's per-operation state (`_paged.pxi`), the eviction policies
-(`_policies.pxi`) and the keyed cache's core (`_cache.pxi`).
+(`_policies.pxi`, over the algorithms `_core.pxd` includes from `_eviction.pxi`, which PrefixCore
+uses too) and the keyed cache's core (`_cache.pxi`).
 
 Debugging: build with `KVSCOPE_CYTHON_DEBUG=1` (setup.py turns boundscheck/wraparound back on and
 compiles with -O0 -g), or `cython -a allocator/_core.pyx` for the annotated HTML that shows every

@@ -1,4 +1,8 @@
-# Included by _core.pyx: the cache's eviction policies over intrusive int32 lists.
+# Included by _core.pyx: the cache's eviction policies over intrusive int32 lists. Their
+# algorithms (list order, S3-FIFO's victim loop and ghost) are allocator/_eviction.pxi's, shared
+# with the prefix pool's PrefixCore; here they are given slots, keys and the cache's API.
+
+from collections import OrderedDict as _OrderedDict
 
 from cpython.dict cimport PyDict_SetDefault
 from cpython.object cimport PyObject
@@ -305,11 +309,11 @@ cdef class LRU(KeyedPolicy):
 
     cdef int32_t c_insert_slot(self, key) except -2:
         cdef int32_t s = self.acquire(key)
-        dlist_push_back(&self.order_.l, s)
+        list_insert(&self.order_.l, s)
         return s
 
     cdef int c_touch_slot(self, int32_t s) except -1:
-        dlist_move_to_back(&self.order_.l, s)
+        list_touch(&self.order_.l, s)
         return 0
 
     cdef int c_remove_slot(self, int32_t s, bint evicted) except -1:
@@ -318,7 +322,7 @@ cdef class LRU(KeyedPolicy):
         return 0
 
     cdef int32_t c_victim_slot(self) except -2:
-        return self.order_.l.head
+        return list_victim(&self.order_.l)
 
     cdef int32_t c_victim_after(self, int32_t s) noexcept:
         return self.next[s] if 0 <= s < self.cap else NIL
@@ -462,7 +466,8 @@ cdef class S3FIFO(KeyedPolicy):
     hits left is reinserted with one hit fewer (a CLOCK-like second chance); otherwise it is the
     victim. Hit counts saturate at 3. `victim()` performs those promotions so that its answer is
     the key `remove(key, evicted=True)` will take next. The ghost keeps at most max(len(main),
-    1) keys, oldest dropped first (a dict in insertion order: keys only, no slot).
+    1) keys, oldest dropped first (an OrderedDict: keys only, no slot). The algorithm is
+    allocator/_eviction.pxi's (s3_*), with the share of small computed as small >= 0.1 * total.
     """
 
     name = "s3fifo"
@@ -473,12 +478,12 @@ cdef class S3FIFO(KeyedPolicy):
     cdef uint8_t *hits
     cdef uint8_t *in_small
     cdef object _small_arr
-    cdef dict _ghost
+    cdef object _ghost          # OrderedDict: key -> None
 
     def __cinit__(self, *args, **kw):
         self.small = self.new_list()
         self.main = self.new_list()
-        self._ghost = {}
+        self._ghost = _OrderedDict()
         self._on_grow(0)  # the base's __cinit__ grew the slots before this type's hook was set
 
     cdef int _on_grow(self, Py_ssize_t old) except -1:
@@ -496,8 +501,7 @@ cdef class S3FIFO(KeyedPolicy):
     cdef int32_t c_insert_slot(self, key) except -2:
         cdef int32_t s = self.acquire(key)
         self.hits[s] = 0
-        if key in self._ghost:
-            del self._ghost[key]
+        if s3_recall(self._ghost, key):
             self.in_small[s] = 0
             dlist_push_back(&self.main.l, s)
         else:
@@ -506,68 +510,41 @@ cdef class S3FIFO(KeyedPolicy):
         return s
 
     cdef int c_touch_slot(self, int32_t s) except -1:
-        if self.hits[s] < 3:
-            self.hits[s] += 1
+        s3_hit(self.hits, s)
         return 0
 
     cdef int c_remove_slot(self, int32_t s, bint evicted) except -1:
-        cdef dict ghost = self._ghost
         if self.in_small[s]:
             dlist_remove(&self.small.l, s)
             if evicted:
-                ghost[self._keys[s]] = None
-                while len(ghost) > max(self.main.l.size, 1):
-                    del ghost[next(iter(ghost))]
+                s3_remember(self._ghost, self._keys[s], self.main.l.size)
         else:
             dlist_remove(&self.main.l, s)
         self.release(s)
         return 0
 
-    cdef int32_t _victim_slot(self):
-        cdef int32_t s
-        cdef Py_ssize_t total
-        while True:
-            total = self.small.l.size + self.main.l.size
-            if self.small.l.size and (self.small.l.size >= 0.1 * total or not self.main.l.size):
-                s = self.small.l.head
-                if self.hits[s] > 0:  # re-accessed while on probation: promote
-                    dlist_remove(&self.small.l, s)
-                    self.hits[s] = 0
-                    self.in_small[s] = 0
-                    dlist_push_back(&self.main.l, s)
-                    continue
-                return s
-            s = self.main.l.head
-            if self.hits[s] > 0:  # second chance
-                self.hits[s] -= 1
-                dlist_move_to_back(&self.main.l, s)
-                continue
-            return s
-
     cdef int32_t c_victim_slot(self) except -2:
-        return self._victim_slot()
+        return s3_victim(&self.small.l, &self.main.l, self.hits, self.in_small, 0,
+                         self.small.l.size + self.main.l.size, True)
 
     def order(self, limit=None) -> list:
-        """Eviction order, by running the policy on a copy (keys, queues and hit counts)."""
-        cdef S3FIFO sim = S3FIFO()
-        cdef int32_t t
-        for s in self.walk_slots(self.small):
-            t = sim.acquire(self._keys[s])
-            sim.in_small[t] = 1
-            sim.hits[t] = self.hits[s]
-            dlist_push_back(&sim.small.l, t)
-        for s in self.walk_slots(self.main):
-            t = sim.acquire(self._keys[s])
-            sim.in_small[t] = 0
-            sim.hits[t] = self.hits[s]
-            dlist_push_back(&sim.main.l, t)
-        cdef list out = []
-        n = self.count if limit is None else min(limit, self.count)
-        while len(out) < n:
-            key = sim.victim()
-            sim.remove(key, False)
-            out.append(key)
-        return out
+        """Eviction order, by running the policy on copies of the links, hit counts and queue
+        flags (the live lists are walked, and so checked, first)."""
+        self.walk_slots(self.small)
+        self.walk_slots(self.main)
+        cdef Py_ssize_t n = self.count if limit is None else min(limit, self.count)
+        if n <= 0:
+            return []
+        prev, nxt = self._prev_arr.copy(), self._next_arr.copy()
+        hits, flags = self._hits_arr.copy(), self._small_arr.copy()
+        got = np.empty(n, dtype=np.int32)
+        cdef int32_t[::1] pv = prev, nv = nxt, gv = got
+        cdef uint8_t[::1] hv = hits, fv = flags
+        cdef DList small = self.small.l, main = self.main.l
+        small.prev = main.prev = &pv[0]
+        small.next = main.next = &nv[0]
+        cdef Py_ssize_t k = s3_drain(&small, &main, &hv[0], &fv[0], 0, True, &gv[0], n)
+        return [self._keys[s] for s in got[:k].tolist()]
 
     def _raw(self) -> dict:
         return {**KeyedPolicy._raw(self), "hits": self._hits_arr, "in_small": self._small_arr}
