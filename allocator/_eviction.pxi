@@ -11,8 +11,8 @@
 #     from allocator._core cimport BlockOrder, order_insert, order_remove, order_victim, ...
 #
 # Everything is a C struct over arrays its owner allocates, and inline functions (no Python object
-# on any path but the S3-FIFO ghost, an OrderedDict of keys). The two users differ in what an element's
-# life looks like, not in the algorithms: a cache key stays in its policy from put to eviction and
+# on any path but the S3-FIFO ghost's keys, in a `Ghost`). The two users differ in what an
+# element's life looks like, not in the algorithms: a cache key stays in its policy from put to eviction and
 # is touched on a hit, while a prefix block leaves the evictable order on a hit (a sequence holds
 # it) and comes back when it is idle again, keyed by its history (store tick, hits, next use). So:
 #
@@ -27,6 +27,9 @@
 # The functions do no bounds or membership checks: the caller keeps the invariants written beside
 # each one, and its `check()` verifies them off the hot path.
 
+
+from cpython.dict cimport PyDict_GetItem, PyDict_SetDefault
+from cpython.object cimport PyObject
 
 cdef enum:
     # the prefix pool's policy codes (PrefixCore.policy; POLICY_CODES in _prefix.pyx)
@@ -190,22 +193,54 @@ cdef inline Py_ssize_t s3_drain(DList *small, DList *main, uint8_t *hits, uint8_
     return k
 
 
-cdef inline bint s3_recall(object ghost, object key) except -1:
-    """Whether the ghost (an OrderedDict of keys) remembers `key`, then forgotten there: a key
-    coming back enters main."""
-    if key in ghost:
-        del ghost[key]
+# S3-FIFO's ghost: the keys evicted from small, oldest forgotten first, O(1) each way. A dict
+# alone finds its oldest key by scanning past every key deleted before it (O(deleted)); an
+# OrderedDict costs a method call a put. Here `pos` holds the keys (what recall looks up) and
+# `order` the order they came in: order[i] was remembered as number base + i, and a key is
+# forgotten by deleting it from `pos` only, so an entry of `order` whose key `pos` numbers
+# otherwise (or not at all) is stale and skipped. Implemented (Python-facing part) in
+# _policies.pxi; the cache's S3FIFO and PrefixCore each keep one.
+cdef class Ghost:
+    cdef dict pos           # key -> the number it was remembered as
+    cdef list order         # keys as remembered; order[:head] already forgotten
+    cdef Py_ssize_t head
+    cdef int64_t base       # the number of order[0]
+
+
+cdef inline bint s3_recall(Ghost ghost, object key) except -1:
+    """Whether the ghost remembers `key`, then forgotten there: a key coming back enters main."""
+    if key in ghost.pos:
+        del ghost.pos[key]
         return True
     return False
 
 
-cdef inline int s3_remember(object ghost, object key, Py_ssize_t main_size) except -1:
-    """`key` was evicted from small: the ghost (an OrderedDict) remembers it, keeping at most
-    max(main_size, 1) keys, the oldest forgotten first (O(1) each: a plain dict's oldest key
-    is found by scanning past every deleted one)."""
-    ghost[key] = None
-    while len(ghost) > max(main_size, 1):
-        ghost.popitem(False)
+cdef inline int ghost_forget_oldest(Ghost g) except -1:
+    """Forget the oldest key remembered (the ghost holds at least one)."""
+    cdef PyObject *v
+    cdef object k
+    while True:
+        k = g.order[g.head]
+        g.head += 1
+        v = PyDict_GetItem(g.pos, k)
+        if v != NULL and <int64_t><object>v == g.base + g.head - 1:
+            del g.pos[k]
+            break
+    if g.head >= 32 and 2 * g.head >= len(g.order):  # drop the forgotten half: O(1) a key
+        del g.order[:g.head]
+        g.base += g.head
+        g.head = 0
+    return 0
+
+
+cdef inline int s3_remember(Ghost ghost, object key, Py_ssize_t main_size) except -1:
+    """`key` was evicted from small: the ghost remembers it (a key it holds keeps its place),
+    then forgets its oldest keys until it holds at most max(main_size, 1)."""
+    cdef object n = ghost.base + len(ghost.order)
+    if PyDict_SetDefault(ghost.pos, key, n) is <PyObject *>n:
+        ghost.order.append(key)
+    while len(ghost.pos) > max(main_size, 1):
+        ghost_forget_oldest(ghost)
     return 0
 
 
@@ -276,7 +311,7 @@ cdef inline int32_t order_victim(BlockOrder *o, Py_ssize_t total) noexcept nogil
     return o.heap.items[0]
 
 
-cdef inline int order_stored(BlockOrder *o, object ghost, int32_t b, object key) except -1:
+cdef inline int order_stored(BlockOrder *o, Ghost ghost, int32_t b, object key) except -1:
     """Block b was just indexed under hash `key`: s3fifo files it for main if the ghost
     remembers the hash, else for small (it enters that queue whenever it is idle)."""
     if o.policy == P_S3FIFO:
@@ -284,7 +319,7 @@ cdef inline int order_stored(BlockOrder *o, object ghost, int32_t b, object key)
     return 0
 
 
-cdef inline int order_evicted(BlockOrder *o, object ghost, int32_t b, object key) except -1:
+cdef inline int order_evicted(BlockOrder *o, Ghost ghost, int32_t b, object key) except -1:
     """Block b, hashed `key`, was just evicted (order_remove'd): s3fifo's ghost remembers the
     hash of a block evicted from small."""
     if o.policy == P_S3FIFO and o.queue[b] == Q_SMALL:

@@ -2,10 +2,33 @@
 # algorithms (list order, S3-FIFO's victim loop and ghost) are allocator/_eviction.pxi's, shared
 # with the prefix pool's PrefixCore; here they are given slots, keys and the cache's API.
 
-from collections import OrderedDict as _OrderedDict
 
-from cpython.dict cimport PyDict_SetDefault
-from cpython.object cimport PyObject
+
+cdef class Ghost:
+    """S3-FIFO's ghost (declared, with what s3_remember / s3_recall do to it, in _eviction.pxi):
+    the keys evicted from small, oldest first. Python sees a read-only container of keys."""
+
+    def __cinit__(self):
+        self.pos = {}
+        self.order = []
+        self.head = 0
+        self.base = 0
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    def __contains__(self, key) -> bool:
+        return key in self.pos
+
+    def __iter__(self):
+        """The keys remembered, oldest first."""
+        cdef Py_ssize_t i
+        cdef list out = []
+        for i in range(self.head, len(self.order)):
+            k = self.order[i]
+            if self.pos.get(k) == self.base + i:
+                out.append(k)
+        return iter(out)
 
 
 cdef class _Bucket:
@@ -466,7 +489,7 @@ cdef class S3FIFO(KeyedPolicy):
     hits left is reinserted with one hit fewer (a CLOCK-like second chance); otherwise it is the
     victim. Hit counts saturate at 3. `victim()` performs those promotions so that its answer is
     the key `remove(key, evicted=True)` will take next. The ghost keeps at most max(len(main),
-    1) keys, oldest dropped first (an OrderedDict: keys only, no slot). The algorithm is
+    1) keys, oldest dropped first (a `Ghost`: keys only, no slot). The algorithm is
     allocator/_eviction.pxi's (s3_*), with the share of small computed as small >= 0.1 * total.
     """
 
@@ -478,12 +501,12 @@ cdef class S3FIFO(KeyedPolicy):
     cdef uint8_t *hits
     cdef uint8_t *in_small
     cdef object _small_arr
-    cdef object _ghost          # OrderedDict: key -> None
+    cdef Ghost _ghost
 
     def __cinit__(self, *args, **kw):
         self.small = self.new_list()
         self.main = self.new_list()
-        self._ghost = _OrderedDict()
+        self._ghost = Ghost()
         self._on_grow(0)  # the base's __cinit__ grew the slots before this type's hook was set
 
     cdef int _on_grow(self, Py_ssize_t old) except -1:

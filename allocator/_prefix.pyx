@@ -32,6 +32,7 @@ from allocator._core cimport (
     BlockMap,
     DList,
     EventRing,
+    Ghost,
     Stack,
     stack_pop,
     stack_push,
@@ -62,7 +63,6 @@ from cpython.dict cimport PyDict_DelItem, PyDict_GetItem
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.math cimport INFINITY
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
-from collections import OrderedDict
 
 import numpy as np
 from array import array
@@ -238,7 +238,7 @@ cdef class PrefixCore:
     # hkey[b]: the very int object that keys block b in `index` (the caller's, or made once), so
     # eviction deletes it from `index` without building a new int from bhash[b]
     cdef list hkey
-    cdef public object ghost
+    cdef public Ghost ghost  # s3fifo's: hashes evicted from small
     # block map views
     cdef BlockMap bm
     cdef int32_t[:] owner
@@ -311,7 +311,7 @@ cdef class PrefixCore:
 
     cdef _clear_structures(self):
         self.index = {}
-        self.ghost = OrderedDict()
+        self.ghost = Ghost()
         self.n_evictable = 0
         self.ord.heap.size = 0
         cdef int q
@@ -895,7 +895,7 @@ cdef class PrefixCore:
                 self._stamp(b, NIL, FREE, v)
                 freed.append(b)
         self.index = {}
-        self.ghost = OrderedDict()
+        self.ghost = Ghost()
         self._record(self.k_cleared, (_frozen(blocks), _frozen(hashes), freed.tobytes()))
         return blocks, hashes
 
