@@ -58,7 +58,7 @@ test-stress: install
 DEBUG_CORE  := build-debug
 DEBUG_TESTS := tests/allocator/test_core_differential.py tests/allocator/test_pool_stateful.py \
 	tests/allocator/test_cache_stateful.py tests/allocator/test_prefix_stateful.py \
-	tests/allocator/test_policies_differential.py tests/allocator/test_core_primitives.py \
+	tests/allocator/test_policies_differential.py tests/allocator/test_ghost.py tests/allocator/test_core_primitives.py \
 	tests/allocator/test_api_boundary.py tests/kvevents/test_fleet_stateful.py \
 	tests/kvevents/test_fleet_index.py
 

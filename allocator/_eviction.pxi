@@ -233,12 +233,37 @@ cdef inline int ghost_forget_oldest(Ghost g) except -1:
     return 0
 
 
+cdef inline int ghost_compact(Ghost g) except -1:
+    """Rebuild `order` from the keys still remembered, renumbered (recalls leave stale entries
+    behind: without this a ghost whose keys keep coming back would grow its list forever).
+    O(keys), after at least as many remembers since the last rebuild: O(1) a key."""
+    cdef list live = []
+    cdef Py_ssize_t i
+    cdef PyObject *v
+    cdef object k
+    for i in range(g.head, len(g.order)):
+        k = g.order[i]
+        v = PyDict_GetItem(g.pos, k)
+        if v != NULL and <int64_t><object>v == g.base + i:
+            live.append(k)
+    g.base += len(g.order)
+    for i in range(len(live)):
+        g.pos[live[i]] = g.base + i
+    g.order = live
+    g.head = 0
+    return 0
+
+
 cdef inline int s3_remember(Ghost ghost, object key, Py_ssize_t main_size) except -1:
     """`key` was evicted from small: the ghost remembers it (a key it holds keeps its place),
-    then forgets its oldest keys until it holds at most max(main_size, 1)."""
+    then forgets its oldest keys until it holds at most max(main_size, 1). A remember that leaves
+    more than 2 * keys + 32 list entries past `head` compacts the list, so it stays within about
+    twice the most keys the ghost held since, whatever is recalled."""
     cdef object n = ghost.base + len(ghost.order)
     if PyDict_SetDefault(ghost.pos, key, n) is <PyObject *>n:
         ghost.order.append(key)
+        if len(ghost.order) - ghost.head > 2 * len(ghost.pos) + 32:
+            ghost_compact(ghost)
     while len(ghost.pos) > max(main_size, 1):
         ghost_forget_oldest(ghost)
     return 0
