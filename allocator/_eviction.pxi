@@ -196,15 +196,15 @@ cdef inline Py_ssize_t s3_drain(DList *small, DList *main, uint8_t *hits, uint8_
 # S3-FIFO's ghost: the keys evicted from small, oldest forgotten first, O(1) each way. A dict
 # alone finds its oldest key by scanning past every key deleted before it (O(deleted)); an
 # OrderedDict costs a method call a put. Here `pos` holds the keys (what recall looks up) and
-# `order` the order they came in: order[i] was remembered as number base + i, and a key is
-# forgotten by deleting it from `pos` only, so an entry of `order` whose key `pos` numbers
-# otherwise (or not at all) is stale and skipped. Implemented (Python-facing part) in
-# _policies.pxi; the cache's S3FIFO and PrefixCore each keep one.
+# `order` the order they came in: pos[key] is the key's index in `order`, and a key is forgotten
+# by deleting it from `pos` only, so an entry of `order` that `pos` does not point back to is
+# stale and skipped. The list is rebuilt from the live keys once it is mostly forgotten or stale
+# entries (indices stay small: no int object is made for a ghost of a few keys). Implemented
+# (Python-facing part) in _policies.pxi; the cache's S3FIFO and PrefixCore each keep one.
 cdef class Ghost:
-    cdef dict pos           # key -> the number it was remembered as
+    cdef dict pos           # key -> its index in `order`
     cdef list order         # keys as remembered; order[:head] already forgotten
     cdef Py_ssize_t head
-    cdef int64_t base       # the number of order[0]
 
 
 cdef inline bint s3_recall(Ghost ghost, object key) except -1:
@@ -215,42 +215,35 @@ cdef inline bint s3_recall(Ghost ghost, object key) except -1:
     return False
 
 
-cdef inline int ghost_forget_oldest(Ghost g) except -1:
-    """Forget the oldest key remembered (the ghost holds at least one)."""
-    cdef PyObject *v
-    cdef object k
-    while True:
-        k = g.order[g.head]
-        g.head += 1
-        v = PyDict_GetItem(g.pos, k)
-        if v != NULL and <int64_t><object>v == g.base + g.head - 1:
-            del g.pos[k]
-            break
-    if g.head >= 32 and 2 * g.head >= len(g.order):  # drop the forgotten half: O(1) a key
-        del g.order[:g.head]
-        g.base += g.head
-        g.head = 0
-    return 0
+cdef inline bint ghost_live(Ghost g, Py_ssize_t i) except -1:
+    """Whether order[i] is a key the ghost remembers (pos points back to i)."""
+    cdef PyObject *v = PyDict_GetItem(g.pos, g.order[i])
+    return v != NULL and <Py_ssize_t><object>v == i
 
 
 cdef inline int ghost_compact(Ghost g) except -1:
-    """Rebuild `order` from the keys still remembered, renumbered (recalls leave stale entries
-    behind: without this a ghost whose keys keep coming back would grow its list forever).
-    O(keys), after at least as many remembers since the last rebuild: O(1) a key."""
+    """Rebuild `order` from the keys still remembered, oldest first, and renumber them. O(list),
+    done once the list is at least half forgotten or stale: O(1) a key."""
     cdef list live = []
     cdef Py_ssize_t i
-    cdef PyObject *v
-    cdef object k
     for i in range(g.head, len(g.order)):
-        k = g.order[i]
-        v = PyDict_GetItem(g.pos, k)
-        if v != NULL and <int64_t><object>v == g.base + i:
-            live.append(k)
-    g.base += len(g.order)
+        if ghost_live(g, i):
+            live.append(g.order[i])
     for i in range(len(live)):
-        g.pos[live[i]] = g.base + i
+        g.pos[live[i]] = i
     g.order = live
     g.head = 0
+    return 0
+
+
+cdef inline int ghost_forget_oldest(Ghost g) except -1:
+    """Forget the oldest key remembered (the ghost holds at least one)."""
+    while not ghost_live(g, g.head):
+        g.head += 1
+    del g.pos[g.order[g.head]]
+    g.head += 1
+    if g.head >= 32 and 2 * g.head >= len(g.order):
+        ghost_compact(g)
     return 0
 
 
@@ -259,7 +252,7 @@ cdef inline int s3_remember(Ghost ghost, object key, Py_ssize_t main_size) excep
     then forgets its oldest keys until it holds at most max(main_size, 1). A remember that leaves
     more than 2 * keys + 32 list entries past `head` compacts the list, so it stays within about
     twice the most keys the ghost held since, whatever is recalled."""
-    cdef object n = ghost.base + len(ghost.order)
+    cdef object n = len(ghost.order)
     if PyDict_SetDefault(ghost.pos, key, n) is <PyObject *>n:
         ghost.order.append(key)
         if len(ghost.order) - ghost.head > 2 * len(ghost.pos) + 32:

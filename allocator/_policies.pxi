@@ -3,7 +3,6 @@
 # with the prefix pool's PrefixCore; here they are given slots, keys and the cache's API.
 
 
-
 cdef class Ghost:
     """S3-FIFO's ghost (declared, with what s3_remember / s3_recall do to it, in _eviction.pxi):
     the keys evicted from small, oldest first. Python sees a read-only container of keys."""
@@ -12,7 +11,6 @@ cdef class Ghost:
         self.pos = {}
         self.order = []
         self.head = 0
-        self.base = 0
 
     def __len__(self) -> int:
         return len(self.pos)
@@ -28,12 +26,7 @@ cdef class Ghost:
     def __iter__(self):
         """The keys remembered, oldest first."""
         cdef Py_ssize_t i
-        cdef list out = []
-        for i in range(self.head, len(self.order)):
-            k = self.order[i]
-            if self.pos.get(k) == self.base + i:
-                out.append(k)
-        return iter(out)
+        return iter([self.order[i] for i in range(self.head, len(self.order)) if ghost_live(self, i)])
 
 
 cdef class _Bucket:
