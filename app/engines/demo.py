@@ -249,7 +249,7 @@ def _serve_sim(args, settings, trace) -> int:
     import uvicorn
 
     from allocator.errors import KVScopeError
-    from workloads.routing.real import RouterError
+    from workloads.routing.real_router import RouterError
     from workloads.routing.serving import ServingCosts
 
     from ..main import create_app

@@ -1,12 +1,12 @@
 """`kvscope route --router sglang|vllm`: a trace through a real router in front of simulated engines.
 
-The routers are the real ones, started from their packages (workloads/routing/real.py: `smg launch`
-of sglang-router, vllm-router), in front of N simulated engines of this process
+The routers are the real ones, started from their packages (workloads/routing/real_router.py: `smg
+launch` of sglang-router, vllm-router), in front of N simulated engines of this process
 (app/engines/sim.py: a real prefix-caching pool each, LRU, 512-token blocks of `capacity_tokens`,
 the serving simulator's costs, `--speed` times real time). The trace is replayed as real HTTP
 requests at its timestamps divided by the speed, as many in flight as arrive, each prompt made
 from the trace's block ids so that a block is the same text wherever it appears
-(`workloads.routing.real.prompt_text`: one character per token; the engines tokenize by
+(`workloads.routing.real_prompts.prompt_text`: one character per token; the engines tokenize by
 character). Which engine served a request is recorded at the engine (the body's `user` names the
 request), never taken from the router.
 
@@ -35,7 +35,8 @@ from allocator._prefix import block_hash, root_hash
 from allocator import InvalidRequest
 from workloads.routing.decisions import DecisionLog
 from workloads.routing.policies import BLOCK_TOKENS, prefix_run
-from workloads.routing.real import RealRouter, prompt_text, router_kind
+from workloads.routing.real_prompts import prompt_text
+from workloads.routing.real_router import RealRouter, router_kind
 from workloads.routing.serving import MAX_LEN, ServingCosts, add_cost_flags, costs_from_args
 
 from .sim import SimEngines
@@ -297,7 +298,7 @@ def router_main(argv: list[str]) -> int:
 
     from workloads.mooncake import load_mooncake
     from workloads.routing import make_policy
-    from workloads.routing.real import RouterError, RouterUnavailable
+    from workloads.routing.real_router import RouterError, RouterUnavailable
     from workloads.routing.serving import run_serving
 
     p = argparse.ArgumentParser(prog=PROG, description=(

@@ -17,24 +17,18 @@ from allocator import InvalidRequest
 from workloads.mooncake import load_mooncake
 from workloads.routing import make_policy, run_sequence
 from workloads.routing.policies import BLOCK_TOKENS, Policy, argmin_first
-from workloads.routing.real import (
-    FILLER,
-    FIRST_CHAR,
-    MAX_BLOCK_ID,
-    MODEL_ID,
+from workloads.routing.real import replay
+from workloads.routing.real_prompts import FILLER, FIRST_CHAR, MAX_BLOCK_ID, block_text, prompt_blocks, prompt_text
+from workloads.routing.real_router import (
     ROUTERS,
-    HoldingWorkers,
     RealRouter,
     RouterError,
     RouterKind,
     RouterUnavailable,
-    block_text,
-    prompt_blocks,
-    prompt_text,
-    replay,
     require,
     router_kind,
 )
+from workloads.routing.real_workers import MODEL_ID, HoldingWorkers
 from workloads.routing.sequence import requests
 from workloads.routing.sglang import VARIANTS, CacheAware
 from workloads.routing.vllm_kv import credited_blocks
