@@ -37,8 +37,8 @@ from .real_prompts import prompt_text
 from .real_router import RealRouter, RouterError, router_kind, router_version
 from .real_workers import KV_LOG, MODEL_ID, BlockEvents, HoldingWorkers, prompt_digest
 from .registry import make_policy
+from .sequence import no_gc, run_sequence
 from .sequence import requests as trace_requests
-from .sequence import run_sequence
 from .vllm_kv import credited_blocks
 
 FDS_PER_REQUEST = 2  # a held request keeps two sockets open in the router, two here
@@ -90,7 +90,15 @@ def replay(trace, n: int, kind: str, *, limit: int | None = None, args: tuple[st
     `policy` `kv_aware` (vLLM's router): the workers publish KV events (`BlockEvents`): once a
     request reached its worker, that worker stores the request's full blocks, and the next
     request goes out once the router has read them, so the router's index is the workers'
-    caches as the lab's sequence mode has them (unbounded)."""
+    caches as the lab's sequence mode has them (unbounded).
+
+    The replay runs with the cyclic garbage collector paused (`no_gc`): the holding workers
+    answer in this process, and vLLM's router waits about 1 s for a worker's `/tokenize` before
+    it routes the prompt without its token ids (measured: a 1.5 s answer changes its picks, a
+    0.5 s one does not). A full collection over a heap holding numpy, torch and the held
+    requests takes ~0.2 s of CPU on an idle machine, seconds on a loaded one; one that lands
+    while the router waits is a wrong pick, and the picks after it can differ. What a replay
+    allocates is bounded (`check_open_files`)."""
 
     version = router_version(kind)
     kind_ = router_kind(kind)
@@ -99,6 +107,7 @@ def replay(trace, n: int, kind: str, *, limit: int | None = None, args: tuple[st
     reqs = [r for r, _ in zip(trace_requests(trace), range(total))]
     prompts = (prompt_text(r.blocks, r.tokens) for r in reqs)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(no_gc())
         workers = stack.enter_context(HoldingWorkers(n))
         on_pick = events = None
         if policy == "kv_aware":

@@ -6,9 +6,9 @@ packages (`RouterKind`, `ROUTERS`; a missing package raises `RouterUnavailable`,
 `sglang-router`'s `smg launch`; `vllm`: `vllm-router`), on a port of its own (a port taken
 meanwhile is retried with fresh ports), waits until it lists every worker as healthy, and reads
 `GET /workers`: the router's own order of the workers, which differs from the command line and
-between starts. Its log goes to a temporary file that `wait_log` reads line by line. `stop()`
-(or leaving the `with` block) ends the whole process group; a router left running is ended at
-interpreter exit.
+between starts. Its log goes to a temporary file (appended to by the router, read through a
+descriptor of our own) that `wait_log` reads line by line. `stop()` (or leaving the `with`
+block) ends the whole process group; a router left running is ended at interpreter exit.
 """
 
 from __future__ import annotations
@@ -99,6 +99,22 @@ def _free_port(host: str) -> int:
 def _get_json(url: str, timeout: float = 2.0):
     with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (loopback)
         return json.loads(r.read())
+
+
+def _log_file():
+    """A log file for a child process: (our reader, the child's descriptor). Two opens of one
+    unlinked file, so each has its own offset: the child appends at the end whatever we seek
+    to. (One descriptor shared with the child shares its offset too: our seek to read moves
+    where the child writes next, and its lines land over ones not read yet.)"""
+    fd, path = tempfile.mkstemp(prefix="kvscope-router-", suffix=".log")
+    try:
+        writer = os.open(path, os.O_WRONLY | os.O_APPEND)
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        os.unlink(path)
+    return os.fdopen(fd, "rb"), writer
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the routers colour their logs whatever NO_COLOR says
@@ -206,13 +222,16 @@ class RealRouter:
         taken (by the time the router bound it, or another server answers there)."""
         if self._log is not None:
             self._log.close()
-        self._log = tempfile.TemporaryFile()
+        self._log, writer = _log_file()
         self._read_at, self._unread = 0, ""
         env = {**os.environ, "RUST_LOG": self.rust_log or os.environ.get("RUST_LOG", "info"),
                "NO_COLOR": "1"}
-        self.proc = subprocess.Popen(self.command(port, metrics_port), stdin=subprocess.DEVNULL,
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(self.command(port, metrics_port), stdin=subprocess.DEVNULL,
+                                         stdout=writer, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+        finally:
+            os.close(writer)
         self.started_at = time.monotonic()
         _RUNNING.add(self)
         self.url = f"http://{self.host}:{port}"
