@@ -16,8 +16,10 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from workloads.engine_prompts import prompt
+from workloads.engine_prompts import EnginePrompt, prompt
 from workloads.mooncake import MooncakeTrace
+from workloads.routing.policies import BLOCK_TOKENS
+from workloads.routing.real_prompts import prompt_text
 
 from .server import SERVED_NAME
 
@@ -25,10 +27,6 @@ from .server import SERVED_NAME
 def text_prompt(trace: MooncakeTrace, i: int, max_tokens: int):
     """Request i as text (`workloads.routing.real_prompts.prompt_text`), its first `max_tokens` tokens
     at most (whole blocks kept), and its output length (at most 256)."""
-    from workloads.engine_prompts import EnginePrompt
-    from workloads.routing.policies import BLOCK_TOKENS
-    from workloads.routing.real_prompts import prompt_text
-
     blocks = trace.hash_ids[trace.offsets[i]:trace.offsets[i + 1]].tolist()
     tokens = min(int(trace.input_length[i]), max_tokens)
     blocks = blocks[:-(-tokens // BLOCK_TOKENS)]

@@ -22,22 +22,28 @@ flight when the request arrived).
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
 import math
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 from allocator._prefix import block_hash, root_hash
 
 from allocator import InvalidRequest
+from workloads.mooncake import load_mooncake
+from workloads.routing import dynosim, make_policy
+from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
 from workloads.routing.decisions import DecisionLog
 from workloads.routing.policies import BLOCK_TOKENS, prefix_run
 from workloads.routing.real_prompts import prompt_text
-from workloads.routing.real_router import RealRouter, router_kind
-from workloads.routing.serving import MAX_LEN, ServingCosts, add_cost_flags, costs_from_args
+from workloads.routing.real_router import RealRouter, RouterError, RouterUnavailable, router_kind
+from workloads.routing.serving import MAX_LEN, ServingCosts, add_cost_flags, costs_from_args, run_serving
 
 from .sim import SimEngines
 
@@ -292,15 +298,6 @@ def _fmt(x) -> str:
 
 
 def router_main(argv: list[str]) -> int:
-    import argparse
-    import sys
-    from pathlib import Path
-
-    from workloads.mooncake import load_mooncake
-    from workloads.routing import make_policy
-    from workloads.routing.real_router import RouterError, RouterUnavailable
-    from workloads.routing.serving import run_serving
-
     p = argparse.ArgumentParser(prog=PROG, description=(
         "Replay a Mooncake trace through a real router (sglang-router or vllm-router, "
         "cache_aware, or vllm-router's kv_aware) in front of N simulated engines (real prefix caches, the serving "
@@ -324,9 +321,7 @@ def router_main(argv: list[str]) -> int:
     try:
         label = args.router
         if label == "dynamo":
-            from workloads.routing.dynosim import available
-
-            why = available()
+            why = dynosim.available()
             if why:
                 raise InvalidRequest(why)
             kind = None
@@ -354,12 +349,10 @@ def router_main(argv: list[str]) -> int:
         return 2
     try:
         if kind is None:  # Dynamo's own replay, in simulated time
-            from workloads.routing.dynosim import run_dynosim
-
             print(f"{PROG}: {len(trace):,} requests through Dynamo's KV router in DynoSim "
                   f"(ai-dynamo-runtime) over {args.replicas} mocker engines of {capacity:,} "
                   "tokens", flush=True)
-            row = run_dynosim(trace, args.replicas, capacity, "kv_router", log)
+            row = dynosim.run_dynosim(trace, args.replicas, capacity, "kv_router", log)
             model_name = "dynamo_kv"
         else:
             print(f"{PROG}: {len(trace):,} requests through the real {label} router "
@@ -380,8 +373,6 @@ def router_main(argv: list[str]) -> int:
             if log is not None:
                 log.write_jsonl(decisions_file)
             decisions_file.close()
-    from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
-
     row = with_bounds(row, compute_bounds(trace, bound_key("serving", args.replicas, capacity)))
     row["model"] = {"policy": model_name, **{k: model[k] for k in (
         "hit_ratio", "available_hit_ratio", "imbalance", "ttft_p50_s", "ttft_p99_s")}}
