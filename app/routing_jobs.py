@@ -44,7 +44,7 @@ from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
 from workloads.routing.decisions import DecisionLog
 from workloads.routing.live import PoolCluster, pool_hashes
 from workloads.routing.policies import BLOCK_TOKENS
-from workloads.routing.real import RouterError
+from workloads.routing.real_router import RouterError
 from workloads.routing.sequence import requests as trace_requests
 from workloads.routing.sequence import run_sequence
 from workloads.routing.serving import run_serving

@@ -28,7 +28,7 @@ from allocator.vocab import ROUTING_ROUTERS
 from workloads.mooncake import bundled_trace
 from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
 from workloads.routing.decisions import DecisionLog
-from workloads.routing.real import router_kind
+from workloads.routing.real_router import router_kind
 
 from .engines.router_run import RouterSession, figures, replay, router_engines
 from .engines.sim import fleet_file

@@ -38,8 +38,9 @@ import time
 
 import numpy as np
 
+from bench.dynamo_indexer import bench_side_by_side
 from bench.quick import QUICK, sized
-from kvevents.codec import Removed, Stored
+from kvevents.codec import Removed, Stored, encode_batch
 from kvevents.index import FleetIndex
 from kvevents.publisher import Publisher
 from kvevents.subscriber import Subscriber
@@ -212,8 +213,6 @@ def bench_wire(events, folder: str) -> float:
         while sub.last_seq is None:
             time.sleep(0.01)
             pub.publish([])
-    from kvevents.codec import encode_batch
-
     payloads = [[encode_batch(evs[i:i + 32], 1.0) for i in range(0, len(evs), 32)] for evs in per]
     n = blocks_of(events)
     t = time.perf_counter()
@@ -329,8 +328,6 @@ def bench_sustained(servers: int = SUSTAINED_ENGINES, ranks: int = 1,
     encoded beforehand and stamped with the time as they are sent; each rank sends one batch
     every `tick_s`."""
     import httpx
-
-    from kvevents.codec import encode_batch
 
     per_tick = max(1, int(blocks_per_s * tick_s))
     n_ticks = int(SUSTAINED_S / tick_s)
@@ -556,8 +553,6 @@ def run(json_path: str | None = None, quick: bool = False) -> dict:
 def indexer_side() -> dict:
     """Dynamo's standalone indexer (`python -m dynamo.indexer`) beside a real kvscope server's
     fleet, on the same publishers (bench/dynamo_indexer.py)."""
-    from .dynamo_indexer import bench_side_by_side
-
     srv = Server()
     try:
         side = bench_side_by_side(srv.url, sized(40_000, 400), sized(500, 20))

@@ -30,6 +30,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from allocator import create_pool
+from bench import vllm_baseline
 from bench.quick import sized
 
 BLOCKS = 4096
@@ -42,8 +43,6 @@ TARGET = 3.0
 
 def vllm_module():
     """(vllm_baseline module, None) or (None, why it is unavailable)."""
-    from bench import vllm_baseline
-
     if vllm_baseline.load() is None:
         return None, vllm_baseline.why_missing
     return vllm_baseline, None

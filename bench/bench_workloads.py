@@ -25,6 +25,8 @@ if __package__ in (None, ""):
 
 from allocator import OutOfMemory
 from bench.quick import QUICK
+from workloads.policy_study import markdown as study_md
+from workloads.policy_study import run_study
 from workloads.report import build_report, markdown, write_report
 from workloads.simulator import RESERVATIONS, PagedStrategy, Request, SimConfig, Simulator
 from workloads.trace import load_trace
@@ -116,9 +118,6 @@ def _run(write: bool, limit: int | None, report_dir: Path | None) -> dict:
             print(f"  {name:<18} {s.wall_s:6.2f} s wall")
         report = build_report(sims, trace.summary())
         paths = write_report(report, report_dir)
-        from workloads.policy_study import markdown as study_md
-        from workloads.policy_study import run_study
-
         study = study_md(run_study(0, trace))
         (report_dir / "policy_study.md").write_text(study)
         print(f"\nall four strategies in {time.perf_counter() - t0:.1f} s; wrote "

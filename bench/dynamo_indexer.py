@@ -19,6 +19,9 @@ import time
 
 import httpx
 
+from kvevents.codec import Removed, Stored, encode_batch
+from kvevents.publisher import Publisher
+
 
 class DynamoIndexer:
     """`python -m dynamo.indexer --port P --threads T`; `call(method, path, json)` answers as
@@ -82,8 +85,6 @@ def _h(*parts) -> int:
 
 
 def marker(phase: int):
-    from kvevents.codec import Stored
-
     return Stored([_h("mark", phase)], None, [MARK + phase] * SIDE_BS, SIDE_BS, "GPU")
 
 
@@ -94,8 +95,6 @@ def side_workload(n_events: int, seed: int, phase: int, live_cap: int = 2000):
     with `phase`'s marker block on every engine. Returns (batches per engine, prompts, events,
     blocks stored + removed)."""
     import random
-
-    from kvevents.codec import Removed, Stored
 
     rng = random.Random(seed)
     systems = [[rng.randrange(30000) for _ in range(SIDE_BS * rng.randrange(2, 8))] for _ in range(16)]
@@ -143,9 +142,6 @@ def bench_side_by_side(server_url: str, n_events: int, n_queries: int, threads: 
     import random
 
     import numpy as np
-
-    from kvevents.codec import Removed, encode_batch
-    from kvevents.publisher import Publisher
 
     alone, prompts, alone_events, alone_blocks = side_workload(n_events, seed=1, phase=1)
     both, _prompts, both_events, both_blocks = side_workload(n_events, seed=2, phase=2)

@@ -25,6 +25,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from bench import vllm_stubs
+
 VERSION = "0.33.0"
 WHEEL_GLOB = f"vllm-{VERSION}-*.whl"
 FILES = {
@@ -84,7 +86,6 @@ def load(download: bool = True):
     root = extract(wheel)
     if "vllm" in sys.modules and not getattr(sys.modules["vllm"], "__kvscope_stub__", False):
         raise RuntimeError("a real vllm is imported in this process; run the bench without it")
-    from bench import vllm_stubs
     vllm_stubs.install()
     for name, rel in FILES.items():
         spec = importlib.util.spec_from_file_location(name, root / rel)

@@ -29,6 +29,7 @@ import zmq
 from allocator.errors import Conflict, InvalidRequest
 
 from .codec import Removed, Stored, WireError, decode_batch
+from .dynamo import HASH_KEYED_BLOCK_SIZE, signed64, tokens_hashes
 from .engine_link import (  # noqa: F401  (EngineSpec, lag_percentiles: re-exported)
     CLOSE_DEADLINE_S,
     LAGS,
@@ -319,8 +320,6 @@ class Fleet:
         tokens_hash chain of the prompt's blocks at their block size (a LoRA's by `lora_name`,
         which Dynamo mixes into the hash; 0 for one whose block size is not known). Call where
         changes run."""
-        from .dynamo import HASH_KEYED_BLOCK_SIZE, tokens_hashes
-
         out = self.index.match(tokens, lora_id)
         keyed = self.hash_keyed()
         by_size: dict[int, int] = {}
@@ -340,8 +339,6 @@ class Fleet:
         hashes (`tokens_hash`es, as Dynamo's `/query_by_hash` takes them; u64 or signed), in
         blocks. Engines keyed by token ids are not in the answer: their blocks are known by
         their tokens, not by Dynamo's hash of them. Call where changes run."""
-        from .dynamo import HASH_KEYED_BLOCK_SIZE, signed64
-
         keyed = self.hash_keyed()
         out = dict.fromkeys(keyed, 0)
         mask = 0

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import msgspec
 
-from .codec import WireError, decode_batch
+from .codec import Cleared, WireError, decode_batch
 
 FORMAT = 1
 MAGIC = b"KVSREC1\n"
@@ -101,8 +101,6 @@ def replay_into(path: str, pool, speed: float | None = None, apply=None, stop=No
     times real time. `apply(change)` runs each change (default: at once); `stop` (an Event) ends
     early. Returns (and keeps updating `progress` with) counts: batches, events, errors, gaps,
     restarts."""
-    from .codec import Cleared
-
     out = progress if progress is not None else {}
     out.update({"batches": 0, "events": 0, "errors": 0, "gaps": 0, "restarts": 0})
     run = apply or (lambda change: change())

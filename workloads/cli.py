@@ -17,6 +17,13 @@ from allocator import MODEL_PRESETS, InvalidRequest
 from allocator.vocab import POLICIES, STRATEGIES
 
 from .cliutil import ProgressBar, out_dir
+from .mooncake import load_mooncake, sub_blocks
+from .policy_study import markdown as study_markdown
+from .policy_study import run_study
+from .prefix_curve import CURVE_POLICIES, DEFAULT_CAPACITIES, capacity_curve, check_capacities, check_policies
+from .prefix_report import markdown as prefix_markdown
+from .prefix_report import write_prefix_report
+from .prefix_sim import compare, sim_config
 from .report import build_report, markdown, write_report
 from .routing.cli import route_main as routing_main
 from .scenarios import (
@@ -175,9 +182,6 @@ def scenario_main(argv: list[str] | None = None) -> int:
 
 
 def policy_main(argv: list[str] | None = None) -> int:
-    from .policy_study import markdown as study_markdown
-    from .policy_study import run_study
-
     p = argparse.ArgumentParser(prog="kvscope policy-study", description=(
         "Hit rate of each eviction policy (real KVCache) next to Bélády's MIN, on the chat "
         "scenario and on a stream derived from the trace."))
@@ -220,8 +224,6 @@ def _int_list(text: str) -> list[int]:
 
 
 def prefix_parser() -> argparse.ArgumentParser:
-    from .prefix_curve import CURVE_POLICIES, DEFAULT_CAPACITIES
-
     p = argparse.ArgumentParser(prog="kvscope prefix", description=(
         "Prefix-cache hit ratio vs cache capacity for each eviction policy and Bélády's MIN, "
         "replaying a Mooncake-format trace (JSONL with hash_ids) in arrival order on the "
@@ -247,10 +249,6 @@ def prefix_parser() -> argparse.ArgumentParser:
 
 
 def prefix_main(argv: list[str] | None = None) -> int:
-    from .mooncake import load_mooncake, sub_blocks
-    from .prefix_curve import capacity_curve, check_capacities, check_policies
-    from .prefix_report import markdown as prefix_markdown
-    from .prefix_report import write_prefix_report
 
     args = prefix_parser().parse_args(argv)
     try:
@@ -267,8 +265,6 @@ def prefix_main(argv: list[str] | None = None) -> int:
             raise InvalidRequest(f"--policies: {exc}") from None
         sim_cfg = None
         if args.simulate:
-            from .prefix_sim import sim_config
-
             speed = args.sim_prefill_tokens_per_s
             if not speed > 0 or speed == float("inf"):
                 raise InvalidRequest(f"--sim-prefill-tokens-per-s must be a positive number, got {speed}")
@@ -283,8 +279,6 @@ def prefix_main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - t0
         walls: dict = {}
         if sim_cfg is not None:
-            from .prefix_sim import compare
-
             report["serving"] = compare(
                 trace, sim_cfg,
                 progress=None if args.quiet else (lambda mode: ProgressBar(f"serving {mode}")),

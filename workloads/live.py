@@ -36,6 +36,7 @@ from allocator import InvalidRequest, Pool, PrefixPool
 
 from .mooncake import load_mooncake, sub_blocks
 from .prefix_sim import prompt_hashes
+from .report import strategy_report
 from .scenarios import Geometry, OpRunner, drive, estimate_ops, make_scenario
 from .simulator import PagedStrategy, PrefixStrategy, SimConfig, Simulator
 from .spec import WorkloadSpec
@@ -200,8 +201,6 @@ class TraceWorkload(LiveWorkload):
         return c.completed + c.lost + c.rejected_too_long, len(self._sim.requests)
 
     def summary(self) -> dict:
-        from .report import strategy_report
-
         return strategy_report(self._sim)
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from allocator import InvalidRequest
+from allocator import InvalidRequest, create_pool
 
 from .mooncake import ATTRIBUTION, TRACE_BLOCK_TOKENS, MooncakeTrace, sub_blocks
 
@@ -62,8 +62,6 @@ PoolFactory = Callable[[int, int, str], object]
 def prefix_pool(num_blocks: int, tokens_per_block: int, policy: str):
     """A CPU paged pool with prefix caching, one byte per token (the curve needs bookkeeping,
     not KV bytes; the same code path the dashboard's pools take)."""
-    from allocator import create_pool
-
     return create_pool("paged", num_blocks=num_blocks, block_bytes=tokens_per_block,
                        tokens_per_block=tokens_per_block, device="cpu", event_capacity=1,
                        prefix_caching={"policy": policy})

@@ -205,10 +205,10 @@ def demo_main(argv: list[str]) -> int:
     if why:
         print(f"{PROG}: {why}", file=sys.stderr)
         return 2
-    from allocator.errors import KVScopeError
-    from workloads.mooncake import load_mooncake
+    from allocator.errors import KVScopeError  # lazy: `kvscope demo --help` imports no torch
+    from workloads.mooncake import load_mooncake  # lazy: `kvscope demo --help` imports no torch
 
-    from ..settings import SettingsError, get_settings
+    from ..settings import SettingsError, get_settings  # lazy: `kvscope demo --help` imports no torch
 
     try:
         settings = get_settings()
@@ -248,18 +248,18 @@ def run_sim(args, settings, trace) -> int:
 def _serve_sim(args, settings, trace) -> int:
     import uvicorn
 
-    from allocator.errors import KVScopeError
-    from workloads.routing.real import RouterError
-    from workloads.routing.serving import ServingCosts
+    from allocator.errors import KVScopeError  # lazy: `kvscope demo --help` imports no torch
+    from workloads.routing.real_router import RouterError  # lazy: `kvscope demo --help` imports no torch
+    from workloads.routing.serving import ServingCosts  # lazy: `kvscope demo --help` imports no torch
 
-    from ..main import create_app
-    from .load import LoadGenerator
-    from .sim import SimEngines, fleet_file
+    from ..main import create_app  # lazy: `kvscope demo --help` imports no torch
+    from .load import LoadGenerator  # lazy: `kvscope demo --help` imports no torch
+    from .sim import SimEngines, fleet_file  # lazy: `kvscope demo --help` imports no torch
 
     engines = load = router = None
     try:
         if args.router:
-            from ..routing_router import check_router
+            from ..routing_router import check_router  # lazy: `kvscope demo --help` imports no torch
 
             check_router(args.router)  # unknown or not installed: one line, nothing started
         if args.router:
@@ -268,7 +268,7 @@ def _serve_sim(args, settings, trace) -> int:
             # engines, and the run listed in the Routing view
             from workloads.routing.decisions import DecisionLog
 
-            from .router_run import RouterSession
+            from .router_run import RouterSession  # lazy: `kvscope demo --help` imports no torch
 
             configs = SimEngines.uniform(args.sim, prefix="engine", num_blocks=ENGINE_BLOCKS,
                                          block_size=ROUTER_BLOCK, tokenizer="chars",
@@ -335,8 +335,8 @@ def run(args, settings, trace, engines: list[EngineProcess], log_dir: Path) -> i
 def _serve(args, settings, trace, engines: list[EngineProcess], log_dir: Path) -> int:
     import uvicorn
 
-    from ..main import create_app
-    from .load import LoadGenerator
+    from ..main import create_app  # lazy: `kvscope demo --help` imports no torch
+    from .load import LoadGenerator  # lazy: `kvscope demo --help` imports no torch
 
     server = load = supervisor = None
     try:

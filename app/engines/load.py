@@ -16,19 +16,17 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from workloads.engine_prompts import prompt
+from workloads.engine_prompts import EnginePrompt, prompt
 from workloads.mooncake import MooncakeTrace
+from workloads.routing.policies import BLOCK_TOKENS
+from workloads.routing.real_prompts import prompt_text
 
 from .server import SERVED_NAME
 
 
 def text_prompt(trace: MooncakeTrace, i: int, max_tokens: int):
-    """Request i as text (`workloads.routing.real.prompt_text`), its first `max_tokens` tokens
+    """Request i as text (`workloads.routing.real_prompts.prompt_text`), its first `max_tokens` tokens
     at most (whole blocks kept), and its output length (at most 256)."""
-    from workloads.engine_prompts import EnginePrompt
-    from workloads.routing.policies import BLOCK_TOKENS
-    from workloads.routing.real import prompt_text
-
     blocks = trace.hash_ids[trace.offsets[i]:trace.offsets[i + 1]].tolist()
     tokens = min(int(trace.input_length[i]), max_tokens)
     blocks = blocks[:-(-tokens // BLOCK_TOKENS)]
@@ -55,7 +53,7 @@ class LoadGenerator:
         self.trace, self.ready_urls, self.speed = trace, ready_urls, speed
         self.max_prompt = max_prompt
         # text: prompts as the routing lab writes them for the real routers (one character per
-        # token, workloads/routing/real.py), up to `max_prompt` tokens, for engines that
+        # token, workloads/routing/real_prompts.py), up to `max_prompt` tokens, for engines that
         # tokenize by character behind a router that routes on text
         self.text = text
         self.router = RoundRobin()

@@ -1,12 +1,12 @@
 """`kvscope route --router sglang|vllm`: a trace through a real router in front of simulated engines.
 
-The routers are the real ones, started from their packages (workloads/routing/real.py: `smg launch`
-of sglang-router, vllm-router), in front of N simulated engines of this process
+The routers are the real ones, started from their packages (workloads/routing/real_router.py: `smg
+launch` of sglang-router, vllm-router), in front of N simulated engines of this process
 (app/engines/sim.py: a real prefix-caching pool each, LRU, 512-token blocks of `capacity_tokens`,
 the serving simulator's costs, `--speed` times real time). The trace is replayed as real HTTP
 requests at its timestamps divided by the speed, as many in flight as arrive, each prompt made
 from the trace's block ids so that a block is the same text wherever it appears
-(`workloads.routing.real.prompt_text`: one character per token; the engines tokenize by
+(`workloads.routing.real_prompts.prompt_text`: one character per token; the engines tokenize by
 character). Which engine served a request is recorded at the engine (the body's `user` names the
 request), never taken from the router.
 
@@ -22,21 +22,28 @@ flight when the request arrived).
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
 import math
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 from allocator._prefix import block_hash, root_hash
 
 from allocator import InvalidRequest
+from workloads.mooncake import load_mooncake
+from workloads.routing import dynosim, make_policy
+from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
 from workloads.routing.decisions import DecisionLog
 from workloads.routing.policies import BLOCK_TOKENS, prefix_run
-from workloads.routing.real import RealRouter, prompt_text, router_kind
-from workloads.routing.serving import MAX_LEN, ServingCosts, add_cost_flags, costs_from_args
+from workloads.routing.real_prompts import prompt_text
+from workloads.routing.real_router import RealRouter, RouterError, RouterUnavailable, router_kind
+from workloads.routing.serving import MAX_LEN, ServingCosts, add_cost_flags, costs_from_args, run_serving
 
 from .sim import SimEngines
 
@@ -291,15 +298,6 @@ def _fmt(x) -> str:
 
 
 def router_main(argv: list[str]) -> int:
-    import argparse
-    import sys
-    from pathlib import Path
-
-    from workloads.mooncake import load_mooncake
-    from workloads.routing import make_policy
-    from workloads.routing.real import RouterError, RouterUnavailable
-    from workloads.routing.serving import run_serving
-
     p = argparse.ArgumentParser(prog=PROG, description=(
         "Replay a Mooncake trace through a real router (sglang-router or vllm-router, "
         "cache_aware, or vllm-router's kv_aware) in front of N simulated engines (real prefix caches, the serving "
@@ -323,9 +321,7 @@ def router_main(argv: list[str]) -> int:
     try:
         label = args.router
         if label == "dynamo":
-            from workloads.routing.dynosim import available
-
-            why = available()
+            why = dynosim.available()
             if why:
                 raise InvalidRequest(why)
             kind = None
@@ -353,12 +349,10 @@ def router_main(argv: list[str]) -> int:
         return 2
     try:
         if kind is None:  # Dynamo's own replay, in simulated time
-            from workloads.routing.dynosim import run_dynosim
-
             print(f"{PROG}: {len(trace):,} requests through Dynamo's KV router in DynoSim "
                   f"(ai-dynamo-runtime) over {args.replicas} mocker engines of {capacity:,} "
                   "tokens", flush=True)
-            row = run_dynosim(trace, args.replicas, capacity, "kv_router", log)
+            row = dynosim.run_dynosim(trace, args.replicas, capacity, "kv_router", log)
             model_name = "dynamo_kv"
         else:
             print(f"{PROG}: {len(trace):,} requests through the real {label} router "
@@ -379,8 +373,6 @@ def router_main(argv: list[str]) -> int:
             if log is not None:
                 log.write_jsonl(decisions_file)
             decisions_file.close()
-    from workloads.routing.bounds import bound_key, compute_bounds, with_bounds
-
     row = with_bounds(row, compute_bounds(trace, bound_key("serving", args.replicas, capacity)))
     row["model"] = {"policy": model_name, **{k: model[k] for k in (
         "hit_ratio", "available_hit_ratio", "imbalance", "ttft_p50_s", "ttft_p99_s")}}

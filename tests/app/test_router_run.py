@@ -15,7 +15,7 @@ from support.apputil import ROOT
 from app.engines.router_run import run_router
 from workloads.mooncake import load_mooncake
 from workloads.routing.decisions import DecisionLog
-from workloads.routing.real import ROUTERS, RouterKind, RouterUnavailable, require
+from workloads.routing.real_router import ROUTERS, RouterKind, RouterUnavailable, require
 
 REQUESTS = 200
 

@@ -17,7 +17,8 @@ import httpx
 import pytest
 from support.apputil import ROOT
 
-from app.engines.sim import SimEngines, tokenize
+from app.engines.sim import SimEngines
+from app.engines.sim_engine import tokenize
 from kvevents.fleet import EngineSpec, Fleet
 from workloads.routing.serving import ServingCosts
 

@@ -4,37 +4,37 @@ at a time; the worker that received each request must be the one the model picks
 mode. cache_aware for both; vllm-router's kv_aware too, with the workers publishing the blocks
 of each request they receive as KV events before the next request goes out."""
 
+import gc
 import json
 import os
 import socket
+import subprocess
+import sys
+import time
 import urllib.request
 from collections import Counter
 
 import pytest
 from routing_util import agent_rows, trace_of
 
+import workloads.routing.real as real_module
 from allocator import InvalidRequest
 from workloads.mooncake import load_mooncake
 from workloads.routing import make_policy, run_sequence
 from workloads.routing.policies import BLOCK_TOKENS, Policy, argmin_first
-from workloads.routing.real import (
-    FILLER,
-    FIRST_CHAR,
-    MAX_BLOCK_ID,
-    MODEL_ID,
+from workloads.routing.real import replay
+from workloads.routing.real_prompts import FILLER, FIRST_CHAR, MAX_BLOCK_ID, block_text, prompt_blocks, prompt_text
+from workloads.routing.real_router import (
     ROUTERS,
-    HoldingWorkers,
     RealRouter,
     RouterError,
     RouterKind,
     RouterUnavailable,
-    block_text,
-    prompt_blocks,
-    prompt_text,
-    replay,
+    _log_file,
     require,
     router_kind,
 )
+from workloads.routing.real_workers import MODEL_ID, HoldingWorkers
 from workloads.routing.sequence import requests
 from workloads.routing.sglang import VARIANTS, CacheAware
 from workloads.routing.vllm_kv import credited_blocks
@@ -351,3 +351,63 @@ def test_prompts_encode_blocks_as_text_that_starts_with_a_character_of_its_own()
         block_text(MAX_BLOCK_ID + 1, 1)
     with pytest.raises(InvalidRequest, match="do not fill"):
         prompt_text([1, 2], 512)
+
+
+def test_the_router_log_loses_no_line_while_it_is_read():
+    """`wait_log` and `log_tail` read the log while the router writes it: their reads must not
+    move where the router writes (a descriptor shared with the child shares its offset), so
+    every line is found and the log is exactly what was written."""
+    lines = [f"line {i} end" for i in range(30_000)]
+    router = RealRouter("sglang", [])
+    router._log, writer = _log_file()
+    try:
+        router.proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys, time\n"
+             "for i in range(30000):\n"
+             "    print(f'line {i} end', flush=True)\n"
+             "    if i % 100 == 0: time.sleep(0.002)\n"
+             "print('done', flush=True)\ntime.sleep(60)"],
+            stdout=writer, start_new_session=True)
+    finally:
+        os.close(writer)
+    try:
+        deadline = time.monotonic() + 30
+        while not router.log_tail(6).endswith("done\n") and time.monotonic() < deadline:
+            time.sleep(0.001)  # the whole log read, over and over while the child writes
+        marks = {f"line {i} ": lines[i] + " " for i in range(0, len(lines), 997)} | {"done": "done "}
+        assert router.wait_log(set(marks), 30) == marks  # read on while the child writes
+        assert router.log_tail(1 << 30) == "\n".join(lines) + "\ndone\n"
+    finally:
+        router.close()
+
+
+def test_no_collection_pauses_a_replay(monkeypatch):
+    """A pause of this process while the router waits on a worker's /tokenize changes vLLM's
+    picks: no cyclic collection starts while the workers serve a replay (thousands of
+    allocations each request, well past the collector's thresholds), and the collector is on
+    again after."""
+    started, serving = [], []
+
+    class Workers(HoldingWorkers):  # the real workers, telling when they serve
+        def __init__(self, *args, **kw):
+            serving.append(True)
+            super().__init__(*args, **kw)
+
+        def close(self):
+            super().close()
+            serving.clear()
+
+    def seen(phase, info):
+        if phase == "start" and serving:
+            started.append(info["generation"])
+
+    monkeypatch.setattr(real_module, "HoldingWorkers", Workers)
+    trace = trace_of(agent_rows(3, 40))
+    assert gc.isenabled()
+    gc.callbacks.append(seen)
+    try:
+        real = replay(trace, 2, "vllm")
+    finally:
+        gc.callbacks.remove(seen)
+    assert len(real.picks) == len(trace) and not serving
+    assert started == [] and gc.isenabled()

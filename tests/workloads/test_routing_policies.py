@@ -14,7 +14,7 @@ from workloads.routing import check_policies, make_policy, policy_names
 from workloads.routing.dynamo import DynamoKv
 from workloads.routing.llmd import LlmdPrecise, prefix_scores, queue_scores
 from workloads.routing.policies import softmax_pick
-from workloads.routing.real import ROUTERS
+from workloads.routing.real_router import ROUTERS
 from workloads.routing.registry import BUILDERS
 from workloads.routing.sglang import CHARS_PER_TOKEN, VARIANTS, ApproxTree, CacheAware
 from workloads.routing.vllm_kv import VllmKvAware, credited_blocks

@@ -60,6 +60,7 @@ import numpy as np
 from ..mooncake import MooncakeTrace
 from .policies import BLOCK_TOKENS
 from .sequence import check_grid
+from .serving import MAX_LEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +77,6 @@ def bound_key(mode: str, replicas: int, capacity_tokens: int) -> BoundKey:
     check_grid(replicas, capacity_tokens)
     blocks = capacity_tokens // BLOCK_TOKENS
     if mode == "serving":
-        from .serving import MAX_LEN
-
         return BoundKey(mode, replicas * blocks, min(MAX_LEN, blocks * BLOCK_TOKENS))
     return BoundKey(mode, replicas * blocks, None)
 

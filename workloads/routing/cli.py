@@ -13,6 +13,7 @@ from allocator import InvalidRequest
 
 from ..cliutil import ProgressBar, out_dir
 from ..mooncake import load_mooncake
+from .decisions import DecisionLog
 from .grid import MODES, Settings, grid, parse_executor, run_grid
 from .policies import BLOCK_TOKENS
 from .registry import check_policies, policy_names
@@ -87,8 +88,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 def write_decisions(rows: list[dict], f) -> int:
     """Every row's decisions as JSON lines, in grid order (the rows lose their `decision_rows`)."""
-    from .decisions import DecisionLog
-
     n = 0
     for row in rows:
         raw = row.pop("decision_rows", None)

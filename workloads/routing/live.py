@@ -18,6 +18,7 @@ pace the trace and switch the policy between two requests.
 from __future__ import annotations
 
 from allocator import InvalidRequest
+from allocator.errors import PrefixOutOfMemory
 
 from ..mooncake import MooncakeTrace
 from .policies import BLOCK_TOKENS, Cluster, RouteRequest, prefix_run
@@ -77,8 +78,6 @@ class PoolCluster(Cluster):
     def serve(self, req: RouteRequest, r: int) -> int:
         """Open `req` on pool r and close it; returns its cached tokens (0 when the pool could
         not hold it: counted in `refused`)."""
-        from allocator.errors import PrefixOutOfMemory
-
         pool = self.pools[r]
         self._matched_for = -1  # the pool changes
         self.requests[r] += 1
