@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -72,6 +73,10 @@ async def lifespan(app: FastAPI):
     for session, spec, fleet, load in startup.router_runs:  # the demo's router run
         services.routing_runs.adopt(session, spec, fleet=fleet, load=load)
     services.housekeeper.start()
+    # What start-up built (modules, the app, the pools' objects) lives as long as the server:
+    # kept out of the collector's full passes, which otherwise walk it all again and again
+    # (a pause that delays every engine's batches and every request behind it).
+    gc.freeze()
     yield
     await services.fleets.close_all()
     services.recordings.stop_all()
