@@ -264,6 +264,15 @@ cdef class FleetCore:
     cdef Py_ssize_t scratch_cap
     cdef public dict extra           # (engine, hash) -> further copies of a held hash
     cdef public dict multi           # (node, engine) -> further hashes of e on the node
+    # Tiers (kvevents/tiers.py): this core indexes one storage tier. The GPU's core is the
+    # fleet's own (`tier_id` 0) and routes an event of another medium to that tier's core,
+    # which `tier_of(medium)` makes (None: a medium not indexed, counted in other_medium).
+    # `peers`: the fleet's other tiers' cores, where a hash this core does not know is resolved
+    # (a parent held on another tier; a store without token ids of a block held elsewhere).
+    cdef public int tier_id
+    cdef public object tier_of
+    cdef public dict media           # medium -> its core (or None), as tier_of answered
+    cdef public tuple peers
 
     def __cinit__(self, int64_t capacity=1024, *args, **kwargs):
         self._alloc(capacity)
@@ -275,6 +284,10 @@ cdef class FleetCore:
         memset(self.act_w, 0, sizeof(self.act_w))
         self.extra = {}
         self.multi = {}
+        self.tier_id = 0
+        self.tier_of = None
+        self.media = {}
+        self.peers = ()
 
     cdef int _alloc(self, int64_t capacity) except -1:
         cdef int64_t cap = 16
@@ -697,28 +710,55 @@ cdef class FleetCore:
         cdef int bad = 0
         if new_batch:
             c[C_BATCHES] += 1
+        cdef FleetCore core
         for ev in events:
             kind = ev.kind
-            if kind == "cleared":
-                c[C_CLEARED_EV] += 1
-                self.clear(e)
-                continue
             medium = ev.medium
+            if kind == "cleared":
+                if medium is None:  # vLLM's / SGLang's: the engine's whole cache, every tier
+                    c[C_CLEARED_EV] += 1
+                    self.clear(e)
+                    for core in self.peers:
+                        core.clear(e)
+                    continue
             cont = getattr(ev, "cont", False)  # a later part of an event applied in parts
+            core = self
             if medium is not None and medium != "GPU":
-                if not cont:
-                    c[C_OTHER_MEDIUM] += 1
-                continue
-            try:
-                if kind == "stored":
-                    self._store(e, ev.block_hashes, ev.parent, ev.token_ids, ev.block_size,
-                                ev.lora_id, not cont)
-                elif kind == "removed":
-                    self.remove(e, ev.block_hashes, not cont)
-            except (TypeError, ValueError, OverflowError):
-                c[C_MALFORMED] += 1
+                core = self._core_of(medium)
+                if core is None:
+                    if not cont:
+                        c[C_OTHER_MEDIUM] += 1
+                    continue
+            if core._apply_one(e, ev, kind, cont):
                 bad += 1
         return bad
+
+    cdef FleetCore _core_of(self, medium):
+        """The core of `medium`'s tier (None: not indexed), as `tier_of` answers, remembered
+        (for at most 64 media: a publisher naming ever new ones is asked each time)."""
+        core = self.media.get(medium, False)
+        if core is False:
+            core = None if self.tier_of is None else self.tier_of(medium)
+            if len(self.media) < 64:
+                self.media[medium] = core
+        return core
+
+    cdef int _apply_one(self, int e, ev, str kind, bint cont) except -1:
+        """One stored / removed / (a tier's) cleared event on this core; 1 when malformed."""
+        cdef int64_t *c = self.counters[e]
+        try:
+            if kind == "stored":
+                self._store(e, ev.block_hashes, ev.parent, ev.token_ids, ev.block_size,
+                            ev.lora_id, not cont)
+            elif kind == "removed":
+                self.remove(e, ev.block_hashes, not cont)
+            elif kind == "cleared":
+                c[C_CLEARED_EV] += 1
+                self.clear(e)
+        except (TypeError, ValueError, OverflowError):
+            c[C_MALFORMED] += 1
+            return 1
+        return 0
 
     cpdef list store(self, int e, list hashes, parent, tokens=None, block_size=None,
                      lora_id=None):
@@ -759,11 +799,13 @@ cdef class FleetCore:
         cdef uint64_t *hs = self.scratch_h
         cdef uint64_t *ks = self.scratch_k
         lora = 0 if lora_id is None else <uint64_t><int64_t>lora_id
+        by_tokens = tokens is not None and len(tokens) > 0
         if block_size is not None:
             bs = block_size
-            if bs <= 0:
+            # vLLM's offloading connector announces a block it has no payload for as one hash,
+            # no tokens, block size 0: another tier's core takes it (resolved through `peers`)
+            if bs < 0 or (bs == 0 and (by_tokens or self.tier_id == 0)):
                 raise ValueError(f"block_size {bs}")
-        by_tokens = tokens is not None and len(tokens) > 0
         if by_tokens:
             if type(tokens) is not list:
                 raise TypeError("token_ids is not a list")
@@ -779,6 +821,8 @@ cdef class FleetCore:
             slot = ht_find(t, h)
             if slot >= 0:
                 pk = self.node_key[t.s[slot].val]
+            elif self.peers and self._peer_key(e, h, &pk):
+                pass  # the parent is held on another tier: the chain goes on under its key
             else:  # parent unknown here: a chain detached from the root, never matched from it
                 pk = nonzero(mix64(ORPHAN ^ mix64(h + <uint64_t>e)))
                 orphan = True
@@ -786,7 +830,7 @@ cdef class FleetCore:
         for i in range(n):
             if by_tokens:
                 pk = self.block_key(pk, lora, tokens, i * bs, bs)
-            else:
+            elif not (self.peers and self._peer_key(e, hs[i], &pk)):
                 pk = nonzero(mix64(FALLBACK ^ mix64(hs[i] ^ lora * K2)))
             ks[i] = pk
         if bs and self.bsize[e] and bs != self.bsize[e]:
@@ -843,6 +887,18 @@ cdef class FleetCore:
             self.held[e] += 1
             pk = k
         return 0
+
+    cdef bint _peer_key(self, int e, uint64_t h, uint64_t *out) noexcept:
+        """The key engine e's hash `h` has on another tier (the first peer holding it)."""
+        cdef FleetCore p
+        cdef int64_t slot
+        for p in self.peers:
+            if p.etab[e].s != NULL:
+                slot = ht_find(&p.etab[e], h)
+                if slot >= 0:
+                    out[0] = p.node_key[p.etab[e].s[slot].val]
+                    return True
+        return False
 
     cpdef int remove(self, int e, list hashes, bint new_event=True) except -1:
         """Engine e dropped one copy of each of `hashes`. A hash it does not hold is counted in
@@ -1179,6 +1235,133 @@ cdef class FleetCore:
 
 
 MAX_FLEET_ENGINES = MAX_ENGINES
+
+
+# -- matching across tiers -------------------------------------------------------------------------
+cdef int32_t *_nodes_along(list cores, list keys, Py_ssize_t *reach, bint cut=True) except NULL:
+    """Every core's node id of each key (-1: not indexed there), row c * n + i, up to the
+    first key no core indexes when `cut` (`reach`: how many keys that is). Free with
+    PyMem_Free."""
+    cdef Py_ssize_t n = len(keys), nc = len(cores), i, c
+    cdef int32_t *out = <int32_t *> PyMem_Malloc(max(n * nc, 1) * sizeof(int32_t))
+    cdef FleetCore core
+    cdef uint64_t k
+    cdef bint any_
+    if out == NULL:
+        raise MemoryError()
+    reach[0] = n
+    for i in range(n):
+        k = keys[i]
+        any_ = False
+        for c in range(nc):
+            core = cores[c]
+            out[c * n + i] = core.node_of(k)
+            any_ = any_ or out[c * n + i] >= 0
+        if cut and not any_:
+            reach[0] = i
+            break
+    return out
+
+
+cdef int _holders_of(FleetCore core, int32_t node, uint64_t *w) except -1:
+    """w |= the engines holding `node` (page-wise)."""
+    cdef uint64_t b
+    cdef uint8_t *x
+    cdef int j
+    if node < 0:
+        return 0
+    b = core.node_bits[node]
+    if core.node_page[node] != EXT:
+        w[core.node_page[node]] |= b
+        return 0
+    x = ext_of(b)
+    for j in range(x[0]):
+        w[x[2 + j]] |= ext_bits(x)[j]
+    return 0
+
+
+def match_tiers(list cores, list keys, among=None) -> dict:
+    """llm-d's LongestPrefixScorer over tiers, before the weights: {engine: [blocks per core]}
+    for every engine of `among` (a bit mask; None: all) holding the chain's first block in some
+    core: its longest run of the chain from block 0 held in any core, each block counted for
+    the first core (in the order given, best weight first) holding it. The cores are one
+    fleet's tiers (the same engine ids). O(engines holding block 0 x run x cores)."""
+    cdef Py_ssize_t n = len(keys), nc = len(cores), reach, i, c
+    cdef FleetCore first, core
+    cdef uint64_t w[PAGES]
+    cdef uint64_t act[PAGES]
+    cdef uint64_t m
+    cdef int q, e
+    cdef bytes raw
+    cdef dict out = {}
+    if n == 0 or nc == 0:
+        return out
+    first = cores[0]
+    cdef int32_t *nodes = _nodes_along(cores, keys, &reach)
+    try:
+        if reach == 0:
+            return out
+        memset(w, 0, sizeof(w))
+        for c in range(nc):
+            _holders_of(<FleetCore>cores[c], nodes[c * n], w)
+        if among is None:
+            memcpy(act, first.act_w, sizeof(act))
+        else:
+            raw = (among & ALL_ENGINES).to_bytes(PAGES * 8, "little")
+            memcpy(act, <const char *>raw, sizeof(act))
+        for q in range(PAGES):
+            m = w[q] & act[q] & first.act_w[q]
+            while m:
+                e = (q << 6) + __builtin_ctzll(m)
+                m &= m - 1
+                counts = [0] * nc
+                for i in range(reach):
+                    for c in range(nc):
+                        core = cores[c]
+                        if nodes[c * n + i] >= 0 and core.holds(nodes[c * n + i], e):
+                            counts[c] += 1
+                            break
+                    else:
+                        break
+                out[e] = counts
+        return out
+    finally:
+        PyMem_Free(nodes)
+
+
+def continue_runs(FleetCore core, list keys, dict starts) -> dict:
+    """Dynamo's lower-tier walk over one tier: {engine: blocks} each engine of `starts`
+    ({engine: position}) holds in `core` from its position on, consecutively; an engine not in
+    `starts` that holds the chain's first block here starts at 0 (Dynamo's root workers).
+    Engines of `starts` with no block here score 0."""
+    cdef Py_ssize_t n = len(keys), reach, i
+    cdef uint64_t w[PAGES]
+    cdef uint64_t m
+    cdef int q, e
+    cdef dict out = {}
+    cdef int32_t *nodes = _nodes_along([core], keys, &reach, False)
+    try:
+        pos = dict(starts)
+        if reach and nodes[0] >= 0:
+            memset(w, 0, sizeof(w))
+            _holders_of(core, nodes[0], w)
+            for q in range(PAGES):
+                m = w[q] & core.act_w[q]
+                while m:
+                    e = (q << 6) + __builtin_ctzll(m)
+                    m &= m - 1
+                    if e not in pos:
+                        pos[e] = 0
+        for e_obj, p in pos.items():
+            e = e_obj
+            i = p
+            if 0 <= e < MAX_ENGINES and core._active(e):
+                while 0 <= i < reach and nodes[i] >= 0 and core.holds(nodes[i], e):
+                    i += 1
+            out[e_obj] = max(i - p, 0)
+        return out
+    finally:
+        PyMem_Free(nodes)
 
 
 def snapshot_buffers(sizes, int headroom=8):
