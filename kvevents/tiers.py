@@ -8,11 +8,14 @@ that some engine has used, the GPU's the fleet's own) under the names below. Thi
 one place the names are mapped; the mapping is case-insensitive.
 
     gpu       vLLM / SGLang "GPU" (or no medium at all), Dynamo "device"
-    cpu       vLLM / SGLang "CPU", Dynamo "host_pinned" ("CPU_PINNED" in kvscope's decoded form)
-    disk      vLLM "STORAGE" (its file-system and object-store tiers), Dynamo "disk" ("DISK")
-    external  Dynamo "external" ("EXTERNAL")
+    cpu       vLLM / SGLang "CPU", Dynamo "host_pinned"
+    disk      vLLM "STORAGE" (its file-system and object-store tiers), Dynamo "disk"
+    external  Dynamo "external"
 
-A medium outside the table is not indexed; its events are counted in `other_medium`.
+and the media names Dynamo's relay reads from an engine's events (`StorageTier::from_kv_medium`,
+lib/kv-router/src/protocols.rs): "DEVICE"; "CPU_PINNED", "CPU_TIER1"; "CPU_TIER2", "DISK",
+"NVME"; "EXTERNAL", "NETWORK", "REMOTE", "SHARED". A medium outside the table is not indexed;
+its events are counted in `other_medium`.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ LLMD_WEIGHTS = {"gpu": 1.0, "cpu": 0.8}
 
 _NAMES = {
     "gpu": "gpu", "device": "gpu",
-    "cpu": "cpu", "cpu_pinned": "cpu", "host_pinned": "cpu",
-    "disk": "disk", "storage": "disk",
-    "external": "external",
+    "cpu": "cpu", "host_pinned": "cpu", "cpu_pinned": "cpu", "cpu_tier1": "cpu",
+    "disk": "disk", "storage": "disk", "cpu_tier2": "disk", "nvme": "disk",
+    "external": "external", "network": "external", "remote": "external", "shared": "external",
 }
 
 
