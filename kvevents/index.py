@@ -274,8 +274,9 @@ class FleetIndex(FleetCore):
                            out["stored_blocks"] - out["fallback_blocks"] else "tokens")
         out["tiers"] = {t: c.held_of(info.eid) for t, c in self.tier_cores()}
         if self.tiers:
-            tc = out["tier_counters"] = {t: c.counters_of(info.eid) for t, c in self.tiers.items()}
-            out["malformed_events"] += sum(c["malformed_events"] for c in tc.values())
+            tc = out["tier_counters"] = {t: {k: v for k, v in c.counters_of(info.eid).items() if v}
+                                         for t, c in self.tiers.items()}
+            out["malformed_events"] += sum(c.get("malformed_events", 0) for c in tc.values())
         return out
 
     # -- matching across tiers --------------------------------------------------------------------

@@ -162,13 +162,17 @@ def test_one_block_on_the_gpu_and_the_cpu_at_once_and_removes_name_their_medium(
     toks = list(range(8))
     fleet.apply(a, [Stored([1, 2], None, toks, 4, "GPU"), Stored([1, 2], None, toks, 4, "CPU")])
     assert fleet.engine_stats("a")["tiers"] == {"gpu": 2, "cpu": 2}
+    assert fleet.engine_stats("a")["tier_counters"] == {"cpu": {"stored_events": 1, "stored_blocks": 2}}
     assert fleet.stats()["unique_blocks"] == 2 and fleet.stats()["tiers"]["cpu"]["unique_blocks"] == 2
     fleet.apply(a, [Removed([2], "GPU")])  # evicted from the GPU, still offloaded
     assert fleet.engine_stats("a")["tiers"] == {"gpu": 1, "cpu": 2}
     keys = fleet.keys_of(toks, 4)
     assert fleet.match_keys(keys) == {a: 1}
     assert fleet.match_weighted(keys, {"gpu": 1.0, "cpu": 0.8}) == {a: pytest.approx(1.8)}
-    fleet.apply(a, [Removed([1, 2], "CPU"), Cleared()])
+    fleet.apply(a, [Removed([1, 9], "CPU"), Stored([3], None, [1], 4, "CPU")])  # 9: not held; bad tokens
+    c = fleet.engine_stats("a")
+    assert c["tier_counters"]["cpu"]["unknown_removes"] == 1 and c["malformed_events"] == 1
+    fleet.apply(a, [Removed([2], "CPU"), Cleared()])
     assert fleet.engine_stats("a")["tiers"] == {"gpu": 0, "cpu": 0} and fleet.check() == []
 
 
