@@ -700,8 +700,9 @@ cdef class FleetCore:
 
     def apply(self, int e, list events, bint new_batch=True) -> int:
         """Apply one batch of normalised events (objects with `kind` 'stored' / 'removed' /
-        'cleared', as kvevents.codec makes) of engine e. Events of another medium (a CPU offload
-        tier) are counted and skipped; an event that cannot be read (token ids that are not ints,
+        'cleared', as kvevents.codec makes) of engine e. An event of another medium than the GPU
+        goes to its tier's core (`tier_of`), one of a medium no tier names is counted in
+        `other_medium` and skipped; an event that cannot be read (token ids that are not ints,
         hashes outside 64 bits) is counted in `malformed_events` and changes nothing. Returns the
         number of malformed events. `new_batch=False`: these events continue the last batch
         (a batch applied in parts), not counted as another."""
@@ -1263,6 +1264,20 @@ cdef int32_t *_nodes_along(list cores, list keys, Py_ssize_t *reach, bint cut=Tr
     return out
 
 
+cdef inline bint holds_at(const uint64_t *bits, const uint8_t *pages, int32_t node, int e) noexcept nogil:
+    """FleetCore.holds over a core's arrays (a walk over several cores without their objects)."""
+    cdef uint64_t b = bits[node]
+    cdef int pg = pages[node], p = e >> 6, j
+    cdef uint8_t *x
+    if pg != EXT:
+        return pg == p and (b >> (e & 63)) & 1
+    x = ext_of(b)
+    for j in range(x[0]):
+        if x[2 + j] == p:
+            return (ext_bits(x)[j] >> (e & 63)) & 1
+    return False
+
+
 cdef int _holders_of(FleetCore core, int32_t node, uint64_t *w) except -1:
     """w |= the engines holding `node` (page-wise)."""
     cdef uint64_t b
@@ -1280,22 +1295,35 @@ cdef int _holders_of(FleetCore core, int32_t node, uint64_t *w) except -1:
     return 0
 
 
-def match_tiers(list cores, list keys, among=None) -> dict:
-    """llm-d's LongestPrefixScorer over tiers, before the weights: {engine: [blocks per core]}
-    for every engine of `among` (a bit mask; None: all) holding the chain's first block in some
-    core: its longest run of the chain from block 0 held in any core, each block counted for
-    the first core (in the order given, best weight first) holding it. The cores are one
-    fleet's tiers (the same engine ids). O(engines holding block 0 x run x cores)."""
+def match_tiers(list cores, list keys, among=None, weights=None) -> dict:
+    """llm-d's LongestPrefixScorer over tiers: {engine: [blocks per core]} for every engine of
+    `among` (a bit mask; None: all) holding the chain's first block in some core: its longest
+    run of the chain from block 0 held in any core, each block counted for the first core (in
+    the order given, best weight first) holding it; with `weights` (one per core), {engine:
+    the sum of its blocks' weights} instead. The cores are one fleet's tiers (the same engine
+    ids). O(engines holding block 0 x run x cores)."""
     cdef Py_ssize_t n = len(keys), nc = len(cores), reach, i, c
     cdef FleetCore first, core
     cdef uint64_t w[PAGES]
     cdef uint64_t act[PAGES]
     cdef uint64_t m
     cdef int q, e
+    cdef int64_t cnt[16]
+    cdef double wt[16]
+    cdef double score
+    cdef uint64_t *nb[16]
+    cdef uint8_t *npg[16]
     cdef bytes raw
     cdef dict out = {}
     if n == 0 or nc == 0:
         return out
+    if nc > 16:
+        raise ValueError("at most 16 cores")
+    if weights is not None:
+        if len(weights) != nc:
+            raise ValueError("one weight per core")
+        for c in range(nc):
+            wt[c] = weights[c]
     first = cores[0]
     cdef int32_t *nodes = _nodes_along(cores, keys, &reach)
     try:
@@ -1303,7 +1331,9 @@ def match_tiers(list cores, list keys, among=None) -> dict:
             return out
         memset(w, 0, sizeof(w))
         for c in range(nc):
-            _holders_of(<FleetCore>cores[c], nodes[c * n], w)
+            core = cores[c]
+            nb[c], npg[c] = core.node_bits, core.node_page
+            _holders_of(core, nodes[c * n], w)
         if among is None:
             memcpy(act, first.act_w, sizeof(act))
         else:
@@ -1314,16 +1344,21 @@ def match_tiers(list cores, list keys, among=None) -> dict:
             while m:
                 e = (q << 6) + __builtin_ctzll(m)
                 m &= m - 1
-                counts = [0] * nc
+                memset(cnt, 0, sizeof(cnt))
                 for i in range(reach):
                     for c in range(nc):
-                        core = cores[c]
-                        if nodes[c * n + i] >= 0 and core.holds(nodes[c * n + i], e):
-                            counts[c] += 1
+                        if nodes[c * n + i] >= 0 and holds_at(nb[c], npg[c], nodes[c * n + i], e):
+                            cnt[c] += 1
                             break
                     else:
                         break
-                out[e] = counts
+                if weights is None:
+                    out[e] = [cnt[c] for c in range(nc)]
+                else:
+                    score = 0.0
+                    for c in range(nc):
+                        score += cnt[c] * wt[c]
+                    out[e] = score
         return out
     finally:
         PyMem_Free(nodes)

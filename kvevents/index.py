@@ -289,9 +289,7 @@ class FleetIndex(FleetCore):
         if len(cores) == 1:
             w = weights.get(cores[0][0], 1.0)
             return {e: n * w for e, n in self.match_keys(keys, among).items()}
-        ws = [weights.get(t, 1.0) for t, _ in cores]
-        return {e: sum(n * w for n, w in zip(counts, ws))
-                for e, counts in match_tiers([c for _, c in cores], keys, among).items()}
+        return match_tiers([c for _, c in cores], keys, among, [weights.get(t, 1.0) for t, _ in cores])
 
     def match_lower_tiers(self, keys: list[int], device: dict[int, int], among=None) -> dict[str, dict[int, int]]:
         """Dynamo's walk down the tiers after the device match (`device`: {engine id: blocks},
