@@ -266,12 +266,13 @@ cdef class FleetCore:
     cdef public dict multi           # (node, engine) -> further hashes of e on the node
     # Tiers (kvevents/tiers.py): this core indexes one storage tier. The GPU's core is the
     # fleet's own (`tier_id` 0) and routes an event of another medium to that tier's core,
-    # which `tier_of(medium)` makes (None: a medium not indexed, counted in other_medium).
-    # `peers`: the fleet's other tiers' cores, where a hash this core does not know is resolved
-    # (a parent held on another tier; a store without token ids of a block held elsewhere).
+    # which `tier_index(medium)` gives (None: a medium not indexed, counted in other_medium).
+    # `peers` (the GPU's core only): the other tiers' cores. A store resolves a hash its core
+    # does not know on the other tiers (a parent held on another tier; a store without token
+    # ids of a block held elsewhere); a tier's core is handed them with each event, so no core
+    # refers back to the GPU's (no reference cycle).
     cdef public int tier_id
-    cdef public object tier_of
-    cdef public dict media           # medium -> its core (or None), as tier_of answered
+    cdef public dict media           # medium -> its core (or None), as tier_index answered
     cdef public tuple peers
 
     def __cinit__(self, int64_t capacity=1024, *args, **kwargs):
@@ -285,7 +286,6 @@ cdef class FleetCore:
         self.extra = {}
         self.multi = {}
         self.tier_id = 0
-        self.tier_of = None
         self.media = {}
         self.peers = ()
 
@@ -701,7 +701,7 @@ cdef class FleetCore:
     def apply(self, int e, list events, bint new_batch=True) -> int:
         """Apply one batch of normalised events (objects with `kind` 'stored' / 'removed' /
         'cleared', as kvevents.codec makes) of engine e. An event of another medium than the GPU
-        goes to its tier's core (`tier_of`), one of a medium no tier names is counted in
+        goes to its tier's core (`tier_index`), one of a medium no tier names is counted in
         `other_medium` and skipped; an event that cannot be read (token ids that are not ints,
         hashes outside 64 bits) is counted in `malformed_events` and changes nothing. Returns the
         number of malformed events. `new_batch=False`: these events continue the last batch
@@ -712,6 +712,8 @@ cdef class FleetCore:
         if new_batch:
             c[C_BATCHES] += 1
         cdef FleetCore core
+        cdef dict others = None  # a tier's core -> the cores of the other tiers, this batch
+        cdef tuple pp, made = None  # `peers` when `others` was filled (a new tier refills it)
         for ev in events:
             kind = ev.kind
             medium = ev.medium
@@ -724,33 +726,46 @@ cdef class FleetCore:
                     continue
             cont = getattr(ev, "cont", False)  # a later part of an event applied in parts
             core = self
+            pp = self.peers
             if medium is not None and medium != "GPU":
                 core = self._core_of(medium)
                 if core is None:
                     if not cont:
                         c[C_OTHER_MEDIUM] += 1
                     continue
-            if core._apply_one(e, ev, kind, cont):
+                if core is not self:
+                    if others is None or made is not self.peers:
+                        others, made = {}, self.peers
+                    pp = others.get(core)
+                    if pp is None:
+                        pp = others[core] = (self,) + tuple([o for o in self.peers if o is not core])
+            if core._apply_one(e, ev, kind, cont, pp):
                 bad += 1
         return bad
 
+    def tier_index(self, medium):
+        """The core indexing `medium`'s tier (None: not indexed; the core alone indexes no
+        other medium than the GPU's: kvevents.index.FleetIndex makes the tiers)."""
+        return None
+
     cdef FleetCore _core_of(self, medium):
-        """The core of `medium`'s tier (None: not indexed), as `tier_of` answers, remembered
+        """The core of `medium`'s tier (None: not indexed), as `tier_index` answers, remembered
         (for at most 64 media: a publisher naming ever new ones is asked each time)."""
         core = self.media.get(medium, False)
         if core is False:
-            core = None if self.tier_of is None else self.tier_of(medium)
+            core = self.tier_index(medium)
             if len(self.media) < 64:
                 self.media[medium] = core
         return core
 
-    cdef int _apply_one(self, int e, ev, str kind, bint cont) except -1:
-        """One stored / removed / (a tier's) cleared event on this core; 1 when malformed."""
+    cdef int _apply_one(self, int e, ev, str kind, bint cont, tuple peers) except -1:
+        """One stored / removed / (a tier's) cleared event on this core, `peers` the other
+        tiers' cores; 1 when malformed."""
         cdef int64_t *c = self.counters[e]
         try:
             if kind == "stored":
                 self._store(e, ev.block_hashes, ev.parent, ev.token_ids, ev.block_size,
-                            ev.lora_id, not cont)
+                            ev.lora_id, not cont, peers)
             elif kind == "removed":
                 self.remove(e, ev.block_hashes, not cont)
             elif kind == "cleared":
@@ -767,7 +782,7 @@ cdef class FleetCore:
         `tokens` (all the blocks' token ids, or None). Returns the keys. Raises ValueError /
         TypeError / OverflowError on unreadable input, before changing anything."""
         self._check_engine(e)
-        self._store(e, hashes, parent, tokens, block_size, lora_id, True)
+        self._store(e, hashes, parent, tokens, block_size, lora_id, True, self.peers)
         return [self.scratch_k[i] for i in range(len(hashes))]
 
     cdef int _grow_scratch(self, Py_ssize_t n) except -1:
@@ -786,7 +801,7 @@ cdef class FleetCore:
         return 0
 
     cdef int _store(self, int e, list hashes, parent, tokens, block_size, lora_id,
-                    bint new_event) except -1:
+                    bint new_event, tuple peers) except -1:
         cdef Py_ssize_t n = len(hashes), i
         cdef int64_t *c = self.counters[e]
         cdef HTable *t = &self.etab[e]
@@ -822,7 +837,7 @@ cdef class FleetCore:
             slot = ht_find(t, h)
             if slot >= 0:
                 pk = self.node_key[t.s[slot].val]
-            elif self.peers and self._peer_key(e, h, &pk):
+            elif peers and _peer_key(peers, e, h, &pk):
                 pass  # the parent is held on another tier: the chain goes on under its key
             else:  # parent unknown here: a chain detached from the root, never matched from it
                 pk = nonzero(mix64(ORPHAN ^ mix64(h + <uint64_t>e)))
@@ -831,7 +846,7 @@ cdef class FleetCore:
         for i in range(n):
             if by_tokens:
                 pk = self.block_key(pk, lora, tokens, i * bs, bs)
-            elif not (self.peers and self._peer_key(e, hs[i], &pk)):
+            elif not (peers and _peer_key(peers, e, hs[i], &pk)):
                 pk = nonzero(mix64(FALLBACK ^ mix64(hs[i] ^ lora * K2)))
             ks[i] = pk
         if bs and self.bsize[e] and bs != self.bsize[e]:
@@ -888,18 +903,6 @@ cdef class FleetCore:
             self.held[e] += 1
             pk = k
         return 0
-
-    cdef bint _peer_key(self, int e, uint64_t h, uint64_t *out) noexcept:
-        """The key engine e's hash `h` has on another tier (the first peer holding it)."""
-        cdef FleetCore p
-        cdef int64_t slot
-        for p in self.peers:
-            if p.etab[e].s != NULL:
-                slot = ht_find(&p.etab[e], h)
-                if slot >= 0:
-                    out[0] = p.node_key[p.etab[e].s[slot].val]
-                    return True
-        return False
 
     cpdef int remove(self, int e, list hashes, bint new_event=True) except -1:
         """Engine e dropped one copy of each of `hashes`. A hash it does not hold is counted in
@@ -1236,6 +1239,19 @@ cdef class FleetCore:
 
 
 MAX_FLEET_ENGINES = MAX_ENGINES
+
+
+cdef bint _peer_key(tuple peers, int e, uint64_t h, uint64_t *out) noexcept:
+    """The key engine e's hash `h` has on another tier (the first of `peers` holding it)."""
+    cdef FleetCore p
+    cdef int64_t slot
+    for p in peers:
+        if p.etab[e].s != NULL:
+            slot = ht_find(&p.etab[e], h)
+            if slot >= 0:
+                out[0] = p.node_key[p.etab[e].s[slot].val]
+                return True
+    return False
 
 
 # -- matching across tiers -------------------------------------------------------------------------

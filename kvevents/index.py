@@ -76,10 +76,9 @@ class FleetIndex(FleetCore):
         self._groups: dict[int, int | None] | None = None  # `_block_size_groups`, kept
         self._groups_pending: list[int] = []  # engines whose events have not given a size yet
         self.tiers: dict[str, FleetCore] = {}  # tier -> its index, the GPU's (self) not among them
-        self.tier_of = self._tier_core
 
     # -- tiers ----------------------------------------------------------------------------------
-    def _tier_core(self, medium) -> FleetCore | None:
+    def tier_index(self, medium) -> FleetCore | None:
         """The index of `medium`'s tier, made on its first event (None: not a tier)."""
         tier = tiermap.tier_of(medium)
         if tier is None:
@@ -93,9 +92,7 @@ class FleetIndex(FleetCore):
             for eid in self._by_id:
                 core.add_engine(eid)
             self.tiers = {t: c for t in tiermap.TIERS for c in [self.tiers.get(t, core if t == tier else None)] if c}
-            cores = self.tier_cores()
-            for _, c in cores:
-                c.peers = tuple(o for _, o in cores if o is not c)
+            self.peers = tuple(self.tiers.values())
         return core
 
     def tier_cores(self) -> list[tuple[str, FleetCore]]:

@@ -5,7 +5,9 @@ names; and the GPU-only path staying one index."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
+import weakref
 
 import pytest
 from fleet_model import add_at
@@ -81,24 +83,45 @@ class TierMachine(RuleBasedStateMachine):
             ev = Stored(hashes[-1:], None, [], 0, medium)
         self.apply(e, [ev])
 
-    @rule(i=PICK, medium=st.sampled_from(["CPU", "STORAGE", "CPU_PINNED"]), k=st.integers(1, 4),
-          placeholder=st.booleans(), evict=st.booleans())
-    def offload(self, i, medium, k, placeholder, evict):
-        """What an offloading connector does: copy some of the engine's GPU blocks to another
-        tier (announced by hash alone, or with their payload under the same parent), and maybe
-        evict them from the GPU afterwards."""
+    @rule(i=PICK, media=st.lists(st.sampled_from(["CPU", "STORAGE", "CPU_PINNED", "EXTERNAL"]), min_size=4,
+                                 max_size=4), k=st.integers(1, 4), placeholder=st.booleans(), evict=st.booleans())
+    def offload(self, i, media, k, placeholder, evict):
+        """What offloading connectors do, in one batch: copy some of the engine's GPU blocks to
+        other tiers (announced by hash alone, or with their payload under the same parent), and
+        maybe evict them from the GPU afterwards."""
         e = self.pick(i)
         gpu = list(self.model.tables[e]["gpu"].items())[:k]
         if not gpu:
             return
         events = []
-        for h, (key, _n) in gpu:
+        for j, (h, (key, _n)) in enumerate(gpu):
+            medium = media[j]
             if placeholder or not isinstance(key[2], tuple) or key[0] is not None:
                 events.append(Stored([h], None, [], 0, medium))
             else:  # a root block with its tokens
                 events.append(Stored([h], None, list(key[2]), BS, medium))
         if evict:
             events.append(Removed([h for h, _ in gpu], "GPU"))
+        self.apply(e, events)
+
+    @rule(i=PICK, prompt=st.sampled_from(range(len(BASE))), n=st.integers(2, 4), start=st.integers(1, 3),
+          medium=st.sampled_from(["CPU", "STORAGE", "CPU_PINNED"]), evict=st.booleans())
+    def offload_tail(self, i, prompt, n, start, medium, evict):
+        """A chain stored on the GPU whose tail goes to another tier with its payload, under
+        its parent's hash (a block the tier does not hold), then maybe leaves the GPU."""
+        start = min(start, n - 1)
+        e = self.pick(i)
+        seed = self.names.index(e) + 1
+        toks = BASE[prompt]
+        hashes, h = [], None
+        for j in range(n):
+            h = engine_hash(seed, h, tuple(toks[j * BS:(j + 1) * BS]))
+            hashes.append(h)
+        self.seen[e].extend(hashes)
+        events = [Stored(hashes, None, toks[:n * BS], BS, "GPU"),
+                  Stored(hashes[start:], hashes[start - 1], toks[start * BS:n * BS], BS, medium)]
+        if evict:
+            events.append(Removed(hashes[start:], "GPU"))
         self.apply(e, events)
 
     @precondition(lambda self: any(self.seen.values()))
@@ -200,6 +223,27 @@ def test_tiers_follow_the_engines_added_and_removed():
     assert fleet.version() > v  # a change on another tier is a change of the fleet's index
     fleet.release()
     assert fleet.tiers == {} and fleet.engines == {}
+
+
+def test_an_index_with_tiers_is_freed_by_reference_counting_alone():
+    """No core refers back to the GPU's (a tier's core is handed the others with each event), so
+    a dropped index with tiers goes without the cycle collector, released or not."""
+    for release in (False, True):
+        fleet = FleetIndex()
+        a = fleet.add("a").eid
+        fleet.apply(a, [Stored([1, 2], None, [1, 2, 3, 4], 2, "GPU"), Stored([2], 1, [], 0, "CPU"),
+                        Stored([3], None, [], 0, "STORAGE")])
+        assert set(fleet.tiers) == {"cpu", "disk"} and fleet.check() == []
+        ref = weakref.ref(fleet)  # (the compiled cores take no weak references: the index's does)
+        if release:
+            fleet.release()
+        gc.collect()
+        gc.disable()
+        try:
+            del fleet
+            assert ref() is None
+        finally:
+            gc.enable()
 
 
 def test_the_media_names_map_to_the_tiers():
