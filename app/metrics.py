@@ -16,7 +16,8 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 # The request histogram's labels take bounded values whatever a client sends: a method outside
 # these is `other`, a path no route matched `unmatched` (never the raw path), a status outside
 # 100..599 `other`. The other families are labelled by pools, fleets and engines, which the
-# server's caps bound, and by fixed names (block states, OOM causes, eviction reasons).
+# server's caps bound, and by fixed names (block states, OOM causes, eviction reasons, storage
+# tiers).
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE",
                            "CONNECT"})
 OTHER = "other"
@@ -136,7 +137,13 @@ class FleetCollector:
             "tok": CounterMetricFamily("kvscope_fleet_recompute_tokens", "Tokens of those blocks",
                                        labels=["fleet"]),
             "cached": GaugeMetricFamily("kvscope_fleet_engine_cached_blocks", "Blocks an engine "
-                                        "holds", labels=["fleet", "engine", "server"]),
+                                        "holds on the GPU", labels=["fleet", "engine", "server"]),
+            "tiers": GaugeMetricFamily("kvscope_fleet_engine_blocks", "Blocks an engine holds per "
+                                       "storage tier (gpu, cpu, disk, external: the tiers its "
+                                       "fleet's engines have used)", labels=["fleet", "engine", "tier"]),
+            "tier_unique": GaugeMetricFamily("kvscope_fleet_tier_unique_blocks", "Distinct blocks "
+                                             "cached across the fleet per storage tier",
+                                             labels=["fleet", "tier"]),
             "lag": GaugeMetricFamily("kvscope_fleet_engine_lag_seconds", "Seconds since the "
                                      "engine's last batch arrived", labels=["fleet", "engine"]),
             "errors": CounterMetricFamily("kvscope_fleet_engine_errors", "Bad input from the "
@@ -151,8 +158,12 @@ class FleetCollector:
             fam["copies"].add_metric([name], s["duplicate_copies"])
             fam["rec"].add_metric([name], s["cross_engine_recomputes"])
             fam["tok"].add_metric([name], s["recompute_tokens"])
+            for tier, t in s["tiers"].items():  # tier names: a fixed set (kvevents/tiers.py)
+                fam["tier_unique"].add_metric([name, tier], t["unique_blocks"])
             for row in fleet.engines():
                 fam["cached"].add_metric([name, row["name"], row["server"]], row["cached_blocks"])
+                for tier, n in row["tiers"].items():
+                    fam["tiers"].add_metric([name, row["name"], tier], n)
                 lag = row["stream"].get("lag_s")
                 if lag is not None:
                     fam["lag"].add_metric([name, row["name"]], lag)

@@ -7,6 +7,8 @@ the same process, interleaved: `python -m bench fleet [--json FILE]`.
   token ids and hashes them itself (`match_tokens`), and the precomputed keys (`match_keys`).
 - wire: msgpack batches over a real ZeroMQ PUB/SUB into the fleet (decode + apply), one process.
 - memory: the compiled index's bytes per (engine, block) held.
+- tiers: the same engines copying every store to the CPU (apply of both tiers' blocks), and
+  llm-d's tier-weighted match on that fleet (no Dynamo figure: its RadixTree has no tiers).
 - sustained: a real `kvscope serve` following 64 engines (kvscope's publisher, vLLM's wire
   format, over TCP) that each store and evict 1,000 blocks/s, while a client polls every
   engine's row (pages of 256) and every engine's map, once a second and every 2 s; the lag is
@@ -183,6 +185,45 @@ def bench_match(fleet, tree, prompts, rounds: int = 5, n: int = 2000,
             fm(lh)
         best["d"] = min(best["d"], time.perf_counter() - t)
     return best["k"] / n * 1e6, best["kk"] / n * 1e6, best["d"] / n * 1e6
+
+
+def bench_tiers(events, prompts, rounds: int = 3, n: int = 2000) -> dict:
+    """The same engines offloading: every store copied to the CPU (vLLM's self-describing
+    offload event, medium "CPU"), every other eviction evicting the CPU's copies too. Apply:
+    blocks of both tiers per second; match: llm-d's tier-weighted score of a 16-block prompt
+    (`FleetIndex.match_weighted`, default weights) on the tiered fleet, against the GPU-only
+    fleet's walk of the same keys (`match_keys`)."""
+    tiered, odd = [], False
+    for e, ev, js in events:
+        tiered.append((e, ev, js))
+        if ev.kind == "stored":
+            tiered.append((e, Stored(ev.block_hashes, ev.parent, ev.token_ids, ev.block_size, "CPU"), js))
+        elif ev.kind == "removed":
+            odd = not odd
+            if odd:
+                tiered.append((e, Removed(ev.block_hashes, "CPU"), js))
+    best, fleet = 1e9, None
+    for _ in range(rounds):
+        t, fleet = apply_kvscope(tiered)
+        best = min(best, t)
+    assert fleet.check() == []
+    rng = random.Random(1)
+    qs = [p for p in prompts if len(p) >= QUERY_BLOCKS * BS]
+    keys = [fleet.keys_of(list(rng.choice(qs)[:QUERY_BLOCKS * BS]), BS) for _ in range(n)]
+    weights = {"gpu": 1.0, "cpu": 0.8}
+    w_best = k_best = 1e9
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for k in keys:
+            fleet.match_weighted(k, weights)
+        w_best = min(w_best, time.perf_counter() - t)
+        t = time.perf_counter()
+        for k in keys:
+            fleet.match_keys(k)
+        k_best = min(k_best, time.perf_counter() - t)
+    return {"apply_blocks_per_s": round(blocks_of(tiered) / best),
+            "cpu_blocks": sum(fleet.tiers["cpu"].held_of(e) for e in range(ENGINES)),
+            "weighted_match_us": round(w_best / n * 1e6, 3), "gpu_keys_match_us": round(k_best / n * 1e6, 3)}
 
 
 def bench_wire(events, folder: str) -> float:
@@ -505,6 +546,11 @@ def run(json_path: str | None = None, quick: bool = False) -> dict:
     bpb = fleet.memory_bytes() / max(held, 1)
     print(f"memory   {fleet.memory_bytes():,} B for {held:,} held blocks ({fleet.unique:,} distinct): "
           f"{bpb:.1f} B per held block (goal <= {GOALS['bytes_per_block']})")
+    tiers = bench_tiers(events, prompts)
+    print(f"tiers    GPU + CPU copies (every store offloaded, {tiers['cpu_blocks']:,} on the CPU): apply "
+          f"{tiers['apply_blocks_per_s']:,} blocks/s ({tiers['apply_blocks_per_s'] / ours:.2f} x the GPU-only "
+          f"rate); llm-d weighted match {tiers['weighted_match_us']:.2f} us (the GPU's walk of the same keys "
+          f"{tiers['gpu_keys_match_us']:.2f} us)")
     with tempfile.TemporaryDirectory() as folder:
         wire = bench_wire(events, folder)
     print(f"wire     kvscope PUB/SUB -> decode -> fleet {wire:12,.0f} blocks/s "
@@ -524,6 +570,7 @@ def run(json_path: str | None = None, quick: bool = False) -> dict:
            "match": {"kvscope_us": round(k_us, 3), "dynamo_us": round(d_us, 3),
                      "kvscope_keys_us": round(kk_us, 3)},
            "wire": {"kvscope_blocks_per_s": round(wire)},
+           "tiers": tiers,
            "memory": {"bytes_per_held_block": round(bpb, 1)},
            "scales": scales,
            "sustained": sustained,

@@ -264,6 +264,16 @@ cdef class FleetCore:
     cdef Py_ssize_t scratch_cap
     cdef public dict extra           # (engine, hash) -> further copies of a held hash
     cdef public dict multi           # (node, engine) -> further hashes of e on the node
+    # Tiers (kvevents/tiers.py): this core indexes one storage tier. The GPU's core is the
+    # fleet's own (`tier_id` 0) and routes an event of another medium to that tier's core,
+    # which `tier_index(medium)` gives (None: a medium not indexed, counted in other_medium).
+    # `peers` (the GPU's core only): the other tiers' cores. A store resolves a hash its core
+    # does not know on the other tiers (a parent held on another tier; a store without token
+    # ids of a block held elsewhere); a tier's core is handed them with each event, so no core
+    # refers back to the GPU's (no reference cycle).
+    cdef public int tier_id
+    cdef public dict media           # medium -> its core (or None), as tier_index answered
+    cdef public tuple peers
 
     def __cinit__(self, int64_t capacity=1024, *args, **kwargs):
         self._alloc(capacity)
@@ -275,6 +285,9 @@ cdef class FleetCore:
         memset(self.act_w, 0, sizeof(self.act_w))
         self.extra = {}
         self.multi = {}
+        self.tier_id = 0
+        self.media = {}
+        self.peers = ()
 
     cdef int _alloc(self, int64_t capacity) except -1:
         cdef int64_t cap = 16
@@ -687,8 +700,9 @@ cdef class FleetCore:
 
     def apply(self, int e, list events, bint new_batch=True) -> int:
         """Apply one batch of normalised events (objects with `kind` 'stored' / 'removed' /
-        'cleared', as kvevents.codec makes) of engine e. Events of another medium (a CPU offload
-        tier) are counted and skipped; an event that cannot be read (token ids that are not ints,
+        'cleared', as kvevents.codec makes) of engine e. An event of another medium than the GPU
+        goes to its tier's core (`tier_index`), one of a medium no tier names is counted in
+        `other_medium` and skipped; an event that cannot be read (token ids that are not ints,
         hashes outside 64 bits) is counted in `malformed_events` and changes nothing. Returns the
         number of malformed events. `new_batch=False`: these events continue the last batch
         (a batch applied in parts), not counted as another."""
@@ -697,28 +711,70 @@ cdef class FleetCore:
         cdef int bad = 0
         if new_batch:
             c[C_BATCHES] += 1
+        cdef FleetCore core
+        cdef dict others = None  # a tier's core -> the cores of the other tiers, this batch
+        cdef tuple pp, made = None  # `peers` when `others` was filled (a new tier refills it)
         for ev in events:
             kind = ev.kind
-            if kind == "cleared":
-                c[C_CLEARED_EV] += 1
-                self.clear(e)
-                continue
             medium = ev.medium
+            if kind == "cleared":
+                if medium is None:  # vLLM's / SGLang's: the engine's whole cache, every tier
+                    c[C_CLEARED_EV] += 1
+                    self.clear(e)
+                    for core in self.peers:
+                        core.clear(e)
+                    continue
             cont = getattr(ev, "cont", False)  # a later part of an event applied in parts
+            core = self
+            pp = self.peers
             if medium is not None and medium != "GPU":
-                if not cont:
-                    c[C_OTHER_MEDIUM] += 1
-                continue
-            try:
-                if kind == "stored":
-                    self._store(e, ev.block_hashes, ev.parent, ev.token_ids, ev.block_size,
-                                ev.lora_id, not cont)
-                elif kind == "removed":
-                    self.remove(e, ev.block_hashes, not cont)
-            except (TypeError, ValueError, OverflowError):
-                c[C_MALFORMED] += 1
+                core = self._core_of(medium)
+                if core is None:
+                    if not cont:
+                        c[C_OTHER_MEDIUM] += 1
+                    continue
+                if core is not self:
+                    if others is None or made is not self.peers:
+                        others, made = {}, self.peers
+                    pp = others.get(core)
+                    if pp is None:
+                        pp = others[core] = (self,) + tuple([o for o in self.peers if o is not core])
+            if core._apply_one(e, ev, kind, cont, pp):
                 bad += 1
         return bad
+
+    def tier_index(self, medium):
+        """The core indexing `medium`'s tier (None: not indexed; the core alone indexes no
+        other medium than the GPU's: kvevents.index.FleetIndex makes the tiers)."""
+        return None
+
+    cdef FleetCore _core_of(self, medium):
+        """The core of `medium`'s tier (None: not indexed), as `tier_index` answers, remembered
+        (for at most 64 media: a publisher naming ever new ones is asked each time)."""
+        core = self.media.get(medium, False)
+        if core is False:
+            core = self.tier_index(medium)
+            if len(self.media) < 64:
+                self.media[medium] = core
+        return core
+
+    cdef int _apply_one(self, int e, ev, str kind, bint cont, tuple peers) except -1:
+        """One stored / removed / (a tier's) cleared event on this core, `peers` the other
+        tiers' cores; 1 when malformed."""
+        cdef int64_t *c = self.counters[e]
+        try:
+            if kind == "stored":
+                self._store(e, ev.block_hashes, ev.parent, ev.token_ids, ev.block_size,
+                            ev.lora_id, not cont, peers)
+            elif kind == "removed":
+                self.remove(e, ev.block_hashes, not cont)
+            elif kind == "cleared":
+                c[C_CLEARED_EV] += 1
+                self.clear(e)
+        except (TypeError, ValueError, OverflowError):
+            c[C_MALFORMED] += 1
+            return 1
+        return 0
 
     cpdef list store(self, int e, list hashes, parent, tokens=None, block_size=None,
                      lora_id=None):
@@ -726,7 +782,7 @@ cdef class FleetCore:
         `tokens` (all the blocks' token ids, or None). Returns the keys. Raises ValueError /
         TypeError / OverflowError on unreadable input, before changing anything."""
         self._check_engine(e)
-        self._store(e, hashes, parent, tokens, block_size, lora_id, True)
+        self._store(e, hashes, parent, tokens, block_size, lora_id, True, self.peers)
         return [self.scratch_k[i] for i in range(len(hashes))]
 
     cdef int _grow_scratch(self, Py_ssize_t n) except -1:
@@ -745,7 +801,7 @@ cdef class FleetCore:
         return 0
 
     cdef int _store(self, int e, list hashes, parent, tokens, block_size, lora_id,
-                    bint new_event) except -1:
+                    bint new_event, tuple peers) except -1:
         cdef Py_ssize_t n = len(hashes), i
         cdef int64_t *c = self.counters[e]
         cdef HTable *t = &self.etab[e]
@@ -759,11 +815,13 @@ cdef class FleetCore:
         cdef uint64_t *hs = self.scratch_h
         cdef uint64_t *ks = self.scratch_k
         lora = 0 if lora_id is None else <uint64_t><int64_t>lora_id
+        by_tokens = tokens is not None and len(tokens) > 0
         if block_size is not None:
             bs = block_size
-            if bs <= 0:
+            # vLLM's offloading connector announces a block it has no payload for as one hash,
+            # no tokens, block size 0: another tier's core takes it (resolved through `peers`)
+            if bs < 0 or (bs == 0 and (by_tokens or self.tier_id == 0)):
                 raise ValueError(f"block_size {bs}")
-        by_tokens = tokens is not None and len(tokens) > 0
         if by_tokens:
             if type(tokens) is not list:
                 raise TypeError("token_ids is not a list")
@@ -779,6 +837,8 @@ cdef class FleetCore:
             slot = ht_find(t, h)
             if slot >= 0:
                 pk = self.node_key[t.s[slot].val]
+            elif peers and _peer_key(peers, e, h, &pk):
+                pass  # the parent is held on another tier: the chain goes on under its key
             else:  # parent unknown here: a chain detached from the root, never matched from it
                 pk = nonzero(mix64(ORPHAN ^ mix64(h + <uint64_t>e)))
                 orphan = True
@@ -786,7 +846,7 @@ cdef class FleetCore:
         for i in range(n):
             if by_tokens:
                 pk = self.block_key(pk, lora, tokens, i * bs, bs)
-            else:
+            elif not (peers and _peer_key(peers, e, hs[i], &pk)):
                 pk = nonzero(mix64(FALLBACK ^ mix64(hs[i] ^ lora * K2)))
             ks[i] = pk
         if bs and self.bsize[e] and bs != self.bsize[e]:
@@ -1179,6 +1239,180 @@ cdef class FleetCore:
 
 
 MAX_FLEET_ENGINES = MAX_ENGINES
+
+
+cdef bint _peer_key(tuple peers, int e, uint64_t h, uint64_t *out) noexcept:
+    """The key engine e's hash `h` has on another tier (the first of `peers` holding it)."""
+    cdef FleetCore p
+    cdef int64_t slot
+    for p in peers:
+        if p.etab[e].s != NULL:
+            slot = ht_find(&p.etab[e], h)
+            if slot >= 0:
+                out[0] = p.node_key[p.etab[e].s[slot].val]
+                return True
+    return False
+
+
+# -- matching across tiers -------------------------------------------------------------------------
+cdef int32_t *_nodes_along(list cores, list keys, Py_ssize_t *reach, bint cut=True) except NULL:
+    """Every core's node id of each key (-1: not indexed there), row c * n + i, up to the
+    first key no core indexes when `cut` (`reach`: how many keys that is). Free with
+    PyMem_Free."""
+    cdef Py_ssize_t n = len(keys), nc = len(cores), i, c
+    cdef int32_t *out = <int32_t *> PyMem_Malloc(max(n * nc, 1) * sizeof(int32_t))
+    cdef FleetCore core
+    cdef uint64_t k
+    cdef bint any_
+    if out == NULL:
+        raise MemoryError()
+    reach[0] = n
+    for i in range(n):
+        k = keys[i]
+        any_ = False
+        for c in range(nc):
+            core = cores[c]
+            out[c * n + i] = core.node_of(k)
+            any_ = any_ or out[c * n + i] >= 0
+        if cut and not any_:
+            reach[0] = i
+            break
+    return out
+
+
+cdef inline bint holds_at(const uint64_t *bits, const uint8_t *pages, int32_t node, int e) noexcept nogil:
+    """FleetCore.holds over a core's arrays (a walk over several cores without their objects)."""
+    cdef uint64_t b = bits[node]
+    cdef int pg = pages[node], p = e >> 6, j
+    cdef uint8_t *x
+    if pg != EXT:
+        return pg == p and (b >> (e & 63)) & 1
+    x = ext_of(b)
+    for j in range(x[0]):
+        if x[2 + j] == p:
+            return (ext_bits(x)[j] >> (e & 63)) & 1
+    return False
+
+
+cdef int _holders_of(FleetCore core, int32_t node, uint64_t *w) except -1:
+    """w |= the engines holding `node` (page-wise)."""
+    cdef uint64_t b
+    cdef uint8_t *x
+    cdef int j
+    if node < 0:
+        return 0
+    b = core.node_bits[node]
+    if core.node_page[node] != EXT:
+        w[core.node_page[node]] |= b
+        return 0
+    x = ext_of(b)
+    for j in range(x[0]):
+        w[x[2 + j]] |= ext_bits(x)[j]
+    return 0
+
+
+def match_tiers(list cores, list keys, among=None, weights=None) -> dict:
+    """llm-d's LongestPrefixScorer over tiers: {engine: [blocks per core]} for every engine of
+    `among` (a bit mask; None: all) holding the chain's first block in some core: its longest
+    run of the chain from block 0 held in any core, each block counted for the first core (in
+    the order given, best weight first) holding it; with `weights` (one per core), {engine:
+    the sum of its blocks' weights} instead. The cores are one fleet's tiers (the same engine
+    ids). O(engines holding block 0 x run x cores)."""
+    cdef Py_ssize_t n = len(keys), nc = len(cores), reach, i, c
+    cdef FleetCore first, core
+    cdef uint64_t w[PAGES]
+    cdef uint64_t act[PAGES]
+    cdef uint64_t m
+    cdef int q, e
+    cdef int64_t cnt[16]
+    cdef double wt[16]
+    cdef double score
+    cdef uint64_t *nb[16]
+    cdef uint8_t *npg[16]
+    cdef bytes raw
+    cdef dict out = {}
+    if n == 0 or nc == 0:
+        return out
+    if nc > 16:
+        raise ValueError("at most 16 cores")
+    if weights is not None:
+        if len(weights) != nc:
+            raise ValueError("one weight per core")
+        for c in range(nc):
+            wt[c] = weights[c]
+    first = cores[0]
+    cdef int32_t *nodes = _nodes_along(cores, keys, &reach)
+    try:
+        if reach == 0:
+            return out
+        memset(w, 0, sizeof(w))
+        for c in range(nc):
+            core = cores[c]
+            nb[c], npg[c] = core.node_bits, core.node_page
+            _holders_of(core, nodes[c * n], w)
+        if among is None:
+            memcpy(act, first.act_w, sizeof(act))
+        else:
+            raw = (among & ALL_ENGINES).to_bytes(PAGES * 8, "little")
+            memcpy(act, <const char *>raw, sizeof(act))
+        for q in range(PAGES):
+            m = w[q] & act[q] & first.act_w[q]
+            while m:
+                e = (q << 6) + __builtin_ctzll(m)
+                m &= m - 1
+                memset(cnt, 0, sizeof(cnt))
+                for i in range(reach):
+                    for c in range(nc):
+                        if nodes[c * n + i] >= 0 and holds_at(nb[c], npg[c], nodes[c * n + i], e):
+                            cnt[c] += 1
+                            break
+                    else:
+                        break
+                if weights is None:
+                    out[e] = [cnt[c] for c in range(nc)]
+                else:
+                    score = 0.0
+                    for c in range(nc):
+                        score += cnt[c] * wt[c]
+                    out[e] = score
+        return out
+    finally:
+        PyMem_Free(nodes)
+
+
+def continue_runs(FleetCore core, list keys, dict starts) -> dict:
+    """Dynamo's lower-tier walk over one tier: {engine: blocks} each engine of `starts`
+    ({engine: position}) holds in `core` from its position on, consecutively; an engine not in
+    `starts` that holds the chain's first block here starts at 0 (Dynamo's root workers).
+    Engines of `starts` with no block here score 0."""
+    cdef Py_ssize_t n = len(keys), reach, i
+    cdef uint64_t w[PAGES]
+    cdef uint64_t m
+    cdef int q, e
+    cdef dict out = {}
+    cdef int32_t *nodes = _nodes_along([core], keys, &reach, False)
+    try:
+        pos = dict(starts)
+        if reach and nodes[0] >= 0:
+            memset(w, 0, sizeof(w))
+            _holders_of(core, nodes[0], w)
+            for q in range(PAGES):
+                m = w[q] & core.act_w[q]
+                while m:
+                    e = (q << 6) + __builtin_ctzll(m)
+                    m &= m - 1
+                    if e not in pos:
+                        pos[e] = 0
+        for e_obj, p in pos.items():
+            e = e_obj
+            i = p
+            if 0 <= e < MAX_ENGINES and core._active(e):
+                while 0 <= i < reach and nodes[i] >= 0 and core.holds(nodes[i], e):
+                    i += 1
+            out[e_obj] = max(i - p, 0)
+        return out
+    finally:
+        PyMem_Free(nodes)
 
 
 def snapshot_buffers(sizes, int headroom=8):

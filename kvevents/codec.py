@@ -103,7 +103,12 @@ class Removed:
 
 @dataclass(slots=True)
 class Cleared:
+    """The engine dropped every block: of one tier when `medium` names it (Dynamo's RouterEvent
+    carries its tier), else of every tier (vLLM's and SGLang's AllBlocksCleared, pod-wide as
+    llm-d reads it)."""
+
     kind: str = "cleared"
+    medium: str | None = None
 
 
 @dataclass(slots=True)

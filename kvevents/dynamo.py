@@ -22,7 +22,8 @@ every worker. A stored block is keyed by its `tokens_hash` under its parent's ke
 radix tree walks the same chain), so workers share blocks; kvscope's index takes them as blocks
 of one "token", the token being the tokens_hash (`HASH_KEYED_BLOCK_SIZE`). An event whose blocks
 lack a tokens_hash is keyed by the engine's hashes. `storage_tier` is kept as each event's
-medium (`GPU` for device); the index counts the other tiers and indexes device blocks only.
+medium (`GPU` for device, `TIERS`), a `cleared` one's included (it clears that tier, as
+Dynamo's per-tier indexers do); the index keeps each tier apart (kvevents/tiers.py).
 
 Bounded: a payload past MAX_BATCH_BYTES is refused; lists are checked against the caps before
 they are built (typed decoding); the positional form, decoded generically, only up to
@@ -58,7 +59,8 @@ FRAME_HEADER = 5
 TOKENS_HASH_SEED = 1337
 HASH_KEYED_BLOCK_SIZE = 1  # a tokens_hash-keyed block is one "token" (its hash) to the index
 MAX_POSITIONAL_BYTES = 1 << 20
-# Dynamo's StorageTier, as the media kvscope's index knows (vLLM's names; GPU is indexed).
+# Dynamo's StorageTier as an event's medium (vLLM's names where vLLM has one; kvevents/tiers.py
+# maps each to kvscope's tier: gpu, cpu, disk, external).
 TIERS = {"device": "GPU", "host_pinned": "CPU_PINNED", "disk": "DISK", "external": "EXTERNAL"}
 TIER_OF_MEDIUM = {v: k for k, v in TIERS.items()}
 KV_EVENTS_TOPIC = "kv-events"
@@ -258,7 +260,7 @@ def _router_event(raw: msgspec.Raw):
     if isinstance(data, str):
         if data != "cleared":
             raise WireError("malformed", f"event data {data[:40]!r}, not stored/removed/cleared")
-        return _worker(r.worker_id), rank, tier, Cleared()
+        return _worker(r.worker_id), rank, tier, Cleared(medium=TIERS[tier])
     (kind, body), = data.items()
     return _worker(r.worker_id), rank, tier, _typed_data(kind, body, tier)
 
@@ -273,7 +275,7 @@ def _typed_data(kind: str, body: msgspec.Raw, tier: str):
         if kind == "removed":
             return Removed([norm_hash(h) for h in _REMOVED.decode(body).block_hashes], medium)
         if kind == "cleared":
-            return Cleared()
+            return Cleared(medium=medium)
     except msgspec.ValidationError as exc:
         if "length" in str(exc):
             raise WireError("malformed", f"{kind} event of more than {MAX_EVENT_BLOCKS} blocks") from None
@@ -332,7 +334,7 @@ def _positional_router_event(raw: msgspec.Raw):
 def _data(data, tier: str):
     if isinstance(data, str):
         if data == "cleared":
-            return Cleared()
+            return Cleared(medium=TIERS[tier])
         raise WireError("malformed", f"event data {data[:40]!r}, not stored/removed/cleared")
     if isinstance(data, dict) and len(data) == 1:
         (kind, body), = data.items()
@@ -349,7 +351,7 @@ def _data(data, tier: str):
 def _generic_data(kind: str, body, tier: str):
     medium = TIERS[tier]
     if kind == "cleared":
-        return Cleared()
+        return Cleared(medium=medium)
     if kind == "stored":
         if isinstance(body, dict):
             if "blocks" not in body:

@@ -143,7 +143,7 @@ class EngineLink:
     def _on_restart(self) -> None:
         fleet = self.fleet
         if fleet is not None:
-            fleet.submit(lambda: [fleet.index.clear(fleet.index.engine(n).eid)
+            fleet.submit(lambda: [fleet.index.clear_all(fleet.index.engine(n).eid)
                                   for n in list(self.ranks.values()) if n in fleet.index.engines])
 
     def engine_names(self) -> list[str]:

@@ -334,6 +334,74 @@ class Fleet:
                 out[self.index.name_of(eid)] = n
         return out
 
+    def prompt_chains(self, tokens: list[int], lora_id: int | None = None,
+                      lora_name: str | None = None) -> list[tuple[list[int], int | None]]:
+        """The prompt's blocks as each group of engines keys them: (keys, the engines as a
+        mask, None: all), one per block size of the engines keyed by token ids and per kv block
+        size of the tokens_hash-keyed ones (as `match_tokens` matches them)."""
+        index = self.index
+        keyed = self.hash_keyed()
+        keyed_mask = 0
+        by_size: dict[int, int] = {}
+        for name, bs in keyed.items():
+            bit = 1 << index.engine(name).eid
+            keyed_mask |= bit
+            if bs:
+                by_size[bs] = by_size.get(bs, 0) | bit
+        out = []
+        for bs, mask in index._block_size_groups().items():
+            if keyed_mask:
+                mask = (index.active if mask is None else mask) & ~keyed_mask
+                if not mask:
+                    continue
+            out.append((index.keys_of(list(tokens), bs, lora_id), mask))
+        for bs, mask in by_size.items():
+            out.append((index.keys_of(tokens_hashes(tokens, bs, lora_name), HASH_KEYED_BLOCK_SIZE), mask))
+        return out
+
+    def match_weighted(self, tokens: list[int], weights: dict[str, float]) -> dict[str, float]:
+        """llm-d's scores of a prompt (`FleetIndex.match_weighted` on each group's chain):
+        {engine: score} for the engines holding its first block on some tier. Call where
+        changes run."""
+        out: dict[str, float] = {}
+        for keys, mask in self.prompt_chains(tokens):
+            for eid, score in self.index.match_weighted(keys, weights, mask).items():
+                out[self.index.name_of(eid)] = score
+        return out
+
+    def match_tiered(self, tokens: list[int], lora_id: int | None = None,
+                     lora_name: str | None = None) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+        """Dynamo's tiered match of a prompt: (each engine's device blocks, as `match_tokens`;
+        per tier below the GPU, {engine: blocks} matched there after the tiers above, as
+        Dynamo's lower-tier indexers continue a match). Call where changes run."""
+        device = self.match_tokens(tokens, lora_id, lora_name)
+        if not self.index.tiers:
+            return device, {}
+        return device, self._lower_tiers(device, self.prompt_chains(tokens, lora_id, lora_name))
+
+    def match_tiered_hashes(self, hashes: list[int]) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+        """`match_tiered` for a chain of Dynamo's block hashes (`match_tokens_hashes`)."""
+        device = self.match_tokens_hashes(hashes)
+        if not self.index.tiers or not device:
+            return device, {}
+        mask = 0
+        for name in device:
+            mask |= 1 << self.index.engine(name).eid
+        chain = [signed64(h & ((1 << 64) - 1)) for h in hashes]
+        return device, self._lower_tiers(device, [(self.index.keys_of(chain, HASH_KEYED_BLOCK_SIZE), mask)])
+
+    def _lower_tiers(self, device: dict[str, int], chains) -> dict[str, dict[str, int]]:
+        index = self.index
+        lower: dict[str, dict[str, int]] = {t: {} for t in index.tiers}
+        for keys, mask in chains:
+            among = index.active if mask is None else mask
+            start = {index.engine(n).eid: b for n, b in device.items()
+                     if b > 0 and among >> index.engine(n).eid & 1}
+            for tier, hits in index.match_lower_tiers(keys, start, among).items():
+                for eid, n in hits.items():
+                    lower[tier][index.name_of(eid)] = n
+        return lower
+
     def match_tokens_hashes(self, hashes: list[int]) -> dict[str, int]:
         """Each tokens_hash-keyed engine's longest cached prefix of a chain of Dynamo's block
         hashes (`tokens_hash`es, as Dynamo's `/query_by_hash` takes them; u64 or signed), in

@@ -14,6 +14,7 @@ import numpy as np
 
 from allocator.errors import Conflict, InvalidRequest, NotFound
 
+from . import tiers as tiermap
 from ._index import (
     COUNTERS,
     DEFAULT_ENGINE_BLOCKS,
@@ -22,7 +23,9 @@ from ._index import (
     MIN_GROUP,
     FleetCore,
     Layout,
+    continue_runs,
     layout_of,
+    match_tiers,
     snapshot_buffers,
     snapshot_fits,
 )
@@ -52,6 +55,13 @@ class FleetIndex(FleetCore):
     `apply(name_or_id, events)` takes a batch of normalised events; `match(tokens)` and
     `match_hashes(engine, hashes)` answer as Dynamo's `find_matches` does: per engine, the
     number of leading blocks of the chain it holds.
+
+    Tiers (kvevents/tiers.py): this index is the GPU's. An event of another medium goes to its
+    tier's own compiled index in `tiers` (made when a first event names it, with the same
+    engines), so an engine holds a block on the GPU and on the CPU at once exactly while its
+    events say so; a GPU-only fleet never makes one. The tiers share keys: a block's key is
+    its content's whichever tier holds it, and a hash a tier does not know is resolved on the
+    others (a parent held on the GPU, an offloaded block announced without its tokens).
     """
 
     def __init__(self, capacity: int = 1024, max_engines: int = MAX_FLEET_ENGINES) -> None:
@@ -65,6 +75,32 @@ class FleetIndex(FleetCore):
         self._names: list[str | None] = [None] * MAX_FLEET_ENGINES  # by engine id
         self._groups: dict[int, int | None] | None = None  # `_block_size_groups`, kept
         self._groups_pending: list[int] = []  # engines whose events have not given a size yet
+        self.tiers: dict[str, FleetCore] = {}  # tier -> its index, the GPU's (self) not among them
+
+    # -- tiers ----------------------------------------------------------------------------------
+    def tier_index(self, medium) -> FleetCore | None:
+        """The index of `medium`'s tier, made on its first event (None: not a tier)."""
+        tier = tiermap.tier_of(medium)
+        if tier is None:
+            return None
+        if tier == tiermap.PRIMARY:
+            return self
+        core = self.tiers.get(tier)
+        if core is None:
+            core = FleetCore(16)
+            core.tier_id = tiermap.TIERS.index(tier)
+            for eid in self._by_id:
+                core.add_engine(eid)
+            self.tiers = {t: c for t in tiermap.TIERS for c in [self.tiers.get(t, core if t == tier else None)] if c}
+            self.peers = tuple(self.tiers.values())
+        return core
+
+    def tier_cores(self) -> list[tuple[str, FleetCore]]:
+        """(tier, its index) for every tier the fleet has, the GPU's first."""
+        return [(tiermap.PRIMARY, self), *self.tiers.items()]
+
+    def version(self) -> int:
+        return FleetCore.version(self) + sum(c.version() for c in self.tiers.values())
 
     # -- engines --------------------------------------------------------------------------------
     def add(self, name: str, *, server: str | None = None, dp_rank: int = 0,
@@ -88,6 +124,8 @@ class FleetIndex(FleetCore):
             self.drop_engine(eid)
             heapq.heappush(self._free_ids, eid)
             raise
+        for core in self.tiers.values():
+            core.add_engine(eid)
         info = EngineInfo(name, eid, server or name, dp_rank, block_size)
         self.engines[name] = info
         self._by_id[eid] = info
@@ -98,6 +136,11 @@ class FleetIndex(FleetCore):
     def release(self) -> None:
         """Forget every engine and free the index's memory now."""
         super().release()
+        for core in self.tiers.values():
+            core.release()
+        self.tiers = {}
+        self.peers = ()
+        self.media = {}
         self.engines.clear()
         self._by_id.clear()
         self._free_ids.clear()
@@ -109,10 +152,17 @@ class FleetIndex(FleetCore):
         """Forget an engine and what it held. Raises NotFound."""
         info = self.engine(name)
         self.drop_engine(info.eid)
+        for core in self.tiers.values():
+            core.drop_engine(info.eid)
         del self.engines[name], self._by_id[info.eid]
         self._names[info.eid] = None
         self._groups = None
         heapq.heappush(self._free_ids, info.eid)
+
+    def clear_all(self, eid: int) -> int:
+        """Engine `eid` holds nothing any more, on any tier (it restarted). Returns the blocks
+        it dropped."""
+        return self.clear(eid) + sum(core.clear(eid) for core in self.tiers.values())
 
     def engine(self, name: str) -> EngineInfo:
         info = self.engines.get(name)
@@ -192,6 +242,7 @@ class FleetIndex(FleetCore):
             "cross_engine_recomputes": tot["cross_engine_recomputes"],
             "recompute_tokens": tot["recompute_tokens"],
             "fallback_blocks": tot["fallback_blocks"],
+            "tiers": {t: {"unique_blocks": c.unique, "blocks": c.holdings} for t, c in self.tier_cores()},
         }
 
     def engine_stats(self, name: str) -> dict:
@@ -218,30 +269,73 @@ class FleetIndex(FleetCore):
             f"num_blocks, or missed removes)" if out["over_capacity_blocks"] else None)
         out["keyed_by"] = ("engine hashes" if out["fallback_blocks"] and not
                            out["stored_blocks"] - out["fallback_blocks"] else "tokens")
+        out["tiers"] = {t: c.held_of(info.eid) for t, c in self.tier_cores()}
+        if self.tiers:
+            tc = out["tier_counters"] = {t: {k: v for k, v in c.counters_of(info.eid).items() if v}
+                                         for t, c in self.tiers.items()}
+            out["malformed_events"] += sum(c.get("malformed_events", 0) for c in tc.values())
+        return out
+
+    # -- matching across tiers --------------------------------------------------------------------
+    def match_weighted(self, keys: list[int], weights: dict[str, float], among=None) -> dict[int, float]:
+        """llm-d's LongestPrefixScorer on a chain of keys: {engine id: score} for every engine
+        (of `among`, a bit mask) holding the chain's first block on some tier, its longest run
+        from block 0 held on any tier, each block weighing its best tier's weight (`weights`,
+        a tier not named weighs 1.0)."""
+        cores = sorted(self.tier_cores(), key=lambda tc: -weights.get(tc[0], 1.0))
+        if len(cores) == 1:
+            w = weights.get(cores[0][0], 1.0)
+            return {e: n * w for e, n in self.match_keys(keys, among).items()}
+        return match_tiers([c for _, c in cores], keys, among, [weights.get(t, 1.0) for t, _ in cores])
+
+    def match_lower_tiers(self, keys: list[int], device: dict[int, int], among=None) -> dict[str, dict[int, int]]:
+        """Dynamo's walk down the tiers after the device match (`device`: {engine id: blocks},
+        engines with none left out): per tier below the GPU that the fleet has, in the order
+        cpu, disk, external, {engine id: blocks} each engine holds there consecutively from
+        where the tiers above left it (an engine that matched nothing above starts at block 0
+        where it holds the first block). Engines outside `among` are left out."""
+        pos = dict(device)
+        out: dict[str, dict[int, int]] = {}
+        for tier, core in self.tiers.items():
+            hits = continue_runs(core, keys, pos)
+            if among is not None:
+                hits = {e: n for e, n in hits.items() if among >> e & 1}
+            for e, n in hits.items():
+                pos[e] = pos.get(e, 0) + n
+            out[tier] = hits
         return out
 
     # -- invariants -----------------------------------------------------------------------------
     def check(self) -> list[str]:
-        """Every invariant of the index; each problem names the engine or key that breaks it."""
+        """Every invariant of the index, of each tier's; each problem names the engine or key
+        that breaks it (and the tier, below the GPU's)."""
+        problems = self._check_core(self)
+        for tier, core in self.tiers.items():
+            problems += [f"tier {tier}: {p}" for p in self._check_core(core)]
+            if core.active != self.active:
+                problems.append(f"tier {tier} has engines {core.active:#x}, the fleet {self.active:#x}")
+        return problems
+
+    def _check_core(self, core: FleetCore) -> list[str]:
         problems: list[str] = []
-        keys, _parents, masks = self.nodes()
-        if keys.size != self.unique:
-            problems.append(f"{keys.size} live nodes, unique says {self.unique}")
-        if self.table_size() != self.unique:
-            problems.append(f"key table holds {self.table_size()} keys, unique says {self.unique}")
+        keys, _parents, masks = core.nodes()
+        if keys.size != core.unique:
+            problems.append(f"{keys.size} live nodes, unique says {core.unique}")
+        if core.table_size() != core.unique:
+            problems.append(f"key table holds {core.table_size()} keys, unique says {core.unique}")
         if np.unique(keys).size != keys.size:
             problems.append("a key is on two nodes")
         counts = np.array([m.bit_count() for m in masks], dtype=np.int64)
-        if int((counts >= 2).sum()) != self.duplicated:
-            problems.append(f"duplicated says {self.duplicated}, masks say {int((counts >= 2).sum())}")
-        if int(counts.sum()) != self.holdings:
-            problems.append(f"holdings says {self.holdings}, masks say {int(counts.sum())}")
+        if int((counts >= 2).sum()) != core.duplicated:
+            problems.append(f"duplicated says {core.duplicated}, masks say {int((counts >= 2).sum())}")
+        if int(counts.sum()) != core.holdings:
+            problems.append(f"holdings says {core.holdings}, masks say {int(counts.sum())}")
         mask_of = dict(zip(keys.tolist(), masks))
         for name, info in self.engines.items():
             bit = 1 << info.eid
-            table = self.engine_table(info.eid)
-            if len(table) != self.held_of(info.eid):
-                problems.append(f"engine {name}: {len(table)} hashes, held says {self.held_of(info.eid)}")
+            table = core.engine_table(info.eid)
+            if len(table) != core.held_of(info.eid):
+                problems.append(f"engine {name}: {len(table)} hashes, held says {core.held_of(info.eid)}")
             held = set(table.values())
             for k in held:
                 if not mask_of.get(k, 0) & bit:
@@ -251,16 +345,16 @@ class FleetIndex(FleetCore):
             if marked - held:
                 k = next(iter(marked - held))
                 problems.append(f"key {k:016x} has engine {name}'s bit, no hash of it maps there")
-            for (eid, h) in self.extra:
+            for (eid, h) in core.extra:
                 if eid == info.eid and h not in table:
                     problems.append(f"engine {name}: extra copies of hash {h:016x} it does not hold")
-        active = self.active
+        active = core.active
         for m in masks:
             if m & ~active:
                 problems.append(f"a node is held by engine bits {m & ~active:#x} not in the fleet")
                 break
         for k, m in mask_of.items():
-            chunk = self.chunk_of(k)
+            chunk = core.chunk_of(k)
             pages = sorted({e >> 6 for e in range(m.bit_length()) if m >> e & 1})
             if chunk is None:
                 if len(pages) > 1:

@@ -312,7 +312,7 @@ class NatsSource:
 
         def change() -> None:
             if name is not None and name in fleet.index.engines:
-                fleet.index.clear(fleet.index.engine(name).eid)
+                fleet.index.clear_all(fleet.index.engine(name).eid)
         fleet.submit(change)
 
     def _count_refused(self, worker: int) -> None:

@@ -8,15 +8,20 @@ indexer's block size and answers
     {"scores": {instance: {dp_rank: tokens}}, "frequencies": [],
      "instances": {instance: {"longest_matched", "gpu", "dp": {dp_rank: tokens}, "cpu", "disk"}}}
 
-in matched tokens (blocks x block size), only for the workers that match a block; `cpu` and
-`disk` are cumulative through the tiers above them (Mooncake's indexer RFC, kvcache-ai/Mooncake
-#1403). A fleet is one routing group ("default"); an engine answers for the model it serves and,
-when the fleet does not know its model, for any. The fleet indexes device blocks only (other
-tiers are counted, not indexed), so `cpu` and `disk` equal `gpu` here.
+in matched tokens (blocks x block size). `scores` is the device tier's match, only for the
+workers that match a block there; `instances` also counts the lower tiers (Dynamo's
+`lib/kv-router/src/indexer/lower_tier_indexers.rs` and `services/overlap.rs`): a worker's match
+goes on in its host-pinned (kvscope's `cpu`) blocks from where its device match ended, then in
+its disk and external ones, and `cpu` / `disk` are cumulative through the tiers above them
+(Mooncake's indexer RFC, kvcache-ai/Mooncake #1403); a worker that matched nothing above a tier
+starts there at block 0 when it holds the first block. A fleet is one routing group
+("default"); an engine answers for the model it serves and, when the fleet does not know its
+model, for any.
 
 llm-d (`pkg/kvcache/kvblock_scorer.go`, LongestPrefixScorer): per pod, the longest run of the
-prompt's blocks from block 0 that the pod holds, each block weighted by the best tier it holds
-it in (`gpu` 1.0, `cpu` 0.8 by default); pods that hold block 0 only are in the answer.
+prompt's blocks from block 0 that the pod holds on any tier, each block weighted by the best
+tier it holds it in (`gpu` 1.0, `cpu` 0.8 by default, a tier not named 1.0); every pod that
+holds block 0 is in the answer.
 """
 
 from __future__ import annotations
@@ -26,9 +31,12 @@ from collections.abc import Iterable
 
 from allocator.errors import InvalidRequest, NotFound, TooLarge
 
+from . import tiers
+from .tiers import weights_of
+
 DEFAULT_GROUP = "default"
 DEFAULT_MODEL = "default"  # the partition of engines whose model the fleet does not know
-LLMD_WEIGHTS = {"gpu": 1.0, "cpu": 0.8}
+LLMD_WEIGHTS = tiers.LLMD_WEIGHTS
 MAX_DUMP_BLOCKS = 1 << 18  # (engine, block) pairs one /dump lists
 
 
@@ -43,23 +51,32 @@ def partition(ids: dict, model_name: str, routing_group: str = DEFAULT_GROUP) ->
     return names
 
 
-def dynamo_answer(blocks: dict[str, int], names: Iterable[str], ids: dict, sizes: dict) -> dict:
-    """Dynamo's ScoreResponse from each engine's matched blocks: tokens per (instance, rank)."""
+def dynamo_answer(blocks: dict[str, int], names: Iterable[str], ids: dict, sizes: dict,
+                  lower: dict[str, dict[str, int]] | None = None) -> dict:
+    """Dynamo's ScoreResponse from each engine's matched device blocks (`scores`: tokens per
+    instance and rank) and the blocks its match went on with in the tiers below (`lower`, as
+    `Fleet.match_tiered` gives them: `instances`' cumulative `cpu` and `disk`)."""
+    lower = lower or {}
+    host, disk, ext = lower.get("cpu", {}), lower.get("disk", {}), lower.get("external", {})
     scores: dict[str, dict[str, int]] = {}
     instances: dict[str, dict] = {}
     for name in names:
         n = blocks.get(name, 0)
         bs = sizes.get(name) or 0
-        if n <= 0 or not bs:
+        cpu = n + host.get(name, 0)
+        low = cpu + disk.get(name, 0) + ext.get(name, 0)
+        if low <= 0 or not bs:
             continue
         worker, rank, _model = ids[name]
-        tokens = n * bs
         inst, dp = str(worker), str(rank)
-        scores.setdefault(inst, {})[dp] = max(tokens, scores.get(inst, {}).get(dp, 0))
+        if n > 0:
+            scores.setdefault(inst, {})[dp] = max(n * bs, scores.get(inst, {}).get(dp, 0))
         s = instances.setdefault(inst, {"longest_matched": 0, "gpu": 0, "dp": {}, "cpu": 0, "disk": 0})
-        s["dp"][dp] = scores[inst][dp]
-        for tier in ("gpu", "cpu", "disk", "longest_matched"):  # no lower tier indexed: cumulative = gpu
-            s[tier] = max(s[tier], tokens)
+        s["dp"][dp] = max(n * bs, s["dp"].get(dp, 0))
+        s["gpu"] = max(s["gpu"], n * bs)
+        s["cpu"] = max(s["cpu"], cpu * bs)
+        s["disk"] = max(s["disk"], low * bs)
+        s["longest_matched"] = max(s["gpu"], s["cpu"], s["disk"])
     return {"scores": scores, "frequencies": [], "instances": instances}
 
 
@@ -81,8 +98,8 @@ def dynamo_query(fleet, token_ids: list[int], model_name: str, routing_group: st
     if not any(sizes.get(n) for n in names):
         raise InvalidRequest("no engine's block size is known yet (none has stored a block, and "
                              "none was given 'block_size'): the prompt cannot be cut into blocks")
-    blocks = fleet.match_tokens(token_ids, None, lora_name)
-    return dynamo_answer(blocks, names, ids, sizes)
+    blocks, lower = fleet.match_tiered(token_ids, None, lora_name)
+    return dynamo_answer(blocks, names, ids, sizes, lower)
 
 
 def dynamo_query_by_hash(fleet, block_hashes: list[int], model_name: str,
@@ -98,8 +115,8 @@ def dynamo_query_by_hash(fleet, block_hashes: list[int], model_name: str,
             "query_by_hash: no engine here is keyed by Dynamo's tokens_hash (wire 'dynamo'); "
             f"engines {sorted(names)[:8]} are keyed by their token ids: POST .../dynamo/query "
             "with token_ids instead")
-    blocks = fleet.match_tokens_hashes(block_hashes)
-    return dynamo_answer(blocks, [n for n in names if n in keyed], ids, fleet.block_sizes())
+    blocks, lower = fleet.match_tiered_hashes(block_hashes)
+    return dynamo_answer(blocks, [n for n in names if n in keyed], ids, fleet.block_sizes(), lower)
 
 
 # Dynamo's ListenerStatus from an engine's stream state.
@@ -216,17 +233,23 @@ def dump_bytes(job: tuple) -> bytes:
 # -- llm-d's GetPodScores --------------------------------------------------------------------------
 def llmd_scores(fleet, tokens: list[int], model_name: str | None = None,
                 pods: list[str] | None = None, weights: dict[str, float] | None = None) -> dict[str, float]:
-    """{pod: score}: each engine's longest cached prefix of `tokens` from block 0, each block
-    weighted by its tier (`weights`, llm-d's by default). The fleet indexes device blocks only,
-    so every matched block weighs `weights["gpu"]`. Pods that hold no block of the prompt are
-    not in the answer; `pods` (none: every engine) and `model_name` narrow it. Call where
-    changes run."""
-    w = dict(LLMD_WEIGHTS if weights is None else weights)
+    """{pod: score}: each engine's longest cached prefix of `tokens` from block 0 on any tier,
+    each block weighted by the best tier it holds it in (`weights` per tier, any name
+    `kvevents.tiers` maps; llm-d's by default, a tier not named 1.0). Pods that do not hold the
+    prompt's first block are not in the answer; `pods` (none: every engine) and `model_name`
+    narrow it. Raises InvalidRequest on bad weights, before any work. Call where changes run."""
+    try:
+        w = weights_of(weights)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
     ids = fleet.identities()
     names = [n for n, (_w, _r, model) in ids.items()
              if (model_name is None or model in (None, model_name)) and (not pods or n in pods)]
     if not names:
         return {}
-    blocks = fleet.match_tokens(tokens)
-    gpu = float(w.get("gpu", 1.0))
+    if fleet.index.tiers:
+        scores = fleet.match_weighted(tokens, w)
+        return {n: scores[n] for n in names if n in scores}
+    blocks = fleet.match_tokens(tokens)  # the GPU alone: blocks x its weight
+    gpu = w.get("gpu", 1.0)
     return {n: blocks[n] * gpu for n in names if blocks.get(n, 0) > 0}

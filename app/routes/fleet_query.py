@@ -21,6 +21,7 @@ from fastapi import APIRouter, Query, Response, status
 
 from allocator.errors import InvalidRequest, NotFound
 from kvevents import query as q
+from kvevents import tiers
 
 from ..deps import FleetDep, FleetName, FleetsDep
 from ..schemas import DynamoQuery, DynamoQueryByHash, DynamoRegister, DynamoUnregister, PodScoresIn
@@ -125,13 +126,17 @@ async def dynamo_health(handle: FleetDep) -> dict:
 @router.post("/{fleet}/llm-d/pod-scores")
 async def llmd_pod_scores(body: PodScoresIn, handle: FleetDep) -> dict[str, float]:
     """llm-d's `GetPodScores` (ScoreTokens): `{pod: score}`, each engine's longest cached
-    prefix of the prompt from block 0, each block weighted by its tier (gpu 1.0, cpu 0.8); the
-    fleet indexes device blocks, so a score is blocks x the gpu weight. Pods holding no block
-    of it are left out."""
+    prefix of the prompt from block 0 on any tier, each block weighted by the best tier it
+    holds it in (`weights`; llm-d's default gpu 1.0, cpu 0.8). Pods not holding its first
+    block are left out. 422: a weight for no tier, two for one tier."""
+    try:
+        weights = None if body.weights is None else tiers.weights_of(body.weights)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
     if body.prompt is not None:
         raise InvalidRequest("prompt: kvscope has no tokenizer of the model; tokenize the prompt "
                              "and send its token ids as 'tokens' (llm-d's ScoreTokens)")
     if body.tokens is None:
         raise InvalidRequest("give the prompt's token ids as 'tokens'")
     async with handle.lock:
-        return q.llmd_scores(handle.fleet, body.tokens, body.model_name, set(body.pod_identifiers), body.weights)
+        return q.llmd_scores(handle.fleet, body.tokens, body.model_name, set(body.pod_identifiers), weights)

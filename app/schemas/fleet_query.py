@@ -83,4 +83,6 @@ class PodScoresIn(BaseModel):
     model_name: Name | None = None
     pod_identifiers: Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=MAX_PODS)] = []
     weights: Annotated[dict[Annotated[str, Field(max_length=32)], Annotated[float, Field(ge=0, le=1e6)]],
-                       Field(max_length=16, description="per tier (llm-d's default: gpu 1.0, cpu 0.8)")] | None = None
+                       Field(max_length=16, description="per tier: gpu, cpu, disk, external (or a medium "
+                             "naming one: vLLM's GPU / CPU / STORAGE, Dynamo's device / host_pinned); "
+                             "llm-d's default gpu 1.0, cpu 0.8; a tier not named weighs 1.0")] | None = None

@@ -162,7 +162,7 @@ export function createFleetView() {
       drawMaps(wrap, blocks);
     }
     const legend = $("#fleet-legend", root);
-    legend.innerHTML = legendHtml(state.blocks);
+    legend.innerHTML = legendHtml(state.blocks, Object.keys((f.stats && f.stats.tiers) || {}));
     paintSwatches(legend);
     const prefixes = $("#fleet-prefixes", root);
     prefixes.innerHTML = prefixesHtml((state.blocks && state.blocks.prefixes) || [], view.large ? LARGE_SETS : Infinity);

@@ -72,6 +72,20 @@ export function keyedNote(e, engines) {
   return `${which} keyed by its own hashes, so they match another engine's only where both hash alike`;
 }
 
+/** Storage tiers as the page names them (kvevents/tiers.py's names, fastest first). */
+export const TIER_LABELS = { gpu: "GPU", cpu: "CPU", disk: "disk", external: "external" };
+
+/**
+ * An engine's blocks per storage tier, once its fleet has a tier below the GPU ("" before:
+ * every block is on the GPU, as the count beside it says). @param {any} e
+ */
+export function tiersHtml(e) {
+  const tiers = e.tiers || {};
+  const names = Object.keys(tiers);
+  if (!names.some((t) => t !== "gpu")) return "";
+  return ` · <span class="fleet-tiers">${names.map((t) => `<span class="fleet-tier${tiers[t] ? "" : " none"}" data-tier="${escapeHtml(t)}">${escapeHtml(TIER_LABELS[t] || t)} ${num(tiers[t])}</span>`).join(" ")}</span>`;
+}
+
 /** One engine's header line. @param {any} e @param {number} [engines] in the fleet */
 export function engineHeadHtml(e, engines = 1) {
   const s = e.stream || {};
@@ -89,7 +103,7 @@ export function engineHeadHtml(e, engines = 1) {
   const bad_in = (s.error_count || 0) + (e.malformed_events || 0);
   return `<div class="fleet-engine-head${bad ? " bad" : ""}"><b>${escapeHtml(e.name)}</b>${e.dp_rank ? ` <small class="dp">dp ${e.dp_rank}</small>` : ""}
     <span class="state" data-state="${escapeHtml(state)}">${escapeHtml(state)}</span>
-    <small>${num(e.cached_blocks)} blocks · ${e.block_size ? e.block_size + " tok/block" : "block size unknown"} · ${lag}${p99}${retry}${bad_in ? ` · ${num(bad_in)} bad messages` : ""}${own}${keyed}${errs}</small></div>`;
+    <small>${num(e.cached_blocks)} blocks${tiersHtml(e)} · ${e.block_size ? e.block_size + " tok/block" : "block size unknown"} · ${lag}${p99}${retry}${bad_in ? ` · ${num(bad_in)} bad messages` : ""}${own}${keyed}${errs}</small></div>`;
 }
 
 /**
@@ -124,8 +138,12 @@ export function prefixesHtml(prefixes, maxSets = Infinity) {
   }).join("");
 }
 
-/** What the maps' colours mean, from the /blocks answer. @param {any} blocks */
-export function legendHtml(blocks) {
+/**
+ * What the maps' colours mean, from the /blocks answer; with `tiers` (the storage tiers the
+ * fleet's engines have used) past the GPU, that the maps are the GPU's.
+ * @param {any} blocks @param {string[]} [tiers]
+ */
+export function legendHtml(blocks, tiers = []) {
   if (!blocks || blocks.max_group_blocks == null) return "";
   const groups = new Set();
   for (const e of Object.values(blocks.engines || {})) for (const c of /** @type {any} */ (e).colors) if (c !== SHARED) groups.add(c);
@@ -133,7 +151,11 @@ export function legendHtml(blocks) {
     ? ` <i class="swatch" data-color="${SHARED_COLOR}"></i> grey: the shared trunk, ${num(blocks.shared_blocks)} blocks above every group (a prefix most requests share).`
     : "";
   const cycles = blocks.cycles ? ` <span class="warn">${num(blocks.cycles)} parent-hash cycles cut (see the engines)</span>` : "";
-  return `A colour is one subtree of the prefix tree: the topmost block above a block whose subtree holds at most ${num(blocks.max_group_blocks)} blocks (1/8 of the fleet's), the same colour on every engine; ${num(groups.size)} shown.${trunk}${cycles}`;
+  const lower = tiers.filter((t) => t !== "gpu").map((t) => TIER_LABELS[t] || t);
+  const tiered = lower.length
+    ? ` <span class="fleet-tier-legend">The maps are the GPU's blocks; each engine's line counts its blocks per tier (GPU, ${escapeHtml(lower.join(", "))}): an offloaded block is on the GPU and its other tier at once until the GPU evicts it.</span>`
+    : "";
+  return `A colour is one subtree of the prefix tree: the topmost block above a block whose subtree holds at most ${num(blocks.max_group_blocks)} blocks (1/8 of the fleet's), the same colour on every engine; ${num(groups.size)} shown.${trunk}${cycles}${tiered}`;
 }
 
 /**

@@ -11,6 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from support.kve_source import RefPrefixCache
 
+from kvevents.codec import Removed, Stored
 from kvevents.publisher import Publisher
 
 from .conftest import ROOT
@@ -123,6 +124,47 @@ def test_fleet_view_runs_under_the_csp(browser, server, fleet):
         assert errors == []
     finally:
         context.close()
+
+
+def test_an_engine_that_offloaded_shows_its_cpu_tier(page, api, artifacts):
+    """An engine (kvscope's publisher, vLLM's wire: BlockStored with medium) copies its chain to
+    the CPU and evicts all but the first block from the GPU: its line on the page counts GPU 1,
+    CPU 4, its map paints the GPU's one block, the legend says the maps are the GPU's."""
+    api.delete("/api/fleets/e2e-tiers")
+    pub = Publisher("tcp://127.0.0.1:*", bind=True, topic="kv")
+    try:
+        r = api.post("/api/fleets", json={"name": "e2e-tiers", "engines": [
+            {"name": "t0", "endpoint": pub.endpoint, "topic": "kv", "block_size": 4}]})
+        assert r.status_code == 201, r.text
+
+        def row() -> dict:
+            return api.get("/api/fleets/e2e-tiers").json()["engines"][0]
+        end = time.monotonic() + 30
+        while row()["stream"]["last_seq"] is None:
+            assert time.monotonic() < end, row()
+            pub.publish([])
+            time.sleep(0.1)
+        tokens = list(range(100, 116))
+        hashes = [11, 12, 13, 14]
+        pub.publish([Stored(hashes, None, tokens, 4, "GPU"), Stored(hashes, None, tokens, 4, "CPU"),
+                     Removed(hashes[1:], "GPU")])
+        end = time.monotonic() + 30
+        while row()["tiers"] != {"gpu": 1, "cpu": 4}:
+            assert time.monotonic() < end, row()
+            time.sleep(0.05)
+        page.goto("/?fleet=e2e-tiers#fleet")
+        engine = page.locator('.fleet-engine[data-engine="t0"]')
+        engine.locator('.fleet-tier[data-tier="cpu"]').wait_for(timeout=30_000)
+        assert engine.locator('.fleet-tier[data-tier="cpu"]').inner_text() == "CPU 4"
+        assert engine.locator('.fleet-tier[data-tier="gpu"]').inner_text() == "GPU 1"
+        page.wait_for_function(f"(() => {{ const f = {FLEET}; return f && f.painted.t0 === 1; }})()",
+                               timeout=30_000)
+        assert "The maps are the GPU's blocks" in page.locator("#fleet-legend").inner_text()
+        page.screenshot(path=str(artifacts / "fleet-tiers.png"))
+        assert page.console_log.errors == []
+    finally:
+        api.delete("/api/fleets/e2e-tiers")
+        pub.close()
 
 
 def test_fleet_view_opens_the_fleet_named_in_the_address(page, api, tmp_path):

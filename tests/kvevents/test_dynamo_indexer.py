@@ -20,6 +20,7 @@ from support.kve_source import to_engine
 from test_real_publishers import DEADLINE
 
 from bench.dynamo_indexer import DynamoIndexer
+from kvevents.codec import Stored
 
 MODEL = "m"
 WORKERS = ((11, 0), (22, 0), (33, 1))  # (instance id, DP rank)
@@ -206,3 +207,87 @@ def to_store_remove() -> list:
     from kvevents.codec import Removed, Stored
 
     return [Stored([DUMMY], None, [999_999] * BS, BS, "GPU"), Removed([DUMMY], "GPU")]
+
+
+def offloading_step(w: Worker, rnd) -> list:
+    """One step of a worker whose offloading connector copies about half of what the GPU stores
+    to the CPU (vLLM's self-describing events: hashes, parent, tokens), keeping the CPU's copies
+    prefix-closed and never evicting them: evicted from the GPU, a prefix goes on in the CPU."""
+    events = w.source.step()
+    cpu = w.cpu
+    out = list(events)
+    for ev in events:
+        if ev.kind != "stored":
+            continue
+        prefix = w.prefix.get(ev.parent, []) if ev.parent is not None else []
+        for i, h in enumerate(ev.block_hashes):  # the prompt up to each block's end
+            prefix = w.prefix[h] = prefix + list(ev.token_ids[i * BS:(i + 1) * BS])
+        if rnd.random() < 0.5:
+            continue
+        parent, hashes, tokens = ev.parent, [], []
+        for i, h in enumerate(ev.block_hashes):
+            if (parent is not None and parent not in cpu) or h in cpu:
+                break
+            hashes.append(h)
+            tokens += ev.token_ids[i * BS:(i + 1) * BS]
+            cpu.add(h)
+            parent = h
+        if hashes:
+            out.append(Stored(hashes, ev.parent, tokens, BS, "CPU"))
+    return out
+
+
+def test_tiers_answer_as_dynamos_standalone_indexer(setup):
+    """The same three vLLM publishers, offloading to the CPU: Dynamo's indexer (its lower-tier
+    indexers), the fleet registered the same way and the fleet fed through Dynamo's relays
+    (`storage_tier` host_pinned on the event plane) give the same `/query` answer for every
+    prompt: device-only `scores`, the CPU's blocks in `instances`."""
+    import random
+
+    runtime, workers, indexer, client = setup
+    rnd = random.Random(7)
+    wait(lambda: len(runtime.zmq_endpoints()) == len(workers), "the relays in Dynamo's discovery")
+    r = client.post("/api/fleets", json={"name": "relay", "engines": [
+        {"name": f"r{i}", "endpoint": ep, "wire": "dynamo", "block_size": BS}
+        for i, ep in enumerate(sorted(runtime.zmq_endpoints().values()))]})
+    assert r.status_code == 201, r.text
+    r = client.post("/api/fleets", json={"name": "direct", "engines": [
+        {"name": "seed", "endpoint": workers[0].endpoint, "block_size": BS, "model": "other"}]})
+    assert r.status_code == 201, r.text  # a fleet starts with an engine: one of another model
+    for w in workers:
+        w.cpu, w.prefix = set(), {}
+        for call in (indexer.call, lambda m, p, b: client.request(m, "/api/fleets/direct/dynamo" + p, json=b)):
+            assert call("POST", "/register", w.register_body()).status_code == 201
+
+    def rows(fleet: str) -> list[dict]:
+        return [r for r in client.get(f"/api/fleets/{fleet}").json()["engines"] if r["name"] != "seed"]
+
+    def connected() -> bool:
+        for w in workers:
+            w.send(to_store_remove())
+        return ([x["status"] for x in indexer.call("GET", "/workers").json()] == ["active"] * len(workers)
+                and all(r["stream"]["worker_id"] is not None for r in rows("relay"))
+                and all(r["stream"]["last_seq"] is not None for r in rows("direct")))
+    wait(connected, "every reader connected")
+    for _ in range(30):
+        for w in workers:
+            w.send(offloading_step(w, rnd))
+    want = sorted((len(w.source.cached), len(w.cpu)) for w in workers)
+    assert all(c for _, c in want), want
+    for fleet in ("direct", "relay"):
+        wait(lambda fleet=fleet: sorted((r["tiers"]["gpu"], r["tiers"].get("cpu", 0)) for r in rows(fleet)) == want,
+             f"the {fleet} fleet holds what the workers hold, per tier")
+    relayed = {r["name"]: r["stream"]["tier_blocks"] for r in rows("relay")}
+    assert all(t.get("host_pinned") for t in relayed.values()), relayed  # Dynamo's relay named the tier
+    time.sleep(0.5)  # Dynamo's indexer applies on its own threads: let the last batches land
+
+    compared = lower = 0
+    offloaded = sorted({tuple(w.prefix[h]) for w in workers for h in w.cpu})  # each CPU chain, evicted or not
+    for tokens in queries(workers) + [list(p) for p in offloaded] + [list(p) + [3] * BS for p in offloaded]:
+        body = {"token_ids": tokens, "model_name": MODEL}
+        theirs = indexer.call("POST", "/query", body).json()
+        assert client.post("/api/fleets/direct/dynamo/query", json=body).json() == theirs, tokens
+        assert client.post("/api/fleets/relay/dynamo/query", json=body).json() == theirs, tokens
+        compared += 1
+        lower += any(i["cpu"] > i["gpu"] for i in theirs["instances"].values())
+    assert compared > 40 and lower > 10, (compared, lower)

@@ -12,6 +12,7 @@ import zmq
 from support.kve_source import RefPrefixCache, chain_hash, to_engine
 from test_real_publishers import DEADLINE, Engine, publish_and_wait, wait_for
 
+from kvevents.codec import Cleared, Removed, Stored
 from kvevents.fleet import EngineSpec, Fleet
 
 
@@ -277,3 +278,60 @@ def test_fleet_recording_plays_back_into_the_same_index(two_engines, tmp_path):
             assert replay.index.check() == []
     finally:
         replay.close()
+
+
+def test_a_vllm_engine_that_offloads_is_indexed_per_tier(vllm_kv, ipc):
+    """vLLM's own publisher and structs, as its offloading connector publishes: GPU blocks copied
+    to the CPU (self-describing: hashes, parent, tokens) and to storage (by hash alone, block
+    size 0, its placeholder), evicted from the GPU, removed from one tier by medium; then
+    AllBlocksCleared, and a restart, empty every tier."""
+    eng = Engine(vllm_kv, "vllm", ipc("o"), ipc("or"))
+    fleet = Fleet("t")
+    try:
+        fleet.add(spec_of(eng, "a"))
+        toks = list(range(40, 52))
+        hashes = [chain_hash(None, toks[:4])]
+        for i in (4, 8):
+            hashes.append(chain_hash(hashes[-1], toks[i:i + 4]))
+
+        def send(events) -> None:
+            eng.send(events)
+            wait_for(lambda: applied(fleet, "a") >= eng.seq + 1, what=f"batch {eng.seq} applied")
+
+        def tiers() -> dict:
+            with fleet.lock:
+                return fleet.index.engine_stats("a")["tiers"]
+
+        def weighted() -> dict:
+            with fleet.lock:
+                return fleet.match_weighted(toks, {"gpu": 1.0, "cpu": 0.8, "disk": 0.5})
+
+        def connected() -> bool:
+            eng.send([])
+            return applied(fleet, "a") > 0
+        wait_for(connected, what="the fleet follows the engine")
+        send([Stored(hashes, None, toks, 4, "GPU"), Stored(hashes[:2], None, toks[:8], 4, "CPU"),
+              Stored(hashes[2:], None, [], 0, "STORAGE")])
+        assert tiers() == {"gpu": 3, "cpu": 2, "disk": 1}
+        send([Removed(hashes[1:], "GPU")])  # evicted from the GPU: the offloaded copies stay
+        assert tiers() == {"gpu": 1, "cpu": 2, "disk": 1}
+        assert weighted() == {"a": pytest.approx(1.0 + 0.8 + 0.5)}
+        with fleet.lock:
+            device, lower = fleet.match_tiered(toks)
+        assert device == {"a": 1} and lower == {"cpu": {"a": 1}, "disk": {"a": 1}}
+        send([Removed(hashes[1:2], "CPU")])  # the remove names its medium: the GPU's copy is gone already
+        assert tiers() == {"gpu": 1, "cpu": 1, "disk": 1} and weighted() == {"a": pytest.approx(1.0)}
+        send([Cleared()])  # vLLM's AllBlocksCleared: every tier of the engine
+        assert tiers() == {"gpu": 0, "cpu": 0, "disk": 0}
+        send([Stored(hashes[:1], None, toks[:4], 4, "CPU")])
+        assert tiers()["cpu"] == 1
+        with fleet.lock:
+            assert fleet.index.check() == [] and fleet.index.engine_stats("a")["malformed_events"] == 0
+        eng.close()
+        fresh = Engine(vllm_kv, "vllm", eng.pub._endpoint, eng.pub._replay_endpoint)
+        eng = fresh
+        publish_and_wait(fresh, fleet.links["a"].subscriber, [], restarts=1)  # seq 0 again: a restart
+        assert tiers() == {"gpu": 0, "cpu": 0, "disk": 0}
+    finally:
+        eng.close()
+        fleet.close()

@@ -6,6 +6,7 @@ Dynamo's; and the bad input the routes refuse (4xx, never 5xx)."""
 from __future__ import annotations
 
 import json
+import random
 import time
 
 import pytest
@@ -17,10 +18,11 @@ from support.kve_source import chain_hash
 from test_real_publishers import wait_for
 
 from kvevents import query as q
-from kvevents.codec import Stored
+from kvevents.codec import Removed, Stored
 from kvevents.dynamo import tokens_hashes
 from kvevents.fleet import Fleet
 from kvevents.publisher import Publisher
+from kvevents.tiers import tier_of, weights_of
 
 HASH_SEED = 1_000_003
 
@@ -128,6 +130,70 @@ def test_pod_scores_are_llm_ds_longest_prefix_scores(seeds, steps, weights, narr
                 keys.append(parent)
             want = longest_prefix_scorer(keys, key_to_pods, weights or q.LLMD_WEIGHTS)
             assert q.llmd_scores(fleet, prompt, None, pods, weights) == pytest.approx(want), prompt
+    finally:
+        fleet.close()
+
+
+def offload(fleet: Fleet, sources: list[TreeCache], seed: int) -> dict[int, list[tuple[str, str]]]:
+    """What offloading connectors do on every engine: copy some of its GPU blocks to the CPU or
+    to storage (vLLM's media; announced with their payload, or by hash alone as vLLM's
+    placeholder), evict some of those from the GPU, drop some offloaded ones again. Returns
+    llm-d's key -> [(pod, tier)] of what every engine then holds (the tiers as kvscope names
+    them: llm-d lower-cases vLLM's "STORAGE", kvscope calls it disk)."""
+    rnd = random.Random(seed)
+    key_to_pods: dict[int, list] = {}
+    for i, src in enumerate(sources):
+        pod = str(i + 1)
+        eid = fleet.index.engine(pod).eid
+        held = {"gpu": set(src.cached), "cpu": set(), "disk": set()}
+        events = []
+        for h in sorted(src.cached):
+            medium = rnd.choice([None, None, "CPU", "CPU", "STORAGE"])
+            if medium is None:
+                continue
+            if rnd.random() < 0.5:
+                events.append(Stored([h], None, [], 0, medium))
+            else:
+                parent = src.parents.get(h)
+                events.append(Stored([h], parent, list(src.prefix[h][-BS:]), BS, medium))
+            held[tier_of(medium)].add(h)
+            if rnd.random() < 0.5:
+                events.append(Removed([h], "GPU"))
+                held["gpu"].discard(h)
+        for tier, medium in (("cpu", "CPU"), ("disk", "STORAGE")):
+            gone = [h for h in sorted(held[tier]) if rnd.random() < 0.2]
+            events.append(Removed(gone, medium))
+            held[tier] -= set(gone)
+        fleet.index.apply(eid, events)
+        for tier, hashes in held.items():
+            for h in hashes:
+                key_to_pods.setdefault(h, []).append((pod, tier))
+    return key_to_pods
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.integers(0, 10_000), min_size=1, max_size=3), st.integers(1, 25),
+       st.sampled_from([None, {"gpu": 1.0, "cpu": 0.8}, {"gpu": 1.0, "cpu": 0.8, "disk": 0.5},
+                        {"cpu": 2.0, "STORAGE": 0.0}, {"GPU": 0.5, "host_pinned": 0.25}]),
+       st.integers(0, 1 << 30))
+def test_pod_scores_over_tiers_are_llm_ds_longest_prefix_scores(seeds, steps, weights, seed):
+    """Engines that offloaded: each pod's score is llm-d's LongestPrefixScorer (its line-for-line
+    transcription above) over the tiers that pod holds each block in."""
+    fleet, sources = fleet_of(seeds, steps)
+    try:
+        key_to_pods = offload(fleet, sources, seed)
+        assert fleet.index.check() == []
+        for i in range(len(sources)):
+            tiers = fleet.index.engine_stats(str(i + 1))["tiers"]
+            assert sum(tiers.values()) == sum(1 for v in key_to_pods.values() for p, _ in v if p == str(i + 1))
+        w = weights_of(weights)
+        for prompt in prompts_of(sources):
+            keys, parent = [], HASH_SEED
+            for i in range(0, len(prompt), BS):
+                parent = chain_hash(parent, prompt[i:i + BS])
+                keys.append(parent)
+            want = longest_prefix_scorer(keys, key_to_pods, w)
+            assert q.llmd_scores(fleet, prompt, None, None, weights) == pytest.approx(want), prompt
     finally:
         fleet.close()
 
@@ -262,6 +328,54 @@ def test_the_routes_answer_in_tokens_and_refuse_bad_input(live):
                  422, "invalid_request")
     assert_error(client.post("/api/fleets/f/llm-d/pod-scores", json={"tokens": [1], "extra": 1}),
                  422, "invalid_request")
+
+
+def test_an_engine_that_offloaded_answers_per_tier_over_the_routes(live, ipc):
+    """Engine "8" (kvscope's publisher, vLLM's wire) stores the chain engine "7" holds, copies it
+    to the CPU and evicts two blocks from the GPU: its row, llm-d's pod scores (weighted, by
+    default and as given), Dynamo's /query (device-only `scores`, the CPU in `instances`) and
+    /metrics all say so; bad weights are 422 and say what to fix."""
+    client, tokens = live
+    pub = Publisher(ipc("p2"), replay_endpoint=ipc("p2r"))
+    try:
+        r = client.post("/api/fleets/f/engines", json={"name": "8", "endpoint": pub.endpoint,
+                                                       "replay_endpoint": ipc("p2r"), "block_size": BS})
+        assert r.status_code == 201, r.text
+
+        def row(name: str) -> dict:
+            return {r["name"]: r for r in client.get("/api/fleets/f").json()["engines"]}[name]
+
+        def connected():
+            pub.publish([])
+            return row("8")["stream"]["last_seq"] is not None
+        wait_for(connected, what="engine 8 connected")
+        pub.publish([Stored([50, 51, 52], None, tokens, BS, "GPU"), Stored([50, 51, 52], None, tokens, BS, "CPU"),
+                     Removed([51, 52], "GPU")])
+        wait_for(lambda: row("8")["tiers"] == {"gpu": 1, "cpu": 3}, what="8 offloaded")
+    finally:
+        pub.close()
+    assert row("7")["tiers"] == {"gpu": 3, "cpu": 0} and row("8")["cached_blocks"] == 1
+    scores = "/api/fleets/f/llm-d/pod-scores"
+    assert client.post(scores, json={"tokens": tokens}).json() == pytest.approx({"7": 3.0, "8": 2.6})
+    assert client.post(scores, json={"tokens": tokens, "weights": {"cpu": 0.5}}).json() == \
+        pytest.approx({"7": 3.0, "8": 2.0})
+    assert client.post(scores, json={"tokens": tokens, "weights": {"GPU": 0.25, "host_pinned": 1}}).json() == \
+        pytest.approx({"7": 0.75, "8": 3.0})
+    r = client.post("/api/fleets/f/dynamo/query", json={"token_ids": tokens, "model_name": "m"}).json()
+    assert r["scores"] == {"7": {"0": 3 * BS}, "8": {"0": BS}}  # the device tier, as Dynamo's flat scores
+    assert r["instances"]["8"] == {"longest_matched": 3 * BS, "gpu": BS, "dp": {"0": BS}, "cpu": 3 * BS,
+                                   "disk": 3 * BS}
+    for weights, says in (({"tape": 1.0}, "'tape' is not a tier"), ({"cpu": 1.0, "CPU": 0.5}, "both name tier 'cpu'"),
+                          ({"gpu": -1}, "weights"), ({"gpu": "1"}, "weights")):
+        err = assert_error(client.post(scores, json={"tokens": tokens, "weights": weights}), 422, "invalid_request")
+        assert says in json.dumps(err), err
+    text = client.get("/metrics").text
+    for line in ('kvscope_fleet_engine_blocks{engine="8",fleet="f",tier="cpu"} 3.0',
+                 'kvscope_fleet_engine_blocks{engine="8",fleet="f",tier="gpu"} 1.0',
+                 'kvscope_fleet_engine_blocks{engine="7",fleet="f",tier="cpu"} 0.0',
+                 'kvscope_fleet_tier_unique_blocks{fleet="f",tier="cpu"} 3.0',
+                 'kvscope_fleet_tier_unique_blocks{fleet="f",tier="gpu"} 3.0'):
+        assert line in text, line
 
 
 def test_a_dump_past_its_cap_is_refused_before_it_is_built(live, monkeypatch):

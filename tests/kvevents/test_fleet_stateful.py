@@ -104,7 +104,7 @@ class FleetMachine(RuleBasedStateMachine):
         bad = [Stored([1, 2], None, [1, 2, 3], BS, "GPU"),  # token count does not fit
                Stored([3], None, ["a", "b"], BS, "GPU"),
                Removed([-5], "GPU"),
-               Stored([4], None, [1, 2], BS, "CPU")]  # another medium: skipped
+               Stored([4], None, [1, 2], BS, "TAPE")]  # a medium that is no tier: skipped
         before = self.fleet.engine_stats(e)["malformed_events"]
         assert self.fleet.apply(self.fleet.engine(e).eid, bad) == 3
         assert self.fleet.engine_stats(e)["malformed_events"] == before + 3

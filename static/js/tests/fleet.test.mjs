@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { COLUMNS, GROUPS_PER_PAGE, MAX_OPEN_ENGINES, MAX_ROWS, SHARED, SHARED_COLOR, colorOf, engineHeadHtml, figuresHtml, groupByServer, groupRowHtml, healthOf, keyedNote, legendHtml, mapLayout, matchHtml, pagerText, parseTokens, prefixesHtml, ranksText, recentOptionsHtml, seriesOf, statesHtml, summaryHtml, viewParams } from "../fleet.js";
+import { COLUMNS, GROUPS_PER_PAGE, MAX_OPEN_ENGINES, MAX_ROWS, SHARED, SHARED_COLOR, colorOf, engineHeadHtml, figuresHtml, groupByServer, groupRowHtml, healthOf, keyedNote, legendHtml, mapLayout, matchHtml, pagerText, parseTokens, prefixesHtml, ranksText, recentOptionsHtml, seriesOf, statesHtml, summaryHtml, tiersHtml, viewParams } from "../fleet.js";
 
 test("one colour group gets one colour everywhere, neighbouring groups differ, the trunk is grey", () => {
   assert.equal(colorOf(12345), colorOf(12345));
@@ -177,4 +177,20 @@ test("a large fleet's largest groups list their largest sets and count the other
   assert.equal((html.match(/title=/g) || []).length, 4);
   assert.match(html, /\+ 5 more sets: 15/);
   assert.doesNotMatch(prefixesHtml([{ color: 5, blocks: 60, sets }]), /more sets/);
+});
+
+test("an engine's blocks per tier are shown once its fleet has a tier below the GPU", () => {
+  const gpuOnly = { name: "e0", cached_blocks: 4, tiers: { gpu: 4 }, errors: [], stream: { state: "live", lag_s: 0.1 } };
+  assert.equal(tiersHtml(gpuOnly), "");
+  assert.doesNotMatch(engineHeadHtml(gpuOnly), /fleet-tier/);
+  const offloaded = { ...gpuOnly, cached_blocks: 1, tiers: { gpu: 1, cpu: 1234, disk: 0 } };
+  const html = engineHeadHtml(offloaded);
+  assert.match(html, /1 blocks · <span class="fleet-tiers">/);
+  assert.match(html, /data-tier="gpu">GPU 1</);
+  assert.match(html, /data-tier="cpu">CPU 1,234</);
+  assert.match(html, /class="fleet-tier none" data-tier="disk">disk 0</);
+  const blocks = { max_group_blocks: 64, shared_blocks: 0, cycles: 0, engines: {} };
+  assert.doesNotMatch(legendHtml(blocks, ["gpu"]), /per tier/);
+  assert.match(legendHtml(blocks, ["gpu", "cpu"]), /The maps are the GPU's blocks/);
+  assert.match(legendHtml(blocks, ["gpu", "cpu", "disk"]), /per tier \(GPU, CPU, disk\)/);
 });
