@@ -1,4 +1,4 @@
-"""Fragmentation metrics, computed exactly as docs/ARCHITECTURE.md (Metrics) defines them."""
+"""Fragmentation metrics, computed exactly as docs/ALLOCATOR.md (Metrics) defines them."""
 
 from __future__ import annotations
 

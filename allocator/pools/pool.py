@@ -456,7 +456,7 @@ class Pool(ABC):
         }
 
     def stats(self) -> dict:
-        """The metrics of docs/ARCHITECTURE.md (Metrics), as plain values. `stranded_free_bytes`: free
+        """The metrics of docs/ALLOCATOR.md (Metrics), as plain values. `stranded_free_bytes`: free
         bytes outside the largest free extent when scattered free space can fail a request, else 0."""
         frag = fragmentation_stats(
             self._free_lengths(), self._free_unit_bytes(), self.requested_total, self.allocated_total

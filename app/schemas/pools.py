@@ -157,7 +157,7 @@ class PoolOut(BaseModel):
 
 
 class StatsOut(BaseModel):
-    """The metrics of docs/ARCHITECTURE.md (Metrics). Strategy-specific extras (`fit`, `tiers`) pass through."""
+    """The metrics of docs/ALLOCATOR.md (Metrics). Strategy-specific extras (`fit`, `tiers`) pass through."""
 
     model_config = ConfigDict(extra="allow")
 

@@ -5,7 +5,7 @@ Raw ints (negative, huge, ids of freed allocations, off-by-one indices) go into 
 method; each call either succeeds or raises the documented typed error, and the pool is then
 unchanged and sound. Without the validation, the compiled core (built without bounds checks)
 would read or write out of bounds: a crash or a corrupted pool, which check() would name.
-See docs/ARCHITECTURE.md, "The compiled core's boundary".
+See docs/ALLOCATOR.md, "The compiled core's boundary".
 """
 
 from __future__ import annotations
