@@ -232,6 +232,21 @@ cdef void ht_del_at(HTable *t, int64_t i) noexcept nogil:
 
 
 
+cdef inline bint holds_at(const uint64_t *bits, const uint8_t *pages, int32_t node, int e) noexcept nogil:
+    """Whether engine e holds `node`, read off a core's arrays (FleetCore.holds, and a walk over
+    several cores without their objects)."""
+    cdef uint64_t b = bits[node]
+    cdef int pg = pages[node], p = e >> 6, j
+    cdef uint8_t *x
+    if pg != EXT:
+        return pg == p and (b >> (e & 63)) & 1
+    x = ext_of(b)
+    for j in range(x[0]):
+        if x[2 + j] == p:
+            return (ext_bits(x)[j] >> (e & 63)) & 1
+    return False
+
+
 cdef class FleetCore:
     """The compiled index; `kvevents.index.FleetIndex` adds names and the checks."""
 
@@ -496,16 +511,7 @@ cdef class FleetCore:
 
     # -- a node's engines -----------------------------------------------------------------------
     cdef inline bint holds(self, int32_t node, int e) noexcept:
-        cdef uint64_t b = self.node_bits[node]
-        cdef int pg = self.node_page[node], p = e >> 6, j
-        cdef uint8_t *x
-        if pg != EXT:
-            return pg == p and (b >> (e & 63)) & 1
-        x = ext_of(b)
-        for j in range(x[0]):
-            if x[2 + j] == p:
-                return (ext_bits(x)[j] >> (e & 63)) & 1
-        return False
+        return holds_at(self.node_bits, self.node_page, node, e)
 
     cdef inline int holders(self, int32_t node) noexcept:
         """How many engines hold `node`."""
@@ -1278,20 +1284,6 @@ cdef int32_t *_nodes_along(list cores, list keys, Py_ssize_t *reach, bint cut=Tr
             reach[0] = i
             break
     return out
-
-
-cdef inline bint holds_at(const uint64_t *bits, const uint8_t *pages, int32_t node, int e) noexcept nogil:
-    """FleetCore.holds over a core's arrays (a walk over several cores without their objects)."""
-    cdef uint64_t b = bits[node]
-    cdef int pg = pages[node], p = e >> 6, j
-    cdef uint8_t *x
-    if pg != EXT:
-        return pg == p and (b >> (e & 63)) & 1
-    x = ext_of(b)
-    for j in range(x[0]):
-        if x[2 + j] == p:
-            return (ext_bits(x)[j] >> (e & 63)) & 1
-    return False
 
 
 cdef int _holders_of(FleetCore core, int32_t node, uint64_t *w) except -1:

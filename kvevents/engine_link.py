@@ -143,8 +143,7 @@ class EngineLink:
     def _on_restart(self) -> None:
         fleet = self.fleet
         if fleet is not None:
-            fleet.submit(lambda: [fleet.index.clear_all(fleet.index.engine(n).eid)
-                                  for n in list(self.ranks.values()) if n in fleet.index.engines])
+            fleet.restarted(self)
 
     def engine_names(self) -> list[str]:
         return [n for n in self.ranks.values() if n is not None]

@@ -217,6 +217,15 @@ class Fleet:
         for i, events in enumerate(parts):
             self.submit(lambda events=events, i=i: change(events, i == 0, i == len(parts) - 1))
 
+    def restarted(self, link) -> None:
+        """`link`'s engine started over (its cache is empty): every rank of it cleared, on every
+        tier, where changes run."""
+        def change() -> None:
+            for name in list(link.ranks.values()):
+                if name in self.index.engines:
+                    self.index.clear_all(self.index.engine(name).eid)
+        self.submit(change)
+
     def _takes_rank(self, link, rank: int) -> bool:
         """A Dynamo worker's events name its DP rank: the engine of its spec takes the rank its
         first batch names (the spec's `dp_rank` is a default there), so a worker of rank 3

@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 
-import httpx
 import pytest
 from support.fleet_recording import FleetPlayer, blocks_of, engine_name, write_dp_fleet
 
@@ -33,19 +31,7 @@ def big(tmp_path_factory):
     held = write_dp_fleet(d / "dp.kvevents", SERVERS, RANKS)
     srv = FleetPlayer(d / "dp.kvevents", "big")
     try:
-        with httpx.Client(base_url=srv.url, timeout=30) as c:
-            def summary():
-                return c.get("/api/fleets/big", params={"engines_limit": 0}).json()["summary"]
-            end = time.monotonic() + 60
-            while summary()["engines"] < len(held):
-                assert time.monotonic() < end, summary()
-                time.sleep(0.1)
-            for i, name in enumerate(GONE):
-                r = c.post("/api/fleets/big/engines", json={"name": name, "endpoint": f"ipc://{d}/nobody-{i}.sock"})
-                assert r.status_code == 201, r.text
-            while summary()["by_state"].get("unreachable", 0) < len(GONE):
-                assert time.monotonic() < end, summary()
-                time.sleep(0.1)
+        srv.fill(held, [{"name": name, "endpoint": f"ipc://{d}/nobody-{i}.sock"} for i, name in enumerate(GONE)])
         yield srv, held
     finally:
         log = srv.stop()

@@ -25,6 +25,14 @@ def follow_all(receiver, endpoints, replays=None, **kw):
     return subs, applied
 
 
+def stop_all(subs, receiver) -> None:
+    """Stop every subscriber and the receiver; each socket closed and the thread gone."""
+    for s in subs:
+        s.stop_soon()
+    receiver.stop_soon()
+    assert all(s.join(5) for s in subs) and receiver.join(5)
+
+
 def connected(pubs, subs):
     """Publish empty batches until every subscriber has one (SUB joins late); returns the seq
     each publisher is at."""
@@ -56,10 +64,7 @@ def test_many_engines_on_one_receiver_get_every_batch_in_order_with_no_thread_ea
             assert s.lost_batches == 0 and sum(s.errors.values()) == 0, s.status()
         assert receiver.messages >= 50 * n
     finally:
-        for s in subs:
-            s.stop_soon()
-        receiver.stop_soon()
-        assert all(s.join(5) for s in subs) and receiver.join(5)
+        stop_all(subs, receiver)
         for p in pubs:
             p.close()
     assert not any(s.alive() for s in subs) and not receiver.alive()
@@ -99,10 +104,7 @@ def test_a_gap_is_replayed_from_the_engines_replay_socket(ipc):
         pubs[0].publish([Stored([5], None, [1], 1)])
         wait_for(lambda: subs[0].last_seq == end + 1, what="a live batch after the replay")
     finally:
-        for s in subs:
-            s.stop_soon()
-        receiver.stop_soon()
-        assert all(s.join(5) for s in subs) and receiver.join(5)
+        stop_all(subs, receiver)
         for p in pubs:
             p.close()
 
@@ -135,10 +137,7 @@ def test_a_replay_that_never_answers_holds_up_no_other_engine_and_a_stop_breaks_
         fast.publish([Stored([99], None, [1], 1)])
         wait_for(lambda: quick.last_seq == end + 1, what="the other engine after the stop")
     finally:
-        for s in subs:
-            s.stop_soon()
-        receiver.stop_soon()
-        assert all(s.join(5) for s in subs) and receiver.join(5)
+        stop_all(subs, receiver)
         fast.close()
         router.close(0)
         slow_pub.close(0)

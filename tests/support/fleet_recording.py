@@ -107,6 +107,25 @@ class FleetPlayer:
         self.stop()
         raise RuntimeError(f"the fleet was not played in {timeout_s} s")
 
+    def summary(self) -> dict:
+        r = httpx.get(f"{self.url}/api/fleets/{self.name}", params={"engines_limit": 0}, timeout=30)
+        return r.json()["summary"]
+
+    def fill(self, held: dict, unreachable: list[dict], timeout_s: float = 60.0) -> None:
+        """Wait for the played engines (`held`, as `write_dp_fleet` returns) to be applied on
+        the loop, then add `unreachable` (engine bodies whose endpoints nobody listens on) and
+        wait until each shows unreachable."""
+        end = time.monotonic() + timeout_s
+        while self.summary()["engines"] < len(held):
+            assert time.monotonic() < end, self.summary()
+            time.sleep(0.1)
+        for body in unreachable:
+            r = httpx.post(f"{self.url}/api/fleets/{self.name}/engines", json=body, timeout=30)
+            assert r.status_code == 201, r.text
+        while self.summary()["by_state"].get("unreachable", 0) < len(unreachable):
+            assert time.monotonic() < end, self.summary()
+            time.sleep(0.1)
+
     def stop(self) -> str:
         self.proc.terminate()
         try:
