@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from allocator.errors import InvalidRequest, NotFound
-from kvevents.fleet import Maps
+from kvevents.block_map import Maps
 from kvevents.fleet_view import EngineQuery, page_names
 from kvevents.index import MAX_FLEET_ENGINES
 

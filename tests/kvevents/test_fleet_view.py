@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvevents.codec import Stored
-from kvevents.fleet import BlockMap
+from kvevents.block_map import BlockMap
 from kvevents.fleet_view import (
     FLAGS,
     STATES,
