@@ -32,11 +32,13 @@ each with bits, sorted; `unique`, `duplicated` and `holdings` equal the counts o
 """
 
 cimport cython
+from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.dict cimport PyDict_SetItem
 from cpython.list cimport PyList_GET_ITEM
 from cpython.long cimport PyLong_AsLongLong, PyLong_CheckExact
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
+from libc.stdlib cimport qsort
 from libc.string cimport memcpy, memmove, memset
 
 import numpy as np
@@ -1645,3 +1647,75 @@ def layout_of(snap, int divisor=GROUP_DIVISOR, int min_group=MIN_GROUP):
         hold[j] = h
     return Layout(out_keys[:j], out_roots[:j], out_groups[:j], out_sets[:j], out_hold[:j + 1],
                   eng_a[:h], by_a, pos_a[:h], cyc_a, cycles, bound)
+
+
+cdef int _cmp_i64(const void* a, const void* b) noexcept nogil:
+    cdef int64_t x = (<const int64_t*>a)[0], y = (<const int64_t*>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef int64_t _write_list(const int64_t* v, int64_t k, char* out) noexcept nogil:
+    """`v[:k]` (each >= 0) as a JSON list into `out`; returns the bytes written."""
+    cdef int64_t w = 0, i, x, d
+    cdef char digits[24]
+    out[w] = b'['
+    w += 1
+    for i in range(k):
+        if i:
+            out[w] = b','
+            w += 1
+        x = v[i]
+        d = 0
+        while True:
+            digits[d] = <char>(48 + x % 10)
+            d += 1
+            x //= 10
+            if x == 0:
+                break
+        while d:
+            d -= 1
+            out[w] = digits[d]
+            w += 1
+    out[w] = b']'
+    return w + 1
+
+
+def engine_color_lists(colors_a, positions_a, by_engine_a, eids, int64_t limit):
+    """The block map's lists (kvevents/block_map.py), written without the GIL: per engine id of
+    `eids`, (the blocks it holds, the colours of its first `limit` blocks by colour, ascending,
+    as a JSON list in bytes): engine e's colours are `colors[positions[by_engine[e]:
+    by_engine[e + 1]]]` (each >= 0), as a `Layout` gives them."""
+    cdef const int64_t[::1] colors = colors_a
+    cdef const int32_t[::1] pos = positions_a
+    cdef const int64_t[::1] by = by_engine_a
+    cdef int64_t a, b, n, k, i, w, most = 0
+    cdef int e
+    if limit < 0:
+        raise ValueError("limit must be >= 0")
+    ids = [int(x) for x in eids]
+    for e in ids:
+        if not 0 <= e < by.shape[0] - 1:
+            raise ValueError(f"engine id {e} is outside the layout")
+        most = max(most, by[e + 1] - by[e])
+    cdef int64_t* tmp = <int64_t*>PyMem_Malloc(max(most, 1) * sizeof(int64_t))
+    cdef char* buf = <char*>PyMem_Malloc(max(min(most, limit), 1) * 21 + 2)
+    if tmp == NULL or buf == NULL:
+        PyMem_Free(tmp)
+        PyMem_Free(buf)
+        raise MemoryError()
+    out = []
+    try:
+        for e in ids:
+            a, b = by[e], by[e + 1]
+            n = b - a
+            k = min(n, limit)
+            with nogil:
+                for i in range(n):
+                    tmp[i] = colors[pos[a + i]]
+                qsort(tmp, <size_t>n, sizeof(int64_t), _cmp_i64)
+                w = _write_list(tmp, k, buf)
+            out.append((n, PyBytes_FromStringAndSize(buf, w)))
+    finally:
+        PyMem_Free(tmp)
+        PyMem_Free(buf)
+    return out

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from .index import FleetIndex, layout_of, snapshot_buffers, snapshot_fits
+from .index import FleetIndex, engine_color_lists, layout_of, snapshot_buffers, snapshot_fits
 
 MAX_MAP_BLOCKS = 65_536  # an engine's map lists at most this many blocks
 MAX_MAP_TOTAL = 64 * MAX_MAP_BLOCKS  # ... and all engines' maps together at most this many
@@ -124,12 +124,10 @@ def blocks_maps(lay, names: dict[int, str], version: int | None = None) -> Maps:
     order = np.argsort(colors, kind="stable")
     sc, ss = colors[order], lay.sets[order]
     limit = map_blocks_per_engine(len(names))
-    parts = []
-    for eid, name in names.items():
-        mine = np.sort(colors[lay.positions[lay.by_engine[eid]:lay.by_engine[eid + 1]]])
-        parts.append((name, f'{json.dumps(name)}:{{"blocks":{mine.size},'
-                            f'"truncated":{"true" if mine.size > limit else "false"},'
-                            f'"colors":{json.dumps(mine[:limit].tolist())}}}'.encode()))
+    lists = engine_color_lists(colors, lay.positions, lay.by_engine, names, limit)
+    parts = [(name, b"".join([json.dumps(name).encode(), b':{"blocks":', str(n).encode(),
+                              b',"truncated":', b"true" if n > limit else b"false", b',"colors":', colors_json, b"}"]))
+             for name, (n, colors_json) in zip(names.values(), lists)]
     starts = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]]) if sc.size else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], sc.size].astype(np.int64)
     sizes = ends - starts

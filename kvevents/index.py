@@ -24,6 +24,7 @@ from ._index import (
     FleetCore,
     Layout,
     continue_runs,
+    engine_color_lists,
     layout_of,
     match_tiers,
     snapshot_buffers,
@@ -31,7 +32,7 @@ from ._index import (
 )
 
 __all__ = ["COUNTERS", "DEFAULT_ENGINE_BLOCKS", "GROUP_DIVISOR", "MAX_FLEET_ENGINES", "MIN_GROUP",
-           "EngineInfo", "FleetIndex", "Layout", "layout_of", "snapshot_buffers", "snapshot_fits"]
+           "EngineInfo", "FleetIndex", "Layout", "engine_color_lists", "layout_of", "snapshot_buffers", "snapshot_fits"]
 
 
 @dataclass(slots=True)
