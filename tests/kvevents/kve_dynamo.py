@@ -52,9 +52,10 @@ class Runtime:
 
         self.drt = asyncio.run_coroutine_threadsafe(make(), self.loop).result(30)
 
-    def publisher(self, path: str, worker_id: int, dp_rank: int = 0) -> KvEventPublisher:
+    def publisher(self, path: str, worker_id: int, dp_rank: int = 0,
+                  local_indexer: bool = False) -> KvEventPublisher:
         return KvEventPublisher(self.drt.endpoint(path), worker_id=worker_id, kv_block_size=BS,
-                                dp_rank=dp_rank)
+                                dp_rank=dp_rank, enable_local_indexer=local_indexer)
 
     def zmq_endpoints(self) -> dict[int, str]:
         """{publisher_id: endpoint} of the ZeroMQ publishers registered in discovery."""
@@ -117,9 +118,10 @@ class Worker:
     """One Dynamo worker: a reference cache whose every step goes out through Dynamo's own
     KvEventPublisher (`publish_stored` with the block's token ids, `publish_removed`)."""
 
-    def __init__(self, runtime: Runtime, path: str, worker_id: int, seed: int, dp_rank: int = 0):
+    def __init__(self, runtime: Runtime, path: str, worker_id: int, seed: int, dp_rank: int = 0,
+                 local_indexer: bool = False):
         self.worker_id = worker_id
-        self.pub = runtime.publisher(path, worker_id, dp_rank)
+        self.pub = runtime.publisher(path, worker_id, dp_rank, local_indexer)
         # Dynamo's workers hash a block alike (vLLM under Dynamo runs with one hash seed), and
         # its RadixTree relies on it: a block stored by two workers under two hashes loses the
         # first worker's hash. So every worker here hashes with the same seed.

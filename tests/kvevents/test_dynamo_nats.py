@@ -274,3 +274,61 @@ def test_fleet_command_follows_a_nats_url(server, tmp_path):
     finally:
         log = cli.stop()
     assert "Traceback" not in log and "unused-secret" not in log, log
+
+
+def test_a_gap_is_counted_lost_until_the_workers_publisher_restarts(server, tmp_path):
+    """kvscope does not query a worker's local indexer (Dynamo's Python client drops its
+    answers): what a fleet missed stays missing, shown on the row, until the worker's publisher
+    starts again and the engine is cleared."""
+    from kvevents.fleet_view import has_errors
+
+    rt = Runtime(str(tmp_path / "discovery"), "nats", server.url)
+    subject = "namespace.ns.component.backend.>"
+    fleet, taps, workers = Fleet("gap"), [], []
+    try:
+        taps.append(Tap(server.url, subject))
+        w = Worker(rt, "ns.backend.generate", 11, seed=1, local_indexer=True)
+        workers.append(w)
+        time.sleep(0.5)
+        for _ in range(10):  # before the fleet follows: NATS core keeps none of it
+            w.step()
+        missed = w.sent
+        wait_for(lambda: sum(taps[0].ref.envelopes.values()) == missed, what="the reference fed")
+        fleet.follow_nats(NatsSpec(server.url, "ns", "backend", block_size=BS))
+        wait_for(lambda: fleet.nats.state == "connected", what="the fleet's subscription")
+        for _ in range(15):
+            w.step()
+        wait_for(lambda: fleet.nats.messages == w.sent - missed, what="the fleet fed")
+        time.sleep(0.2)
+        with fleet.lock:
+            row = fleet.describe()["engines"][0]
+            held = taps[0].ref.blocks_per_worker().get((11, 0), 0)
+            assert row["stream"]["gaps"] == 1 and row["stream"]["lost_batches"] == missed
+            assert has_errors(row)
+            assert row["cached_blocks"] < held == len(w.source.cached)  # the history is missing
+        # the worker starts again: a new publisher (a new publisher_id), an empty cache
+        w.close()
+        taps.append(Tap(server.url, subject))
+        w2 = Worker(rt, "ns.backend.generate", 11, seed=2, local_indexer=True)
+        workers.append(w2)
+        time.sleep(0.5)
+        seen = fleet.nats.messages
+        for _ in range(15):
+            w2.step()
+        wait_for(lambda: fleet.nats.messages == seen + w2.sent, what="the new publisher's batches")
+        wait_for(lambda: sum(taps[1].ref.envelopes.values()) == w2.sent, what="the new reference")
+        time.sleep(0.2)
+        with fleet.lock:
+            row = fleet.describe()["engines"][0]
+            assert row["stream"]["restarts"] == 1 and row["stream"]["lost_batches"] == missed
+            assert row["cached_blocks"] == taps[1].ref.blocks_per_worker()[(11, 0)] == len(w2.source.cached)
+            for q in queries([w2]):
+                assert taps[1].ref.scores(q).get((11, 0), 0) == fleet.match_tokens(q)["worker-11"], q
+            assert fleet.index.check() == []
+    finally:
+        for tap in taps:
+            tap.close()
+        fleet.close()
+        for x in workers:
+            x.close()
+        rt.close()
