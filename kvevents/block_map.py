@@ -3,12 +3,11 @@ each block it holds, the largest groups with the engine sets holding them, paren
 
 `BlockMap` keeps one answer while the index it was computed from is unchanged; `blocks_maps`
 writes it from a compiled layout (`layout_of`); `Maps.only` cuts the maps of some engines from
-it without another layout. One BlockMap per tier's index (kvevents/tiers.py).
+it without another layout.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import time
 
@@ -21,14 +20,6 @@ MAX_MAP_TOTAL = 64 * MAX_MAP_BLOCKS  # ... and all engines' maps together at mos
 TOP_PREFIXES = 12
 TOP_SETS = 12  # the engine sets listed per prefix (the largest)
 SUBSET_SET_NAMES = 8  # ... each naming at most this many engines in the maps of a subset
-
-
-def trim_heap() -> None:
-    """Give freed heap pages back to the system now (glibc keeps them otherwise)."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class BlockMap:
@@ -116,8 +107,8 @@ def blocks_maps(lay, names: dict[int, str], version: int | None = None) -> Maps:
     colour id of each block it holds (24 bits of its group's top key; 0: the shared trunk),
     sorted so a group's blocks sit together, at most `map_blocks_per_engine`; the largest groups
     with the engine sets holding them (the TOP_SETS largest, and what the others hold); the
-    parent-hash cycles. Each engine's list is written on its own, so a large map never holds
-    the GIL long."""
+    parent-hash cycles. The engines' lists are gathered, sorted and written by compiled code
+    without the GIL (`engine_color_lists`), so a large map never holds it long."""
     groups = lay.groups
     colors = (groups >> np.uint64(40)).astype(np.int64)
     colors[(colors == 0) & (groups != 0)] = 1  # 0 names the shared trunk only

@@ -16,6 +16,7 @@ batch; `play(path)` feeds one back through the same routing.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections import deque
@@ -25,7 +26,7 @@ import zmq
 
 from allocator.errors import Conflict, InvalidRequest
 
-from .block_map import BlockMap, trim_heap
+from .block_map import BlockMap
 from .codec import Removed, Stored, WireError, decode_batch
 from .dynamo import HASH_KEYED_BLOCK_SIZE, signed64, tokens_hashes
 from .engine_link import (  # noqa: F401  (EngineSpec, lag_percentiles: re-exported)
@@ -578,7 +579,7 @@ class Fleet:
             self.index.release()
             self.recent.clear()
             self.block_map = BlockMap()
-            trim_heap()
+            _trim_heap()
         return links
 
     def finish_close(self, deadline: float) -> bool:
@@ -657,6 +658,14 @@ def _pieces(ev) -> list:
     return [Stored(hashes[i:i + step], ev.parent if i == 0 else hashes[i - 1],
                    tokens[i * bs:(i + step) * bs] if tokens else tokens, bs, ev.medium, ev.lora_id,
                    cont=i > 0) for i in range(0, len(hashes), step)]
+
+
+def _trim_heap() -> None:
+    """Give freed heap pages back to the system now (glibc keeps them otherwise)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 class _TaggedRecorder:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvevents.codec import Stored
 from kvevents.block_map import BlockMap
+from kvevents.codec import Stored
 from kvevents.fleet_view import (
     FLAGS,
     STATES,
@@ -22,7 +24,7 @@ from kvevents.fleet_view import (
     summary_of,
     view_of,
 )
-from kvevents.index import FleetIndex
+from kvevents.index import FleetIndex, engine_color_lists
 
 SERVERS = ["s0", "s1", "pod-a", "worker-7"]
 
@@ -139,3 +141,24 @@ def test_the_maps_of_a_subset_are_the_whole_answer_s(held, pick):
         assert sub[k] == whole[k]
     assert [[(s["blocks"], len(s["engines"]) + s["more_engines"]) for s in p["sets"]] for p in sub["prefixes"]] == \
         [[(s["blocks"], len(s["engines"])) for s in p["sets"]] for p in whole["prefixes"]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, (1 << 24) - 1), max_size=40), min_size=1, max_size=6),
+       st.integers(0, 50), st.data())
+def test_the_compiled_colour_lists_are_each_engines_colours_sorted_and_cut(per_engine, limit, data):
+    """`engine_color_lists` against numpy: engine e's colours gathered through `positions`,
+    sorted, the first `limit` written as a JSON list, with the count of all of them."""
+    colors = np.array([c for cs in per_engine for c in cs] or [0], dtype=np.int64)
+    perm = np.array(data.draw(st.permutations(range(colors.size))), dtype=np.int64)
+    shuffled = np.empty_like(colors)
+    shuffled[perm] = colors  # colour i of the flat list sits at perm[i]
+    positions = perm[:sum(map(len, per_engine))].astype(np.int32)
+    by_engine = np.zeros(len(per_engine) + 1, dtype=np.int64)
+    by_engine[1:] = np.cumsum([len(cs) for cs in per_engine])
+    eids = data.draw(st.lists(st.integers(0, len(per_engine) - 1), max_size=8))
+    got = engine_color_lists(shuffled, positions, by_engine, eids, limit)
+    assert [(n, json.loads(b)) for n, b in got] == \
+        [(len(per_engine[e]), sorted(per_engine[e])[:limit]) for e in eids]
+    with pytest.raises(ValueError):
+        engine_color_lists(shuffled, positions, by_engine, [len(per_engine)], limit)
