@@ -19,8 +19,8 @@ from test_app_mirror import METRICS
 from test_fleet_publishers import bind_on_free_pairs, held_prefix
 from test_real_publishers import DEADLINE, Engine, wait_for
 
-from kvevents.codec import Removed, Stored
 from kvevents.block_map import TOP_SETS, map_blocks_per_engine
+from kvevents.codec import Removed, Stored
 from kvevents.fleet_view import MAX_LIMIT
 from kvevents.index import MAX_FLEET_ENGINES
 from kvevents.publisher import Publisher

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from support.apputil import assert_error
 from support.fleet_recording import FleetPlayer, engine_name, write_dp_fleet
 
-from kvevents.fleet import SUBSET_SET_NAMES
+from kvevents.block_map import SUBSET_SET_NAMES
 from kvevents.fleet_view import DEFAULT_LIMIT, FLAGS, MAX_LIMIT, MAX_NAMES, STATES, TOP
 from kvevents.index import MAX_FLEET_ENGINES
 
